@@ -1,0 +1,45 @@
+"""`python -m runtime <command>`: one sub-command per module, imported only when it is run.
+
+Each command's module exposes `configure(parser)` to declare its options and `run(args) -> int`.
+Importing lazily keeps `python -m runtime --help` instant and free of heavy dependencies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "start": ("runtime.start", "start sshd, vLLM and the bridge, and keep them alive (the image entrypoint)"),
+    "bridge": ("runtime.bridge.server", "serve the Anthropic Messages API in front of an OpenAI-style upstream"),
+    "engine-args": ("runtime.engine", "print the vLLM command line that the current environment yields"),
+    "logs": ("runtime.hub.logtail", "tail a pod's remote log on the Hub"),
+    "connect": ("runtime.connect", "check an endpoint and print Claude Code's environment"),
+    "settings": ("runtime.settings", "print the effective VL_* settings, or the README's table of them"),
+}
+
+
+def usage() -> str:
+    width = max(map(len, COMMANDS))
+    lines = ["usage: python -m runtime <command> [options]", "", "commands:"]
+    lines += [f"  {name.ljust(width)}  {summary}" for name, (_, summary) in COMMANDS.items()]
+    lines += ["", "Run `python -m runtime <command> --help` for a command's options."]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(usage())
+        return 0
+    name, rest = args[0], args[1:]
+    if name not in COMMANDS:
+        print(f"unknown command {name!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    module_name, summary = COMMANDS[name]
+    module = importlib.import_module(module_name)
+    parser = argparse.ArgumentParser(prog=f"python -m runtime {name}", description=summary)
+    module.configure(parser)
+    return module.run(parser.parse_args(rest))

@@ -1,0 +1,268 @@
+"""Every `VL_*` setting in one typed, validated place: defaults, parsing, documentation.
+
+Precedence is built-in default < remote (Hub) file < pod environment. A bad value raises
+`SettingsError`, whose message is one line naming the variable, its value and what is allowed.
+The README's settings table is generated from `VARIABLES` (`python -m runtime settings --markdown`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import enum
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+class Scope(enum.StrEnum):
+    """What must restart when a setting changes at run time (see runtime.hub's config watcher)."""
+
+    ENGINE = "engine"  # vLLM restarts (weights stay on disk)
+    BRIDGE = "bridge"  # the bridge alone restarts, in seconds
+    POD = "pod"  # read once at start: takes effect at the next pod start
+
+
+class SettingsError(ValueError):
+    """A setting has a value that is not allowed; `str()` is the one line shown to the operator."""
+
+    def __init__(self, variable: str, value: str, allowed: str) -> None:
+        self.variable, self.value, self.allowed = variable, value, allowed
+        super().__init__(f"{variable}={value!r} is not allowed: expected {allowed}")
+
+
+Parser = Callable[[str], Any]
+
+
+@dataclass(frozen=True)
+class Variable:
+    """One `VL_*` variable: its attribute name on `Settings`, default (as text, like the env), parser."""
+
+    env: str
+    attr: str
+    default: str
+    parse: Parser
+    allowed: str
+    scope: Scope
+    doc: str
+    secret: bool = False
+
+
+# --- parsers: each takes the raw text and raises ValueError when the value is not allowed ---
+
+
+def text(raw: str) -> str:
+    return raw.strip()
+
+
+def optional_text(raw: str) -> str | None:
+    return raw.strip() or None
+
+
+def switch(raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in ("on", "1", "true", "yes"):
+        return True
+    if value in ("off", "0", "false", "no"):
+        return False
+    raise ValueError
+
+
+def words(raw: str) -> tuple[str, ...]:
+    """A list written with commas and/or spaces: `a,b c` → ('a', 'b', 'c')."""
+    return tuple(w for w in re.split(r"[\s,]+", raw.strip()) if w)
+
+
+def integer(low: int, high: int | None = None, optional: bool = False) -> Parser:
+    def parse(raw: str) -> int | None:
+        if optional and not raw.strip():
+            return None
+        value = int(raw.strip().replace("_", ""))
+        if value < low or (high is not None and value > high):
+            raise ValueError
+        return value
+
+    return parse
+
+
+def decimal(low: float, high: float, low_open: bool = False, optional: bool = False) -> Parser:
+    def parse(raw: str) -> float | None:
+        if optional and not raw.strip():
+            return None
+        value = float(raw.strip())
+        if not (low < value if low_open else low <= value) or value > high:
+            raise ValueError
+        return value
+
+    return parse
+
+
+def choice(*options: str) -> Parser:
+    def parse(raw: str) -> str:
+        value = raw.strip().lower()
+        if value not in options:
+            raise ValueError
+        return value
+
+    return parse
+
+
+def one_of(*options: str) -> str:
+    return "one of " + ", ".join(repr(o) for o in options)
+
+
+def _var(env: str, default: str, parse: Parser, allowed: str, scope: Scope, doc: str, secret: bool = False) -> Variable:
+    return Variable(env, env.removeprefix("VL_").lower(), default, parse, allowed, scope, doc, secret)
+
+
+E, B, P = Scope.ENGINE, Scope.BRIDGE, Scope.POD
+SPEC_MODES = ("off", "auto", "ngram", "mtp")
+
+VARIABLES: tuple[Variable, ...] = (
+    # --- the engine ---
+    _var("VL_MODEL", "nemotron", text, "a recipe name (see runtime/models/)", E,
+         "Model recipe to serve (the cpu image sets `tiny`)."),
+    _var("VL_CTX", "", integer(256, optional=True), "a whole number >= 256, or empty", E,
+         "Context window (`--max-model-len`); empty = the recipe's."),
+    _var("VL_UTIL", "", decimal(0.05, 0.99, optional=True), "a number in 0.05..0.99, or empty", E,
+         "GPU memory fraction; empty = the recipe's (never 0.93 with MTP: OOM in the rejection sampler)."),
+    _var("VL_KVBYTES", "", integer(1, optional=True), "a whole number of bytes, or empty", E,
+         "`--kv-cache-memory-bytes`: fixes the KV cache and skips profiling; overrides VL_UTIL."),
+    _var("VL_KV", "", optional_text, "a vLLM KV cache dtype (auto, fp8, ...), or empty", E,
+         "KV cache dtype; empty = the recipe's (fp8 buys capacity, not speed)."),
+    _var("VL_BATCHED", "", integer(64, optional=True), "a whole number >= 64, or empty", E,
+         "`--max-num-batched-tokens`; empty = the recipe's (8192 measured +10% aggregate over 4096)."),
+    _var("VL_SEQS", "", integer(1, optional=True), "a whole number >= 1, or empty", E,
+         "`--max-num-seqs`; empty = the recipe's or vLLM's."),
+    _var("VL_SPEC", "off", choice(*SPEC_MODES), one_of(*SPEC_MODES), E,
+         "Speculative decoding; off by default: it lost 62-73% solo throughput on every model measured."),
+    _var("VL_SPEC_N", "3", integer(1, 16), "a whole number in 1..16", E,
+         "Draft tokens per step when speculation is on."),
+    _var("VL_TP", "1", integer(1, 8), "a whole number in 1..8", E, "Tensor parallelism (GPUs per replica)."),
+    _var("VL_DP", "1", integer(1, 8), "a whole number in 1..8", E,
+         "Data parallelism (one replica per GPU): +15% at 32 sessions, loses solo speed and half the KV."),
+    _var("VL_MM_IMAGES", "4", integer(0, 64), "a whole number in 0..64", E,
+         "Images per prompt for vision models; 0 makes vLLM refuse every screenshot with a 400."),
+    _var("VL_ASYNC", "on", switch, one_of("on", "off"), E, "`--async-scheduling` (+9% aggregate, measured)."),
+    _var("VL_FASTOK", "on", switch, one_of("on", "off"), E,
+         "fastokens Rust tokenizer when installed (-12% median TTFT)."),
+    _var("VL_ATTN", "", optional_text, "a vLLM attention backend name, or empty", E,
+         "Force an attention backend; empty = vLLM's choice (forcing TRITON_ATTN cost 32% prefill)."),
+    _var("VL_ALIASES", "", words, "model names separated by commas or spaces", B,
+         "Extra names the bridge answers to (any unknown name still falls back to the served model)."),
+    _var("VL_EXTRA_ARGS", "", text, "extra vLLM arguments, shell-quoted", E, "Appended verbatim to the vLLM command."),
+    # --- the bridge ---
+    _var("VL_BRIDGE", "on", switch, one_of("on", "off"), E,
+         "Serve the bridge on the public port; off = vLLM's native API there (no effort budget, no pings)."),
+    _var("VL_BRIDGE_PING_S", "15", decimal(0.0, 300.0, low_open=True), "a number of seconds in (0, 300]", B,
+         "SSE `ping` interval while the engine is silent (RunPod's proxy cuts after ~100-125 s)."),
+    _var("VL_API_KEYS", "", words, "keys separated by commas", B,
+         "Keys accepted by the bridge (Bearer or x-api-key); empty = open, with a loud warning.", secret=True),
+    _var("VL_LOG_PROMPTS", "off", switch, one_of("on", "off"), B, "Include prompt text in the per-request trace."),
+    _var("VL_MAX_BODY_MB", "64", integer(1, 1024), "a whole number of MiB in 1..1024", B,
+         "Largest request body the bridge accepts (413 beyond)."),
+    # --- the pod ---
+    _var("VL_PORT", "8080", integer(1, 65535), "a TCP port", P, "Public port (bridge, or vLLM when VL_BRIDGE=off)."),
+    _var("VL_ENGINE_PORT", "18081", integer(1, 65535), "a TCP port", P, "vLLM's loopback port behind the bridge."),
+    _var("VL_SSH_PORT", "22", integer(1, 65535), "a TCP port", P, "sshd's port."),
+    _var("VL_SSH", "on", switch, one_of("on", "off"), P, "Start sshd (needs PUBLIC_KEY or SSH_PUBLIC_KEY)."),
+    _var("VL_LOG_REPO", "", optional_text, "a Hub repo id like owner/name, or empty", P,
+         "Hub repo that receives `etat/<POD_ID>.log` while the pod is not healthy; empty = off."),
+    _var("VL_LOG_INTERVAL_S", "25", decimal(5.0, 3600.0), "a number of seconds in 5..3600", P,
+         "How often the log is republished while not healthy."),
+    _var("VL_CONFIG_REPO", "", optional_text, "a Hub repo id like owner/name, or empty", P,
+         "Hub repo holding the remote settings file; empty = no remote config."),
+    _var("VL_CONFIG_FILE", "pod.env", text, "a path inside the config repo", P,
+         "Remote settings file (`VL_NAME=value` lines) in VL_CONFIG_REPO."),
+    _var("VL_CONFIG_POLL_S", "30", decimal(5.0, 3600.0), "a number of seconds in 5..3600", P,
+         "How often the remote settings file is checked."),
+    _var("VL_STATE_DIR", "/var/lib/vlpod", text, "a directory path", P, "Where the runtime keeps its logs and state."),
+    _var("VL_VENV", "/opt/venv", text, "a directory path", P, "The engine's virtual environment."),
+    _var("VL_PREBAKED_MARKER", "/opt/.image_prebaked", text, "a file path", P,
+         "The image's build facts; when absent, the engine is installed at start."),
+)
+
+BY_ENV: dict[str, Variable] = {v.env: v for v in VARIABLES}
+
+
+class Settings:
+    """The effective settings: one attribute per variable (`VL_CTX` → `.ctx`), plus where each came from."""
+
+    def __init__(self, values: Mapping[str, Any], sources: Mapping[str, str]) -> None:
+        self._values = dict(values)
+        self.sources = dict(sources)
+
+    def __getattr__(self, attr: str) -> Any:
+        try:
+            return self._values[attr]
+        except KeyError:
+            raise AttributeError(attr) from None
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Settings) and self._values == other._values
+
+    def raw(self) -> dict[str, Any]:
+        return dict(self._values)
+
+    def changed_scopes(self, other: Settings) -> set[Scope]:
+        """The scopes whose settings differ between `self` and `other` (what a reload must restart)."""
+        return {v.scope for v in VARIABLES if self._values[v.attr] != other._values[v.attr]}
+
+
+def parse_value(variable: Variable, raw: str) -> Any:
+    try:
+        return variable.parse(raw)
+    except (ValueError, TypeError):
+        raise SettingsError(variable.env, raw, variable.allowed) from None
+
+
+def load_settings(environ: Mapping[str, str], remote: Mapping[str, str] | None = None) -> Settings:
+    """Settings from defaults < `remote` (the Hub file) < `environ`; raises SettingsError on a bad value.
+
+    Unknown `VL_*` names in the remote file are refused (a typo there must not pass silently);
+    unknown ones in the environment are left alone (the platform may set its own).
+    """
+    for name in remote or {}:
+        if name not in BY_ENV:
+            raise SettingsError(name, remote[name], "a known setting name (see the README's table)")
+    values, sources = {}, {}
+    for variable in VARIABLES:
+        raw, source = variable.default, "default"
+        if remote and variable.env in remote:
+            raw, source = remote[variable.env], "remote"
+        if variable.env in environ:
+            raw, source = environ[variable.env], "env"
+        values[variable.attr] = parse_value(variable, raw)
+        sources[variable.attr] = source
+    return Settings(values, sources)
+
+
+def markdown_table() -> str:
+    """The README's settings table, generated so that code and documentation cannot drift."""
+    rows = ["| variable | default | applies by restarting | effect |", "|---|---|---|---|"]
+    for v in VARIABLES:
+        default = f"`{v.default}`" if v.default else "(empty)"
+        rows.append(f"| `{v.env}` | {default} | {v.scope.value} | {v.doc} |")
+    return "\n".join(rows)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--markdown", action="store_true", help="print the README's settings table")
+
+
+def run(args: argparse.Namespace) -> int:
+    import os
+    import sys
+
+    if args.markdown:
+        print(markdown_table())
+        return 0
+    try:
+        settings = load_settings(os.environ)
+    except SettingsError as error:
+        print(error, file=sys.stderr)
+        return 2
+    for v in VARIABLES:
+        value = "***" if v.secret and settings.raw()[v.attr] else settings.raw()[v.attr]
+        print(f"{v.env}={value!r}  ({settings.sources[v.attr]})")
+    return 0
