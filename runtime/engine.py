@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import shlex
+import shutil
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -231,13 +232,16 @@ def prepare_engine(settings: Settings, accelerator: str, extra_env: Mapping[str,
 
 
 def ensure_generated_model(directory: Path) -> None:
-    """Writes the tiny demo model into `directory` unless it is already there."""
-    if (directory / "config.json").exists():
+    """Writes the tiny demo model into `directory` unless it is there; a crash midway leaves no half model."""
+    if directory.is_dir():
         return
-    from runtime.tinymodel import write_tiny_model  # tokenizers and safetensors: only when needed
+    from runtime.tinymodel import write_tiny_model  # tokenizers and torch: only on this path
 
     log.info("generating the tiny demo model in %s", directory)
-    write_tiny_model(directory)
+    partial = directory.with_name(directory.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    write_tiny_model(partial)
+    partial.rename(directory)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
