@@ -47,7 +47,7 @@ def test_no_driver_at_all_is_a_cpu_machine_not_an_error(tmp_path):
     found = read_host(tmp_path / "absent", ("/nonexistent/nvidia-smi",))
     report = decide(found, "13.0")
     assert (report.accelerator, report.compat, report.engine_env({})) == ("cpu", None, {})
-    assert report.summary() == "no NVIDIA driver: the engine runs on CPU"
+    assert report.summary() == "no NVIDIA driver on this machine: CPU only"
 
 
 def test_a_data_center_gpu_on_an_older_driver_gets_the_compat_library_in_the_engine_env_only(compat):
