@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import uuid
 from pathlib import Path
 
 import anthropic
@@ -11,7 +12,7 @@ import openai
 import pytest
 
 from runtime import tinymodel as tiny
-from tests.support.bridge import Process, start_bridge
+from tests.support.bridge import LONG_STREAM_TOKENS, SLOW_WAIT_S, Process, start_bridge
 from tests.support.vllm_server import VllmServer
 
 
@@ -53,11 +54,13 @@ def test_models_in_openai_shape_without_anthropic_version(oai: openai.OpenAI, vl
 
 
 def test_relayed_stream_is_aborted_when_the_client_leaves(oai: openai.OpenAI, vllm_server: VllmServer) -> None:
+    """The client leaves once the stream began; the client's x-request-id names the request in vLLM's log."""
+    request_id = f"relay-{uuid.uuid4().hex}"
     stream = oai.chat.completions.create(model="tiny", messages=[{"role": "user", "content": tiny.MARK_LONG}],
-                                         max_tokens=60000, stream=True)  # fmt: skip
-    first = next(iter(stream))
+                                         max_tokens=LONG_STREAM_TOKENS, stream=True,
+                                         extra_headers={"x-request-id": request_id})  # fmt: skip
     stream.close()
-    vllm_server.wait_for_log(f"Request {re.escape(first.id)}\\S* aborted")
+    vllm_server.wait_for_log(f"Request chatcmpl-{request_id}\\S* aborted", SLOW_WAIT_S)
 
 
 def test_health_and_warm_up_need_no_engine_call(bridge: Process) -> None:
