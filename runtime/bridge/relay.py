@@ -7,7 +7,7 @@ upstream when the client leaves, and per-key usage from the response's `usage`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import aiohttp
 import msgspec
