@@ -1,0 +1,168 @@
+"""The supervisor with real child processes: deaths, back-off, hung children, stopping a process tree."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+from runtime.supervisor import Backoff, ChildSpec, Health, Supervisor
+from tests.support.net import free_port
+
+pytestmark = pytest.mark.anyio
+
+CRASH = "import sys; print('crashing', flush=True); sys.exit(3)"
+SLEEP = "import time; print('ready', flush=True); time.sleep(600)"
+IGNORE_TERM = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(600)"
+WITH_GRANDCHILD = (
+    "import subprocess, sys, time; "
+    "g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); "
+    "print('grandchild', g.pid, flush=True); time.sleep(600)"
+)
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def python(code: str) -> list[str]:
+    return [sys.executable, "-c", code]
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state not in ("Z", "X")
+
+
+async def eventually(condition: Callable[[], object], deadline_s: float = 30.0) -> None:
+    give_up = time.monotonic() + deadline_s
+    while not condition():
+        if time.monotonic() > give_up:
+            raise TimeoutError("condition not met before the deadline")
+        await asyncio.sleep(0.05)
+
+
+def log_of(state: Path, name: str) -> str:
+    path = state / f"{name}.log"
+    return path.read_text() if path.exists() else ""
+
+
+async def test_a_dying_child_is_relaunched_with_growing_back_off(tmp_path: Path) -> None:
+    incidents: list[str] = []
+    supervisor = Supervisor(tmp_path, on_incident=incidents.append, backoff=Backoff(first_s=0.1, most_s=0.4))
+    supervisor.start(ChildSpec("crasher", python(CRASH)))
+    await eventually(lambda: len(incidents) >= 4)
+    await supervisor.stop()
+    assert incidents[:4] == [
+        "crasher exited with code 3; restarting in 0 s",
+        "crasher exited with code 3 (2 times in a row, backing off); restarting in 0 s",
+        "crasher exited with code 3 (3 times in a row, backing off); restarting in 0 s",
+        "crasher exited with code 3 (4 times in a row, backing off); restarting in 0 s",
+    ]
+    assert log_of(tmp_path, "crasher").count("crashing") >= 4  # one log, appended to at each launch
+    assert Backoff(1, 60).delay(1) == 1 and Backoff(1, 60).delay(4) == 8 and Backoff(1, 60).delay(9) == 60
+
+
+async def test_a_killed_child_comes_back_and_its_group_is_cleaned(tmp_path: Path) -> None:
+    incidents: list[str] = []
+    supervisor = Supervisor(tmp_path, on_incident=incidents.append, backoff=Backoff(first_s=0.1))
+    supervisor.start(ChildSpec("engine", python(WITH_GRANDCHILD)))
+    await eventually(lambda: "grandchild" in log_of(tmp_path, "engine"))
+    first = supervisor.pid("engine")
+    assert (tmp_path / "engine.pid").read_text() == f"{first}\n"
+    grandchild = int(log_of(tmp_path, "engine").split("grandchild ")[1].split()[0])
+    os.kill(first, signal.SIGKILL)
+    await eventually(lambda: supervisor.pid("engine") not in (None, first))
+    assert incidents == ["engine was killed by SIGKILL; restarting in 0 s"]
+    await eventually(lambda: not alive(grandchild))  # the orphan went with its group
+    await supervisor.stop()
+
+
+async def test_stop_ends_every_process_of_every_tree_and_kills_the_stubborn(tmp_path: Path) -> None:
+    supervisor = Supervisor(tmp_path, grace_s=1.0)
+    supervisor.start(ChildSpec("tree", python(WITH_GRANDCHILD)))
+    supervisor.start(ChildSpec("stubborn", python(IGNORE_TERM)))
+    await eventually(lambda: "grandchild" in log_of(tmp_path, "tree") and "ready" in log_of(tmp_path, "stubborn"))
+    grandchild = int(log_of(tmp_path, "tree").split("grandchild ")[1].split()[0])
+    pids = [supervisor.pid("tree"), supervisor.pid("stubborn"), grandchild]
+    await supervisor.stop()
+    assert not any(alive(pid) for pid in pids)
+    assert supervisor.children == {} and not list(tmp_path.glob("*.pid"))
+
+
+async def test_one_slow_stop_does_not_hold_up_the_care_of_another_child(tmp_path: Path) -> None:
+    supervisor = Supervisor(tmp_path, grace_s=20.0, backoff=Backoff(first_s=0.1))
+    supervisor.start(ChildSpec("stubborn", python(IGNORE_TERM)))
+    supervisor.start(ChildSpec("other", python(SLEEP)))
+    await eventually(lambda: "ready" in log_of(tmp_path, "stubborn") and "ready" in log_of(tmp_path, "other"))
+    stubborn, other = supervisor.pid("stubborn"), supervisor.pid("other")
+    supervisor.restart("stubborn", "new configuration")  # takes the whole 20 s grace period
+    os.kill(other, signal.SIGKILL)
+    await eventually(lambda: supervisor.pid("other") not in (None, other))
+    assert alive(stubborn), "the other child was relaunched while this one was still being stopped"
+    os.kill(stubborn, signal.SIGKILL)
+    await supervisor.stop()
+
+
+async def test_a_restart_with_a_new_spec_touches_only_that_child(tmp_path: Path) -> None:
+    supervisor = Supervisor(tmp_path)
+    supervisor.start(ChildSpec("bridge", python(SLEEP)))
+    supervisor.start(ChildSpec("engine", python(SLEEP)))
+    await eventually(lambda: supervisor.pid("bridge") and supervisor.pid("engine"))
+    engine, bridge = supervisor.pid("engine"), supervisor.pid("bridge")
+    supervisor.restart("bridge", "VL_ALIASES changed", ChildSpec("bridge", python(SLEEP.replace("ready", "reloaded"))))
+    await eventually(lambda: "reloaded" in log_of(tmp_path, "bridge"))
+    assert supervisor.pid("engine") == engine and supervisor.pid("bridge") != bridge
+    assert not alive(bridge)
+    await supervisor.stop()
+
+
+def http_health(port: int) -> Health:
+    async def probe() -> bool:
+        async with httpx.AsyncClient() as client:
+            return (await client.get(f"http://127.0.0.1:{port}/")).status_code == 200
+
+    return Health(probe, interval_s=0.2, timeout_s=0.5, failures_before_restart=2, starting_interval_s=0.1)
+
+
+async def test_a_hung_child_is_restarted_after_two_failed_checks_and_its_log_kept(tmp_path: Path) -> None:
+    incidents: list[str] = []
+    port = free_port()
+    supervisor = Supervisor(tmp_path, on_incident=incidents.append)
+    server = [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(port)]
+    supervisor.start(ChildSpec("bridge", server, health=http_health(port)))
+    await eventually(supervisor.healthy)
+    hung = supervisor.pid("bridge")
+    os.kill(hung, signal.SIGSTOP)
+    await eventually(lambda: supervisor.pid("bridge") not in (None, hung))
+    assert incidents == ["restarting bridge: 2 failed health checks in a row"]
+    assert not alive(hung)  # a stopped process still dies of SIGKILL
+    assert [p.name.split(".")[1] for p in tmp_path.glob("bridge.hung.*.log")] == ["hung"]
+    await eventually(supervisor.healthy)
+    await supervisor.stop()
+
+
+async def test_a_child_still_starting_is_not_restarted_for_failing_its_checks(tmp_path: Path) -> None:
+    probes: list[bool] = []
+
+    async def never() -> bool:
+        probes.append(False)
+        return False
+
+    supervisor = Supervisor(tmp_path)
+    health = Health(never, interval_s=0.05, timeout_s=1, failures_before_restart=2, starting_interval_s=0.05)
+    supervisor.start(ChildSpec("engine", python(SLEEP), health=health))
+    await eventually(lambda: len(probes) >= 10)  # loading weights can take many minutes
+    assert supervisor.children["engine"].launches == 1 and not supervisor.healthy()
+    await supervisor.stop()
