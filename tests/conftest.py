@@ -1,0 +1,5 @@
+"""Shared pytest setup: fixtures live in tests/support/ and are registered here as plugins."""
+
+pytest_plugins = [
+    "tests.support.vllm_server",  # `vllm_server`: one real vLLM serving the tiny scripted model per session
+]
