@@ -2,8 +2,8 @@
 sshd under the supervisor, the Hub log while the pod is not healthy, and live reconfiguration.
 
 Only what vLLM's command needs is imported before vLLM is launched (settings, recipes, the GPU
-check); the Hub client, the HTTP clients and sshd's key generation come after, so that a prebaked
-pod launches vLLM within moments (the seeds' image took ~15 s).
+check; the Hub client only when a Hub repo is configured); HTTP clients and sshd's key generation
+come after, so that a prebaked pod launches vLLM within moments (the seeds' image took ~15 s).
 """
 
 from __future__ import annotations
@@ -14,13 +14,18 @@ import logging
 import os
 import signal
 import sys
-import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from runtime.engine import RUNTIME_ROOT, EngineCommand, engine_command, prepare_engine
-from runtime.settings import BY_ENV, VARIABLES, Scope, Settings, SettingsError, load_settings, parse_value
+from runtime.engine import RUNTIME_ROOT, EngineCommand, prepare_engine
+from runtime.gpu import GpuError, inspect_gpu
+from runtime.install import InstallError, is_prebaked
+from runtime.settings import VARIABLES, Scope, Settings, SettingsError, load_settings
 from runtime.supervisor import ChildSpec, Health, Supervisor
+
+if TYPE_CHECKING:
+    from runtime.hub import LogPublisher, RemoteConfig
 
 log = logging.getLogger("runtime.start")
 
@@ -28,8 +33,10 @@ ENGINE, BRIDGE, SSHD = "engine", "bridge", "sshd"
 # The bridge's /health does not touch the engine: two misses in a row mean it is hung (seeds' watchdog).
 BRIDGE_HEALTH = {"interval_s": 5.0, "timeout_s": 5.0, "failures_before_restart": 2}
 # A real one-token generation: a dead engine can still answer /v1/models with 200. Generous timeout:
-# a saturated engine queues the probe behind real work, and a restart there would be a disaster.
+# a saturated engine queues the probe behind real work, and restarting a busy engine is a disaster.
 ENGINE_HEALTH = {"interval_s": 15.0, "timeout_s": 60.0, "failures_before_restart": 3}
+HUB_LAST_WORDS_S = 20.0  # how long a refused start waits for its one line to reach the Hub log
+REFUSED = 2  # exit status of a start refused by a setting, the GPU or the install
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -41,51 +48,115 @@ def run(args: argparse.Namespace) -> int:
     try:
         settings = load_settings(environ)
     except SettingsError as error:
-        return refuse(str(error), environ)
-    state_dir = Path(settings.state_dir)
+        print(error, file=sys.stderr)
+        publish_refusal(str(error), environ)
+        return REFUSED
+    if environ.get("SPACE_ID"):  # the Hugging Face builder runs the image on a CPU: say what it is
+        from runtime.space import serve_space_status
+
+        return serve_space_status(settings, environ)
+    log_to(Path(settings.state_dir))
+    pod = Pod(settings, environ)
+    try:
+        pod.prepare()
+    except (SettingsError, GpuError, InstallError) as error:
+        log.error("%s", error)
+        publish_refusal(str(error), environ, pod.hub_log)
+        return REFUSED
+    return asyncio.run(pod.serve())
+
+
+def log_to(state_dir: Path) -> None:
+    """The runtime's own log: on stderr (the container's log, which has its own timestamps) and in
+    `boot.log`, the first part of the Hub log."""
     state_dir.mkdir(parents=True, exist_ok=True)
-    log_to(state_dir / "boot.log")
-    return asyncio.run(Pod(settings, environ).serve())
-
-
-def refuse(line: str, environ: Mapping[str, str]) -> int:
-    """Stop start-up with one line, on stderr and in the Hub log when one is configured."""
-    print(line, file=sys.stderr)
-    return 2
-
-
-def log_to(boot_log: Path) -> None:
-    """The runtime's own log: on stderr (the container's log) and in `boot.log` (the Hub log's first part)."""
-    formatter = logging.Formatter("%(asctime)s %(name)s: %(message)s", "%Y-%m-%d %H:%M:%S")
     root = logging.getLogger()
     root.setLevel(logging.INFO)
-    for handler in (logging.StreamHandler(sys.stderr), logging.FileHandler(boot_log)):
-        handler.setFormatter(formatter)
-        root.addHandler(handler)
+    console = logging.StreamHandler(sys.stderr)
+    boot = logging.FileHandler(state_dir / "boot.log")
+    boot.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s", "%Y-%m-%d %H:%M:%S"))
+    root.addHandler(console)
+    root.addHandler(boot)
+
+
+def publish_refusal(line: str, environ: Mapping[str, str], publisher: LogPublisher | None = None) -> None:
+    """The line that stopped start-up, to the Hub log when one is configured (the pod may have no SSH)."""
+    repo = environ.get("VL_LOG_REPO", "").strip()
+    if publisher is None and repo:
+        from runtime.hub import LogPublisher, Redactor
+        from runtime.hub.repo import HubRepo, pod_id
+
+        try:
+            hub = HubRepo.from_environ(repo, environ)
+        except ValueError:
+            return  # the bad setting was the log repo itself
+        publisher = LogPublisher(hub, pod_id(environ), {}, lambda: False, Redactor.from_environ(environ))
+    if publisher is not None:
+        publisher.start()
+        publisher.publish_now(line)
+        publisher.close(HUB_LAST_WORDS_S)
 
 
 class Pod:
-    """The running pod: its effective settings, the children derived from them, and their supervisor."""
+    """The running pod: its effective settings, the children they call for, and their supervisor."""
 
-    def __init__(self, settings: Settings, environ: Mapping[str, str], remote: Mapping[str, str] | None = None) -> None:
+    def __init__(self, settings: Settings, environ: Mapping[str, str]) -> None:
         self.settings = settings
         self.environ = environ
-        self.remote = dict(remote or {})
+        self.state_dir = Path(settings.state_dir)
+        self.supervisor = Supervisor(self.state_dir, on_incident=self.incident)
+        self.hub_log: LogPublisher | None = None
+        self.remote: RemoteConfig | None = None
+        self.accelerator = "cpu"
         self.engine_env: Mapping[str, str] = {}
-        self.supervisor = Supervisor(Path(settings.state_dir), on_incident=self.incident)
+        self.command: EngineCommand | None = None
         self.stopping = asyncio.Event()
+        self.changes: asyncio.Queue[Settings] = asyncio.Queue()
+
+    def prepare(self) -> None:
+        """Everything before vLLM's launch: the Hub file, the GPU, the engine (installed unless prebaked)."""
+        if self.settings.log_repo or self.settings.config_repo:
+            self.connect_hub()
+        if self.remote is not None:
+            self.settings = self.remote.load()
+        if self.hub_log is not None and not is_prebaked(self.settings):
+            self.hub_log.start()  # installing takes minutes: the Hub log shows its progress
+        gpu = inspect_gpu(self.settings, self.environ)
+        self.accelerator, self.engine_env = gpu.accelerator, gpu.engine_env(self.environ)
+        self.command = prepare_engine(self.settings, self.accelerator, self.engine_env)
+
+    def connect_hub(self) -> None:
+        from runtime.hub import LogPublisher, Redactor, RemoteConfig
+
+        redactor = Redactor.from_environ(self.environ)
+        logs = {name: self.state_dir / f"{name}.log" for name in ("boot", ENGINE, BRIDGE)}
+        if self.settings.log_repo:
+            self.hub_log = LogPublisher.from_settings(self.settings, self.environ, logs, self.supervisor.healthy, redactor)
+        if self.settings.config_repo:
+            self.remote = RemoteConfig(self.environ, self.changed_elsewhere, notify=self.incident, redactor=redactor)
 
     async def serve(self) -> int:
-        command = prepare_engine(self.settings, "cpu", self.engine_env)
-        self.supervisor.start(self.engine_spec(command))
+        """Launch the children (vLLM first: it takes longest), watch the Hub, supervise until SIGTERM."""
+        assert self.command is not None
+        self.loop = asyncio.get_running_loop()
+        self.catch_signals()  # before any launch: a SIGTERM must never leave a child behind
+        self.supervisor.start(self.engine_spec(self.command))
         log.info("vLLM launched %.2f s after the process started", seconds_since_process_start())
         if self.settings.bridge:
-            self.supervisor.start(self.bridge_spec(command))
+            self.supervisor.start(self.bridge_spec(self.command))
+        for watcher in (self.hub_log, self.remote):
+            if watcher is not None:
+                watcher.start()
+        applying = asyncio.create_task(self.apply_changes())
         await self.start_sshd()
-        self.catch_signals()
         await self.stopping.wait()
-        log.info("stopping: every child gets SIGTERM, then SIGKILL after %.0f s", self.supervisor.grace_s)
+        log.info("stopping: SIGTERM to every child, SIGKILL after %.0f s", self.supervisor.grace_s)
+        applying.cancel()
+        if self.remote is not None:
+            self.remote.stop(timeout_s=1.0)
         await self.supervisor.stop()
+        if self.hub_log is not None:
+            self.hub_log.close(timeout_s=2.0)
         log.info("stopped")
         return 0
 
@@ -95,21 +166,24 @@ class Pod:
             loop.add_signal_handler(signum, self.stopping.set)
 
     def incident(self, message: str) -> None:
-        """A death or restart was logged; the Hub log publishes it at once."""
+        """A death, a restart or a refusal: the Hub log publishes it at once."""
+        if self.hub_log is not None:
+            self.hub_log.publish_now(message)
 
     # --- the children ---
 
     def engine_spec(self, command: EngineCommand) -> ChildSpec:
-        health = Health(engine_probe(command), **ENGINE_HEALTH)
+        health = Health(engine_generates(command), **ENGINE_HEALTH)
         return ChildSpec(ENGINE, command.argv, {**self.environ, **command.env}, health)
 
     def bridge_spec(self, command: EngineCommand) -> ChildSpec:
         settings = self.settings
         argv = [sys.executable, "-m", "runtime", "bridge", "--upstream", command.base_url,
                 "--host", settings.listen, "--port", str(settings.port)]
-        env = {**self.remote, **self.environ}  # the bridge reads its VL_* settings: the Hub file's, then the pod's
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(RUNTIME_ROOT), env.get("PYTHONPATH", "")) if p)
-        return ChildSpec(BRIDGE, argv, env, Health(http_ok(f"http://127.0.0.1:{settings.port}/health"), **BRIDGE_HEALTH))
+        env = {**self.environ, **as_environ(settings)}  # the bridge reads its settings from VL_*
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(RUNTIME_ROOT), env.get("PYTHONPATH"))))
+        health = Health(answers_200(f"http://{local_address(settings.listen)}:{settings.port}/health"), **BRIDGE_HEALTH)
+        return ChildSpec(BRIDGE, argv, env, health)
 
     async def start_sshd(self) -> None:
         from runtime import sshd
@@ -123,79 +197,106 @@ class Pod:
 
     # --- live reconfiguration ---
 
-    async def reconfigure(self, new: Settings, remote: Mapping[str, str]) -> None:
-        """Apply a new remote configuration: restart what its changes need, and only that."""
-        deferred = [v.env for v in VARIABLES if v.scope is Scope.POD and getattr(new, v.attr) != getattr(self.settings, v.attr)]
-        new = keep_pod_settings(new, self.settings)
+    def changed_elsewhere(self, settings: Settings, scopes: frozenset[Scope]) -> None:
+        """The Hub watcher's callback, on its thread: hand the change over to the event loop."""
+        self.loop.call_soon_threadsafe(self.changes.put_nowait, settings)
+
+    async def apply_changes(self) -> None:
+        while True:
+            await self.reconfigure(await self.changes.get())
+
+    async def reconfigure(self, new: Settings) -> None:
+        """Restart what the change needs, and only that. The scopes are computed against what runs
+        (a change refused here never ran), not against the watcher's last file."""
         scopes = self.settings.changed_scopes(new)
+        command = self.command
         if Scope.ENGINE in scopes:
             try:
-                command = await asyncio.to_thread(prepare_engine, new, "cpu", self.engine_env)
-            except SettingsError as error:
-                log.error("remote configuration refused: %s; the current one keeps serving", error)
+                command = await asyncio.to_thread(prepare_engine, new, self.accelerator, self.engine_env)
+            except (SettingsError, InstallError) as error:
+                line = f"refused the new settings: {error}; the current configuration keeps serving"
+                log.error("%s", line)
+                self.incident(line)
                 return
-        self.settings, self.remote = new, dict(remote)
+        self.settings, self.command = new, command
         if Scope.ENGINE in scopes:
             await self.replace_engine(command)
-        elif Scope.BRIDGE in scopes:
-            self.supervisor.restart(BRIDGE, "its settings changed", self.bridge_spec(engine_command(new, self.engine_env)))
-        if deferred:
-            log.info("%s changed: takes effect at the next pod start", ", ".join(deferred))
+        elif Scope.BRIDGE in scopes and BRIDGE in self.supervisor.children:
+            self.supervisor.restart(BRIDGE, "its settings changed", self.bridge_spec(command))
 
     async def replace_engine(self, command: EngineCommand) -> None:
-        has_bridge = BRIDGE in self.supervisor.children
-        if has_bridge and not self.settings.bridge:
+        had_bridge = BRIDGE in self.supervisor.children
+        if had_bridge and not self.settings.bridge:
             await self.supervisor.stop(BRIDGE)  # vLLM takes over the public port
         self.supervisor.restart(ENGINE, "its settings changed", self.engine_spec(command))
-        if self.settings.bridge:
-            if has_bridge:
-                self.supervisor.restart(BRIDGE, "the engine changed", self.bridge_spec(command))
-            else:
-                self.supervisor.start(self.bridge_spec(command))
+        if self.settings.bridge and had_bridge:
+            self.supervisor.restart(BRIDGE, "the engine changed", self.bridge_spec(command))
+        elif self.settings.bridge:
+            self.supervisor.start(self.bridge_spec(command))
 
 
-def keep_pod_settings(new: Settings, current: Settings) -> Settings:
-    """`new` with the pod-scope settings of `current`: those are read once, at start."""
-    values, sources = new.raw(), dict(new.sources)
-    for variable in VARIABLES:
-        if variable.scope is Scope.POD:
-            values[variable.attr] = getattr(current, variable.attr)
-            sources[variable.attr] = current.sources[variable.attr]
-    return Settings(values, sources)
+def as_environ(settings: Settings) -> dict[str, str]:
+    """The settings as `VL_*` text that `load_settings` reads back unchanged (for the bridge)."""
+    return {variable.env: as_text(getattr(settings, variable.attr)) for variable in VARIABLES}
 
 
-def sshd_layout(settings: Settings):  # noqa: ANN201 - runtime.sshd is imported only once vLLM is launched
+def as_text(value: object) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, tuple):
+        return ",".join(value)
+    return str(value)
+
+
+def sshd_layout(settings: Settings):  # noqa: ANN201 - runtime.sshd is imported once vLLM is launched
     from runtime.sshd import SshdLayout
 
     return SshdLayout(
         config_file=Path(settings.state_dir) / "sshd_config",
         host_key_dir=Path(settings.ssh_host_keys),
-        authorized_keys=Path(settings.ssh_authorized_keys),
+        authorized_keys=Path(settings.ssh_authorized_keys).expanduser(),
         environment_file=Path(settings.ssh_env_file),
         port=settings.ssh_port,
         listen=settings.listen,
     )
 
 
-def http_ok(url: str):  # noqa: ANN201
-    """A probe: GET `url` answers 200."""
+def local_address(listen: str) -> str:
+    """Where this machine reaches a server listening on `listen`."""
+    return "127.0.0.1" if listen in ("0.0.0.0", "::", "") else listen
+
+
+def answers_200(url: str):  # noqa: ANN201 - a Health probe
+    """A probe: GET `url` answers 200 (the bridge's /health, which never waits on the engine)."""
 
     async def probe() -> bool:
         import httpx
 
-        async with httpx.AsyncClient() as client:
+        async with httpx.AsyncClient(trust_env=False) as client:
             return (await client.get(url)).status_code == 200
 
     return probe
 
 
-def engine_probe(command: EngineCommand):  # noqa: ANN201
-    from runtime.engine import probe
+def engine_generates(command: EngineCommand):  # noqa: ANN201 - a Health probe
+    """A probe: the engine generates one token (runtime.probe); its reason is kept when it does not."""
 
-    async def works() -> bool:
-        return await asyncio.to_thread(probe, command)
+    async def probe() -> bool:
+        from runtime.probe import probe_engine
 
-    return works
+        health = await asyncio.to_thread(probe_engine, command.base_url, command.served_names[0],
+                                         ENGINE_HEALTH["timeout_s"])
+        if not health:
+            raise ProbeFailed(health.reason)
+        return True
+
+    return probe
+
+
+class ProbeFailed(RuntimeError):
+    """A health probe's answer was no; `str()` says why."""
 
 
 def seconds_since_process_start() -> float:

@@ -257,7 +257,7 @@ class Supervisor:
                 continue
             if launch != child.launches:
                 failures, launch = 0, child.launches
-            works = await probe_within(health)
+            works, why_not = await probe_within(health)
             if launch != child.launches or not child.running:
                 continue  # the answer is about a process that is gone
             if works:
@@ -266,7 +266,7 @@ class Supervisor:
                 failures, child.healthy, child.healthy_since_launch = 0, True, True
                 continue
             if child.healthy:
-                log.warning("%s failed its health check", child.spec.name)
+                log.warning("%s failed its health check: %s", child.spec.name, why_not)
             child.healthy = False
             if child.healthy_since_launch:
                 failures += 1
@@ -280,12 +280,15 @@ class Supervisor:
         self.on_incident(message)
 
 
-async def probe_within(health: Health) -> bool:
-    """One probe, failing on an error or on the timeout."""
+async def probe_within(health: Health) -> tuple[bool, str]:
+    """One probe: whether the child works and, when not, why (an error, the timeout, or a plain no)."""
     try:
-        return await asyncio.wait_for(health.probe(), health.timeout_s)
-    except Exception:  # noqa: BLE001 - any error means "does not work", and the loop must go on
-        return False
+        works = await asyncio.wait_for(health.probe(), health.timeout_s)
+    except TimeoutError:
+        return False, f"no answer within {health.timeout_s:g} s"
+    except Exception as error:  # noqa: BLE001 - any error means "does not work", and the loop must go on
+        return False, str(error) or type(error).__name__
+    return works, "" if works else "it answered no"
 
 
 async def until(condition: Callable[[], bool], every_s: float = 0.1) -> None:
