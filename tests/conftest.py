@@ -1,0 +1,5 @@
+"""Shared pytest setup: fixtures live in tests/support/ and are registered here as plugins."""
+
+pytest_plugins = [
+    "tests.support.hub_server",  # `hub_server`: a strict local Hub for the real huggingface_hub client
+]
