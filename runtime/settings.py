@@ -195,6 +195,8 @@ VARIABLES: tuple[Variable, ...] = (
          "sshd's host keys, generated at start when missing (the image ships none: each pod gets its own)."),
     _var("VL_SSH_AUTHORIZED_KEYS", "/root/.ssh/authorized_keys", text, "a file path", P,
          "Where the key from PUBLIC_KEY or SSH_PUBLIC_KEY is added (keys already there are kept)."),
+    _var("VL_SSH_STRICT_MODES", "on", switch, one_of("on", "off"), P,
+         "sshd's StrictModes; off only when ~/.ssh sits on a volume with loose permissions (every key is refused)."),
     _var("VL_SSH_ENV_FILE", "/etc/profile.d/pod-environment.sh", text, "a file path", P,
          "The pod's environment as `export` lines for login shells (RunPod's equivalent: /etc/rp_environment)."),
     _var("VL_LOG_REPO", "", optional_text, "a Hub repo id like owner/name, or empty", P,

@@ -77,6 +77,7 @@ def log_to(state_dir: Path) -> None:
     boot.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s", "%Y-%m-%d %H:%M:%S"))
     root.addHandler(console)
     root.addHandler(boot)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per health probe otherwise
 
 
 def publish_refusal(line: str, environ: Mapping[str, str], publisher: LogPublisher | None = None) -> None:
@@ -260,6 +261,7 @@ def sshd_layout(settings: Settings):  # noqa: ANN201 - runtime.sshd is imported 
         environment_file=Path(settings.ssh_env_file),
         port=settings.ssh_port,
         listen=settings.listen,
+        strict_modes=settings.ssh_strict_modes,
     )
 
 
