@@ -13,11 +13,14 @@ import json
 import logging
 import os
 import shlex
+import shutil
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
+from runtime.gpu import GpuError, inspect_gpu
+from runtime.install import ensure_engine
 from runtime.models import Recipe, load_recipe
 from runtime.settings import Settings, SettingsError, load_settings
 
@@ -40,7 +43,6 @@ class EngineCommand:
     served_names: tuple[str, ...]
     window: int
     port: int
-    notes: tuple[str, ...] = field(default=())
 
     @property
     def base_url(self) -> str:
@@ -49,13 +51,13 @@ class EngineCommand:
 
     def shell(self) -> str:
         """The command as a shell takes it: env first, then one option per line, every word quoted."""
-        lines: list[str] = [f"env {' '.join(shlex.quote(f'{k}={v}') for k, v in self.env.items())}"] if self.env else []
-        lines.append("")
+        groups: list[list[str]] = []
         for word in self.argv:
-            if word.startswith("--"):
-                lines.append("")
-            lines[-1] = f"{lines[-1]} {shlex.quote(word)}".lstrip()
-        return " \\\n  ".join(lines)
+            if not groups or word.startswith("--"):
+                groups.append([])
+            groups[-1].append(shlex.quote(word))
+        env = [" ".join(["env", *(shlex.quote(f"{k}={v}") for k, v in self.env.items())])] if self.env else []
+        return " \\\n  ".join(env + [" ".join(group) for group in groups])
 
 
 def engine_command(settings: Settings, extra_env: Mapping[str, str] | None = None,
@@ -65,6 +67,30 @@ def engine_command(settings: Settings, extra_env: Mapping[str, str] | None = Non
     `extra_env` is added as is (e.g. runtime.gpu's LD_LIBRARY_PATH for CUDA forward compatibility).
     """
     recipe = load_recipe(settings.model)
+    options, window = _tuning(settings, recipe)
+    names = recipe.names if settings.bridge else tuple(dict.fromkeys(recipe.names + settings.aliases))
+    port = settings.engine_port if settings.bridge else settings.port
+    if recipe.reasoning_parser:
+        options["reasoning-parser"] = recipe.reasoning_parser
+    if recipe.tool_parser:
+        options |= {"tool-call-parser": recipe.tool_parser, "enable-auto-tool-choice": True}
+    options |= {
+        # Behind the bridge vLLM stays on loopback; without it, vLLM is the public server.
+        "host": "127.0.0.1" if settings.bridge else "0.0.0.0",
+        "port": port,
+        "served-model-name": list(names),
+        "enable-prompt-tokens-details": True,  # the bridge's cache_read_input_tokens comes from it
+    }
+    python = Path(settings.venv) / "bin" / "python"
+    argv = [str(python), "-m", "runtime.vllm_cli", "serve", settings.repo or model_source(recipe, settings)]
+    argv += [word for name, value in options.items() for word in _option_words(name, value)]
+    argv += _extra_args(settings.extra_args)
+    env = _engine_env(settings, recipe, options, environ) | dict(extra_env or {})
+    return EngineCommand(tuple(argv), env, recipe, names, window, port)
+
+
+def _tuning(settings: Settings, recipe: Recipe) -> tuple[dict[str, object], int]:
+    """The recipe's vLLM options with the settings applied over them (in the recipe's order), and the window."""
     options: dict[str, object] = dict(recipe.vllm)
     window = _window(settings, recipe)
     options["max-model-len"] = window
@@ -84,26 +110,7 @@ def engine_command(settings: Settings, extra_env: Mapping[str, str] | None = Non
     if recipe.vision:
         # Video stays off: Claude Code never sends any, and its frames would blow the activation budget.
         options["limit-mm-per-prompt"] = {"image": settings.mm_images, "video": 0}
-    if recipe.reasoning_parser:
-        options["reasoning-parser"] = recipe.reasoning_parser
-    if recipe.tool_parser:
-        options["tool-call-parser"] = recipe.tool_parser
-        options["enable-auto-tool-choice"] = True
-    names = recipe.names if settings.bridge else tuple(dict.fromkeys(recipe.names + settings.aliases))
-    port = settings.engine_port if settings.bridge else settings.port
-    options |= {
-        # Behind the bridge vLLM stays on loopback; without it, vLLM is the public server.
-        "host": "127.0.0.1" if settings.bridge else "0.0.0.0",
-        "port": port,
-        "served-model-name": list(names),
-        "enable-prompt-tokens-details": True,  # the bridge's cache_read_input_tokens comes from it
-    }
-    python = Path(settings.venv) / "bin" / "python"
-    argv = [str(python), "-m", "runtime.vllm_cli", "serve", settings.repo or model_source(recipe, settings)]
-    argv += [word for name, value in options.items() for word in _option_words(name, value)]
-    argv += _extra_args(settings.extra_args)
-    env = _engine_env(settings, recipe, options, environ) | dict(extra_env or {})
-    return EngineCommand(tuple(argv), env, recipe, names, window, port, tuple(recipe.quirks))
+    return options, window
 
 
 def model_source(recipe: Recipe, settings: Settings) -> str:
@@ -148,9 +155,9 @@ def _speculation(settings: Settings, recipe: Recipe) -> dict | None:
         for value, key in ((settings.look_min, "prompt_lookup_min"), (settings.look_max, "prompt_lookup_max")):
             if value is not None:
                 config[key] = value
-        if config.get("prompt_lookup_min", 0) > config.get("prompt_lookup_max", 1 << 30):
-            raise SettingsError("VL_LOOK_MIN", str(config["prompt_lookup_min"]),
-                                f"at most VL_LOOK_MAX ({config['prompt_lookup_max']})")
+        low, high = config.get("prompt_lookup_min"), config.get("prompt_lookup_max")
+        if low and high and low > high:
+            raise SettingsError("VL_LOOK_MIN", str(low), f"at most VL_LOOK_MAX ({high})")
     return config
 
 
@@ -221,9 +228,7 @@ def prepare_engine(settings: Settings, accelerator: str, extra_env: Mapping[str,
 
     `accelerator` is runtime.gpu's verdict ("cuda" or "cpu"); raises SettingsError or InstallError.
     """
-    from runtime.install import ensure_engine
-
-    command = engine_command(settings, extra_env)
+    command = engine_command(settings, extra_env)  # bad settings fail before minutes of installing
     ensure_engine(settings, accelerator)
     if command.recipe.generate and not settings.repo:
         ensure_generated_model(Path(model_source(command.recipe, settings)))
@@ -231,13 +236,16 @@ def prepare_engine(settings: Settings, accelerator: str, extra_env: Mapping[str,
 
 
 def ensure_generated_model(directory: Path) -> None:
-    """Writes the tiny demo model into `directory` unless it is already there."""
-    if (directory / "config.json").exists():
+    """Writes the tiny demo model into `directory` unless it is there; a crash midway leaves no half model."""
+    if directory.is_dir():
         return
-    from runtime.tinymodel import write_tiny_model  # tokenizers and safetensors: only when needed
+    from runtime.tinymodel import write_tiny_model  # tokenizers and torch: only on this path
 
     log.info("generating the tiny demo model in %s", directory)
-    write_tiny_model(directory)
+    partial = directory.with_name(directory.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    write_tiny_model(partial)
+    partial.rename(directory)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -245,8 +253,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from runtime.gpu import GpuError, inspect_gpu
-
     try:
         settings = load_settings(os.environ)
         gpu = inspect_gpu(settings)
@@ -257,7 +263,7 @@ def run(args: argparse.Namespace) -> int:
     recipe = command.recipe
     print(f"# {recipe.name}: {recipe.description}")
     print(f"# window {command.window}; served as {', '.join(command.served_names)}; {gpu.summary()}")
-    for note in command.notes:
+    for note in recipe.quirks:
         print(f"# note: {note}")
     print(command.shell())
     return 0

