@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -189,6 +191,27 @@ def test_stop_sequence_cuts_the_answer(client, stream):
     assert (reply.content, reply.finish_reason) == (ANSWER[: ANSWER.index("tiny")], "stop")
 
 
+def test_a_raw_completion_prompt_gets_the_answer(vllm_server):
+    completion = openai.OpenAI(base_url=vllm_server.openai_url, api_key="unused", max_retries=0).completions.create(
+        model=vllm_server.model, prompt="Hello there", max_tokens=20
+    )
+    assert (completion.choices[0].text, completion.choices[0].finish_reason) == (ANSWER, "stop")
+
+
+def test_a_client_gone_mid_stream_is_aborted_in_the_log(client, vllm_server):
+    stream = client.chat.completions.create(
+        model=vllm_server.model, messages=user(f"{MARK_LONG} talk"), stream=True, max_tokens=20000
+    )
+    received = ""
+    for chunk in stream:
+        received += "".join(choice.delta.content or "" for choice in chunk.choices)
+        if len(received) > len(LONG_CYCLE):
+            break
+    stream.close()
+    assert received.startswith(LONG_CYCLE)
+    vllm_server.wait_for_log(f"Request {chunk.id} aborted")
+
+
 def test_tokenize_counts_a_chat_like_the_completion_does(client, vllm_server):
     messages = [{"role": "system", "content": "Be brief."}, *user("Say hello.")]
     with httpx.Client(base_url=vllm_server.url, timeout=60) as http:
@@ -202,10 +225,42 @@ def test_tokenize_counts_a_chat_like_the_completion_does(client, vllm_server):
 
 
 def test_writing_the_model_is_deterministic(tmp_path):
-    first, second = tinymodel.write_tiny_model(tmp_path / "a"), tinymodel.write_tiny_model(tmp_path / "b")
-    assert digests(first) == digests(second)
+    first = tinymodel.write_tiny_model(tmp_path / "here")
+    # Another process too: the BPE trainer's hash maps are seeded per process.
+    write_elsewhere = "import sys, pathlib, runtime.tinymodel as m; m.write_tiny_model(pathlib.Path(sys.argv[1]))"
+    subprocess.run([sys.executable, "-c", write_elsewhere, tmp_path / "there"], check=True, cwd=Path(__file__).parents[1])
+    assert digests(first) == digests(tmp_path / "there")
     assert set(digests(first)) >= {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"}
 
 
 def digests(directory: Path) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(directory.iterdir())}
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    transformers = pytest.importorskip("transformers")
+    return transformers.AutoTokenizer.from_pretrained(tinymodel.write_tiny_model(tmp_path_factory.mktemp("tiny")))
+
+
+@pytest.mark.parametrize("as_blocks", [False, True], ids=["string", "blocks"])
+@pytest.mark.parametrize(
+    ("text", "template_args", "expected"),
+    [
+        ("hi", {}, "<think><|mode:think|>"),
+        (f"hi {MARK_TEXT}", {}, "<|mode:text+think|>"),
+        ("hi", {"enable_thinking": False}, "<|mode:text|>"),
+        (f"{MARK_TOOL} go", {"tools": [BASH_TOOL]}, "<|mode:tool+think|>"),
+        (f"{MARK_TOOL} go", {}, "<think><|mode:think|>"),
+        (f"{MARK_TOOL} go {MARK_LONG}", {"tools": [BASH_TOOL], "enable_thinking": False}, "<|mode:tool|>"),
+        (f"{MARK_LONG} {MARK_PONDER}", {}, "<|mode:long+think|>"),
+        (f"{MARK_PONDER} {MARK_TEXT}", {}, "<think><|mode:ponder|>"),
+        (MARK_PONDER, {"enable_thinking": False}, "<|mode:text|>"),
+    ],
+)
+def test_the_template_picks_the_mode_from_the_last_user_message(tokenizer, as_blocks, text, template_args, expected):
+    content = [{"type": "text", "text": "Please:"}, {"type": "text", "text": text}] if as_blocks else text
+    messages = [*user(f"{MARK_LONG} earlier"), {"role": "assistant", "content": "ok"}, {"role": "user", "content": content}]
+    prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **template_args)
+    assert prompt.endswith(f"<|im_start|>assistant\n{expected}")
+    assert prompt.count("<|mode:") == 1

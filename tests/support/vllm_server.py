@@ -8,6 +8,7 @@ process group) when the session ends.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -49,6 +50,18 @@ class VllmServer:
 
     def log_tail(self, chars: int = LOG_TAIL_CHARS) -> str:
         return self.log()[-chars:]
+
+    def wait_for_log(self, pattern: str, timeout_s: float = 30.0) -> str:
+        """The first log line that matches the regex `pattern`, once vLLM has written it.
+
+        E.g. a client gone mid-stream: `wait_for_log(f"Request {chunk.id} aborted")`.
+        """
+        deadline = time.monotonic() + timeout_s
+        while not (match := re.search(f".*(?:{pattern}).*", self.log())):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"vLLM logged nothing matching {pattern!r} in {timeout_s:g} s:\n{self.log_tail()}")
+            time.sleep(0.05)
+        return match.group(0)
 
 
 def vllm_command(model_dir: Path, port: int) -> list[str]:
