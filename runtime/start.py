@@ -31,7 +31,8 @@ log = logging.getLogger("runtime.start")
 
 ENGINE, BRIDGE, SSHD = "engine", "bridge", "sshd"
 # The bridge's /health does not touch the engine: two misses in a row mean it is hung (seeds' watchdog).
-BRIDGE_HEALTH = {"interval_s": 5.0, "timeout_s": 5.0, "failures_before_restart": 2}
+# 10 s: a loaded machine can stall a sound bridge for seconds, and a restart cuts every open stream.
+BRIDGE_HEALTH = {"interval_s": 10.0, "timeout_s": 10.0, "failures_before_restart": 2}
 # A real one-token generation: a dead engine can still answer /v1/models with 200. Generous timeout:
 # a saturated engine queues the probe behind real work, and restarting a busy engine is a disaster.
 ENGINE_HEALTH = {"interval_s": 15.0, "timeout_s": 60.0, "failures_before_restart": 3}
@@ -70,14 +71,10 @@ def log_to(state_dir: Path) -> None:
     """The runtime's own log: on stderr (the container's log, which has its own timestamps) and in
     `boot.log`, the first part of the Hub log."""
     state_dir.mkdir(parents=True, exist_ok=True)
-    root = logging.getLogger()
-    root.setLevel(logging.INFO)
-    console = logging.StreamHandler(sys.stderr)
     boot = logging.FileHandler(state_dir / "boot.log")
     boot.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s", "%Y-%m-%d %H:%M:%S"))
-    root.addHandler(console)
-    root.addHandler(boot)
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per health probe otherwise
+    logging.basicConfig(level=logging.WARNING, handlers=[logging.StreamHandler(sys.stderr), boot])
+    logging.getLogger("runtime").setLevel(logging.INFO)  # libraries' INFO is a line per HTTP request
 
 
 def publish_refusal(line: str, environ: Mapping[str, str], publisher: LogPublisher | None = None) -> None:
@@ -181,7 +178,7 @@ class Pod:
         settings = self.settings
         argv = [sys.executable, "-m", "runtime", "bridge", "--upstream", command.base_url,
                 "--host", settings.listen, "--port", str(settings.port)]
-        env = {**self.environ, **as_environ(settings)}  # the bridge reads its settings from VL_*
+        env = {**self.environ, **bridge_environ(settings)}  # the bridge reads its settings from VL_*
         env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(RUNTIME_ROOT), env.get("PYTHONPATH"))))
         health = Health(answers_200(f"http://{local_address(settings.listen)}:{settings.port}/health"), **BRIDGE_HEALTH)
         return ChildSpec(BRIDGE, argv, env, health)
@@ -220,25 +217,22 @@ class Pod:
                 self.incident(line)
                 return
         self.settings, self.command = new, command
-        if Scope.ENGINE in scopes:
-            await self.replace_engine(command)
-        elif Scope.BRIDGE in scopes and BRIDGE in self.supervisor.children:
+        bridge_runs = BRIDGE in self.supervisor.children
+        if Scope.BRIDGE in scopes and bridge_runs and new.bridge:
             self.supervisor.restart(BRIDGE, "its settings changed", self.bridge_spec(command))
-
-    async def replace_engine(self, command: EngineCommand) -> None:
-        had_bridge = BRIDGE in self.supervisor.children
-        if had_bridge and not self.settings.bridge:
-            await self.supervisor.stop(BRIDGE)  # vLLM takes over the public port
-        self.supervisor.restart(ENGINE, "its settings changed", self.engine_spec(command))
-        if self.settings.bridge and had_bridge:
-            self.supervisor.restart(BRIDGE, "the engine changed", self.bridge_spec(command))
-        elif self.settings.bridge:
-            self.supervisor.start(self.bridge_spec(command))
+        if Scope.ENGINE in scopes:
+            if bridge_runs and not new.bridge:
+                await self.supervisor.stop(BRIDGE)  # VL_BRIDGE=off: vLLM takes over the public port
+            self.supervisor.restart(ENGINE, "its settings changed", self.engine_spec(command))
+            if new.bridge and not bridge_runs:
+                self.supervisor.start(self.bridge_spec(command))
+            # A running bridge stays: it learns the new model from vLLM's /v1/models.
 
 
-def as_environ(settings: Settings) -> dict[str, str]:
-    """The settings as `VL_*` text that `load_settings` reads back unchanged (for the bridge)."""
-    return {variable.env: as_text(getattr(settings, variable.attr)) for variable in VARIABLES}
+def bridge_environ(settings: Settings) -> dict[str, str]:
+    """The bridge's settings as `VL_*` text that `load_settings` reads back unchanged: only these, so
+    that an engine change leaves the bridge's command as it was."""
+    return {v.env: as_text(getattr(settings, v.attr)) for v in VARIABLES if v.scope is Scope.BRIDGE}
 
 
 def as_text(value: object) -> str:

@@ -232,6 +232,7 @@ class Supervisor:
         process = child.process
         if process is None:
             return
+        child.healthy = child.healthy_since_launch = False  # its failing checks from now on prove nothing
         kill_group(process.pid, signal.SIGTERM)
         kill_group(process.pid, signal.SIGCONT)  # a stopped process handles its TERM only once continued (as systemd does)
         try:
@@ -242,7 +243,6 @@ class Supervisor:
             await process.wait()
         kill_group(process.pid, signal.SIGKILL)
         self._forget_pid(child)
-        child.healthy = False
 
     def _forget_pid(self, child: Child) -> None:
         (self.state_dir / f"{child.spec.name}.pid").unlink(missing_ok=True)

@@ -230,7 +230,7 @@ def test_an_invalid_file_is_refused_and_the_old_configuration_keeps_serving(pod:
 
 
 def test_an_engine_change_restarts_vllm_with_the_new_settings(pod: RunningPod) -> None:
-    engine = pod.pid("engine")
+    engine, bridge = pod.pid("engine"), pod.pid("bridge")
     pod.set_remote_config("VL_ALIASES=my-alias\nVL_CTX=4096\n")
     asked = time.monotonic()
     wait_until(lambda: pod.pid("engine") not in (None, engine), "a new engine", RELOAD_S, every_s=0.2)
@@ -240,6 +240,7 @@ def test_an_engine_change_restarts_vllm_with_the_new_settings(pod: RunningPod) -
     pod.timings["engine change: new vLLM → serving (s)"] = time.monotonic() - restarted
     assert pod.engine_window() == 4096
     assert "my-alias" in pod.model_ids()
+    assert pod.pid("bridge") == bridge, "the bridge learns the new model without a restart"
 
 
 def test_a_hung_bridge_is_restarted_after_two_failed_checks(pod: RunningPod) -> None:

@@ -8,7 +8,7 @@ import re
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import httpx
@@ -18,6 +18,7 @@ from runtime.supervisor import Backoff, ChildSpec, Health, Supervisor
 from tests.support.net import free_port
 
 pytestmark = pytest.mark.anyio
+Make = Callable[..., Supervisor]
 
 CRASH = "import sys; print('crashing', flush=True); sys.exit(3)"
 SLEEP = "import time; print('ready', flush=True); time.sleep(600)"
@@ -32,6 +33,20 @@ WITH_GRANDCHILD = (
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+@pytest.fixture
+async def supervisor_for(tmp_path: Path) -> AsyncIterator[Make]:
+    """Makes supervisors over `tmp_path`; whatever a test leaves running is stopped, even when it fails."""
+    made: list[Supervisor] = []
+
+    def make(**options: object) -> Supervisor:
+        made.append(Supervisor(tmp_path, **options))
+        return made[-1]
+
+    yield make
+    for supervisor in made:
+        await supervisor.stop()
 
 
 def python(code: str) -> list[str]:
@@ -69,9 +84,9 @@ def grandchild_of(state: Path, name: str) -> int | None:
     return int(found[1]) if found else None
 
 
-async def test_a_dying_child_is_relaunched_with_growing_back_off(tmp_path: Path) -> None:
+async def test_a_dying_child_is_relaunched_with_growing_back_off(tmp_path: Path, supervisor_for: Make) -> None:
     incidents: list[str] = []
-    supervisor = Supervisor(tmp_path, on_incident=incidents.append, backoff=Backoff(first_s=0.1, most_s=0.4))
+    supervisor = supervisor_for(on_incident=incidents.append, backoff=Backoff(first_s=0.1, most_s=0.4))
     supervisor.start(ChildSpec("crasher", python(CRASH)))
     await eventually(lambda: len(incidents) >= 4)
     await supervisor.stop()
@@ -85,9 +100,9 @@ async def test_a_dying_child_is_relaunched_with_growing_back_off(tmp_path: Path)
     assert Backoff(1, 60).delay(1) == 1 and Backoff(1, 60).delay(4) == 8 and Backoff(1, 60).delay(9) == 60
 
 
-async def test_a_killed_child_comes_back_and_its_group_is_cleaned(tmp_path: Path) -> None:
+async def test_a_killed_child_comes_back_and_its_group_is_cleaned(tmp_path: Path, supervisor_for: Make) -> None:
     incidents: list[str] = []
-    supervisor = Supervisor(tmp_path, on_incident=incidents.append, backoff=Backoff(first_s=0.1))
+    supervisor = supervisor_for(on_incident=incidents.append, backoff=Backoff(first_s=0.1))
     supervisor.start(ChildSpec("engine", python(WITH_GRANDCHILD)))
     await eventually(lambda: grandchild_of(tmp_path, "engine"))
     first, grandchild = supervisor.pid("engine"), grandchild_of(tmp_path, "engine")
@@ -96,11 +111,10 @@ async def test_a_killed_child_comes_back_and_its_group_is_cleaned(tmp_path: Path
     await eventually(lambda: supervisor.pid("engine") not in (None, first))
     assert incidents == ["engine was killed by SIGKILL; restarting in 0 s"]
     await eventually(lambda: not alive(grandchild))  # the orphan went with its group
-    await supervisor.stop()
 
 
-async def test_stop_ends_every_process_of_every_tree_and_kills_the_stubborn(tmp_path: Path) -> None:
-    supervisor = Supervisor(tmp_path, grace_s=1.0)
+async def test_stop_ends_every_process_of_every_tree_and_kills_the_stubborn(tmp_path: Path, supervisor_for: Make) -> None:
+    supervisor = supervisor_for(grace_s=1.0)
     supervisor.start(ChildSpec("tree", python(WITH_GRANDCHILD)))
     supervisor.start(ChildSpec("stubborn", python(IGNORE_TERM)))
     await eventually(lambda: grandchild_of(tmp_path, "tree") and said(tmp_path, "stubborn", "ready"))
@@ -111,8 +125,8 @@ async def test_stop_ends_every_process_of_every_tree_and_kills_the_stubborn(tmp_
     assert supervisor.children == {} and not list(tmp_path.glob("*.pid"))
 
 
-async def test_one_slow_stop_does_not_hold_up_the_care_of_another_child(tmp_path: Path) -> None:
-    supervisor = Supervisor(tmp_path, grace_s=20.0, backoff=Backoff(first_s=0.1))
+async def test_one_slow_stop_does_not_hold_up_the_care_of_another_child(tmp_path: Path, supervisor_for: Make) -> None:
+    supervisor = supervisor_for(grace_s=20.0, backoff=Backoff(first_s=0.1))
     supervisor.start(ChildSpec("stubborn", python(IGNORE_TERM)))
     supervisor.start(ChildSpec("other", python(SLEEP)))
     await eventually(lambda: said(tmp_path, "stubborn", "ready") and said(tmp_path, "other", "ready"))
@@ -122,11 +136,10 @@ async def test_one_slow_stop_does_not_hold_up_the_care_of_another_child(tmp_path
     await eventually(lambda: supervisor.pid("other") not in (None, other))
     assert alive(stubborn), "the other child was relaunched while this one was still being stopped"
     os.kill(stubborn, signal.SIGKILL)
-    await supervisor.stop()
 
 
-async def test_a_restart_with_a_new_spec_touches_only_that_child(tmp_path: Path) -> None:
-    supervisor = Supervisor(tmp_path)
+async def test_a_restart_with_a_new_spec_touches_only_that_child(tmp_path: Path, supervisor_for: Make) -> None:
+    supervisor = supervisor_for()
     supervisor.start(ChildSpec("bridge", python(SLEEP)))
     supervisor.start(ChildSpec("engine", python(SLEEP)))
     await eventually(lambda: supervisor.pid("bridge") and supervisor.pid("engine"))
@@ -135,7 +148,6 @@ async def test_a_restart_with_a_new_spec_touches_only_that_child(tmp_path: Path)
     await eventually(lambda: said(tmp_path, "bridge", "reloaded"))
     assert supervisor.pid("engine") == engine and supervisor.pid("bridge") != bridge
     assert not alive(bridge)
-    await supervisor.stop()
 
 
 def http_health(port: int) -> Health:
@@ -146,10 +158,10 @@ def http_health(port: int) -> Health:
     return Health(probe, interval_s=0.2, timeout_s=0.5, failures_before_restart=2, starting_interval_s=0.1)
 
 
-async def test_a_hung_child_is_restarted_after_two_failed_checks_and_its_log_kept(tmp_path: Path) -> None:
+async def test_a_hung_child_is_restarted_after_two_failed_checks_and_its_log_kept(tmp_path: Path, supervisor_for: Make) -> None:
     incidents: list[str] = []
     port = free_port()
-    supervisor = Supervisor(tmp_path, on_incident=incidents.append)
+    supervisor = supervisor_for(on_incident=incidents.append)
     server = [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(port)]
     supervisor.start(ChildSpec("bridge", server, health=http_health(port)))
     await eventually(supervisor.healthy)
@@ -160,19 +172,37 @@ async def test_a_hung_child_is_restarted_after_two_failed_checks_and_its_log_kep
     assert not alive(hung)  # a stopped process still dies of SIGKILL
     assert [p.name.split(".")[1] for p in tmp_path.glob("bridge.hung.*.log")] == ["hung"]
     await eventually(supervisor.healthy)
-    await supervisor.stop()
 
 
-async def test_a_child_still_starting_is_not_restarted_for_failing_its_checks(tmp_path: Path) -> None:
+async def test_a_child_still_starting_is_not_restarted_for_failing_its_checks(tmp_path: Path, supervisor_for: Make) -> None:
     probes: list[bool] = []
 
     async def never() -> bool:
         probes.append(False)
         return False
 
-    supervisor = Supervisor(tmp_path)
+    supervisor = supervisor_for()
     health = Health(never, interval_s=0.05, timeout_s=1, failures_before_restart=2, starting_interval_s=0.05)
     supervisor.start(ChildSpec("engine", python(SLEEP), health=health))
     await eventually(lambda: len(probes) >= 10)  # loading weights can take many minutes
     assert supervisor.children["engine"].launches == 1 and not supervisor.healthy()
-    await supervisor.stop()
+
+
+async def test_checks_failing_while_a_restart_stops_the_child_do_not_restart_it_again(tmp_path: Path, supervisor_for: Make) -> None:
+    answering = {"now": True}
+    probes: list[bool] = []
+
+    async def probe() -> bool:
+        probes.append(answering["now"])
+        return answering["now"]
+
+    supervisor = supervisor_for(grace_s=1.0)
+    health = Health(probe, interval_s=0.05, timeout_s=1, failures_before_restart=2, starting_interval_s=0.05)
+    supervisor.start(ChildSpec("bridge", python(IGNORE_TERM), health=health))
+    await eventually(lambda: supervisor.healthy() and said(tmp_path, "bridge", "ready"))
+    answering["now"] = False  # a child being stopped stops answering: that is not a hang
+    supervisor.restart("bridge", "its settings changed")
+    await eventually(lambda: supervisor.children["bridge"].launches == 2 and probes.count(False) >= 10)
+    answering["now"] = True
+    await eventually(supervisor.healthy)
+    assert supervisor.children["bridge"].launches == 2 and not list(tmp_path.glob("bridge.hung.*.log"))
