@@ -66,7 +66,7 @@ def sshd_binary() -> str:
     return found
 
 
-def prepare(layout: SshdLayout, environ: Mapping[str, str]) -> list[str] | None:
+def prepare_sshd(layout: SshdLayout, environ: Mapping[str, str]) -> list[str] | None:
     """Write keys, environment and config; return sshd's argv, or None when no public key was given."""
     keys = authorized_keys_from(environ)
     if not keys:

@@ -1,9 +1,9 @@
 """`python -m runtime start`, the image's entrypoint: settings, GPU check, then vLLM, the bridge and
 sshd under the supervisor, the Hub log while the pod is not healthy, and live reconfiguration.
 
-Only what vLLM's command needs is imported before vLLM is launched (settings, recipes, the GPU
-check; the Hub client only when a Hub repo is configured); HTTP clients and sshd's key generation
-come after, so that a prebaked pod launches vLLM within moments (the seeds' image took ~15 s).
+Nothing heavy runs before vLLM is launched: settings, recipes and the GPU check (the Hub client only
+when a Hub repo is configured); HTTP clients and sshd's key generation come after, so that a
+prebaked pod launches vLLM within moments (the seeds' image took ~15 s).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,6 +22,7 @@ from runtime.engine import RUNTIME_ROOT, EngineCommand, prepare_engine
 from runtime.gpu import GpuError, inspect_gpu
 from runtime.install import InstallError, is_prebaked
 from runtime.settings import VARIABLES, Scope, Settings, SettingsError, load_settings
+from runtime.sshd import SshdLayout, prepare_sshd
 from runtime.supervisor import ChildSpec, Health, Supervisor
 
 if TYPE_CHECKING:
@@ -71,9 +72,10 @@ def log_to(state_dir: Path) -> None:
     """The runtime's own log: on stderr (the container's log, which has its own timestamps) and in
     `boot.log`, the first part of the Hub log."""
     state_dir.mkdir(parents=True, exist_ok=True)
-    boot = logging.FileHandler(state_dir / "boot.log")
+    console, boot = logging.StreamHandler(sys.stderr), logging.FileHandler(state_dir / "boot.log")
+    console.setFormatter(logging.Formatter("%(message)s"))
     boot.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s", "%Y-%m-%d %H:%M:%S"))
-    logging.basicConfig(level=logging.WARNING, handlers=[logging.StreamHandler(sys.stderr), boot])
+    logging.basicConfig(level=logging.WARNING, handlers=[console, boot])
     logging.getLogger("runtime").setLevel(logging.INFO)  # libraries' INFO is a line per HTTP request
 
 
@@ -108,6 +110,7 @@ class Pod:
         self.accelerator = "cpu"
         self.engine_env: Mapping[str, str] = {}
         self.command: EngineCommand | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
         self.stopping = asyncio.Event()
         self.changes: asyncio.Queue[Settings] = asyncio.Queue()
 
@@ -184,12 +187,10 @@ class Pod:
         return ChildSpec(BRIDGE, argv, env, health)
 
     async def start_sshd(self) -> None:
-        from runtime import sshd
-
         if not self.settings.ssh:
             log.info("sshd off (VL_SSH=off)")
             return
-        argv = await asyncio.to_thread(sshd.prepare, sshd_layout(self.settings), self.environ)
+        argv = await asyncio.to_thread(prepare_sshd, sshd_layout(self.settings), self.environ)
         if argv is not None:
             self.supervisor.start(ChildSpec(SSHD, argv, dict(self.environ)))
 
@@ -197,6 +198,7 @@ class Pod:
 
     def changed_elsewhere(self, settings: Settings, scopes: frozenset[Scope]) -> None:
         """The Hub watcher's callback, on its thread: hand the change over to the event loop."""
+        assert self.loop is not None  # the watcher starts once the loop runs
         self.loop.call_soon_threadsafe(self.changes.put_nowait, settings)
 
     async def apply_changes(self) -> None:
@@ -245,9 +247,7 @@ def as_text(value: object) -> str:
     return str(value)
 
 
-def sshd_layout(settings: Settings):  # noqa: ANN201 - runtime.sshd is imported once vLLM is launched
-    from runtime.sshd import SshdLayout
-
+def sshd_layout(settings: Settings) -> SshdLayout:
     return SshdLayout(
         config_file=Path(settings.state_dir) / "sshd_config",
         host_key_dir=Path(settings.ssh_host_keys),
@@ -264,19 +264,19 @@ def local_address(listen: str) -> str:
     return "127.0.0.1" if listen in ("0.0.0.0", "::", "") else listen
 
 
-def answers_200(url: str):  # noqa: ANN201 - a Health probe
+def answers_200(url: str) -> Callable[[], Awaitable[bool]]:
     """A probe: GET `url` answers 200 (the bridge's /health, which never waits on the engine)."""
 
     async def probe() -> bool:
         import httpx
 
-        async with httpx.AsyncClient(trust_env=False) as client:
+        async with httpx.AsyncClient(trust_env=False, timeout=None) as client:  # the supervisor times it
             return (await client.get(url)).status_code == 200
 
     return probe
 
 
-def engine_generates(command: EngineCommand):  # noqa: ANN201 - a Health probe
+def engine_generates(command: EngineCommand) -> Callable[[], Awaitable[bool]]:
     """A probe: the engine generates one token (runtime.probe); its reason is kept when it does not."""
 
     async def probe() -> bool:

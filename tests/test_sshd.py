@@ -47,7 +47,7 @@ def running_sshd(tmp_path: Path):
         "POD_GREETING": "it's a \"pod\" with spaces",
         "PATH": "/opt/venv/bin:/usr/local/bin:/usr/bin:/bin",
     }
-    argv = sshd.prepare(layout, environ)
+    argv = sshd.prepare_sshd(layout, environ)
     assert argv is not None
     server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
@@ -97,21 +97,21 @@ def test_host_keys_are_made_once_for_each_current_type(running_sshd) -> None:
     keys = sorted(p.name for p in layout.host_key_dir.glob("ssh_host_*_key"))
     assert keys == ["ssh_host_ecdsa_key", "ssh_host_ed25519_key", "ssh_host_rsa_key"]
     before = {p: p.read_bytes() for p in layout.host_key_dir.iterdir()}
-    sshd.prepare(layout, environ)  # a container restart keeps its disk: same keys, same fingerprint
+    sshd.prepare_sshd(layout, environ)  # a container restart keeps its disk: same keys, same fingerprint
     assert {p: p.read_bytes() for p in layout.host_key_dir.iterdir()} == before
     assert layout.authorized_keys.read_text().count("ssh-ed25519") == 1
 
 
 def test_ssh_public_key_is_accepted_too(tmp_path: Path) -> None:
     layout = layout_in(tmp_path)
-    assert sshd.prepare(layout, {"SSH_PUBLIC_KEY": "ssh-ed25519 AAAA pod"}) is not None
+    assert sshd.prepare_sshd(layout, {"SSH_PUBLIC_KEY": "ssh-ed25519 AAAA pod"}) is not None
     assert layout.authorized_keys.read_text() == "ssh-ed25519 AAAA pod\n"
 
 
 def test_no_key_means_no_sshd_said_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     layout = layout_in(tmp_path)
     with caplog.at_level(logging.INFO):
-        assert sshd.prepare(layout, {"PATH": "/usr/bin"}) is None
+        assert sshd.prepare_sshd(layout, {"PATH": "/usr/bin"}) is None
     assert [r.getMessage() for r in caplog.records] == [
         "sshd not started: set PUBLIC_KEY or SSH_PUBLIC_KEY to log in over SSH"
     ]

@@ -36,6 +36,7 @@ CONFIG_REPO = f"{HubServer.owner}/pod-config"
 HUB_LOG = f"etat/{POD_ID}.log"
 ENGINE_START_S = 600.0  # ~30 s alone; far more while other engineers' tests share the two cores
 RELOAD_S = 120.0  # a config poll (5 s) plus a bridge start, on a loaded machine
+HUB_BUDGET_S = 300.0  # past its first burst, the Hub log commits about once a minute
 
 
 @dataclass
@@ -224,7 +225,7 @@ def test_an_invalid_file_is_refused_and_the_old_configuration_keeps_serving(pod:
     pod.set_remote_config("VL_ALIASES=my-alias\nVL_CTX=lots\n")
     line = wait_until(lambda: re.search(r"refused .*VL_CTX='lots'.*", pod.boot_log()), "the refusal", RELOAD_S)
     assert "keeps serving" in line[0]
-    wait_until(lambda: "VL_CTX='lots'" in pod.hub_log(), "the refusal in the Hub log", RELOAD_S)
+    wait_until(lambda: "VL_CTX='lots'" in pod.hub_log(), "the refusal in the Hub log", HUB_BUDGET_S)
     assert (pod.pid("engine"), pod.pid("bridge")) == (engine, bridge)
     assert pod.serves() and "my-alias" in pod.model_ids()
 
@@ -260,9 +261,10 @@ def test_killing_vllm_brings_it_back_and_tells_the_hub(pod: RunningPod) -> None:
     os.kill(engine, signal.SIGKILL)
     killed = time.monotonic()
     wait_until(lambda: pod.pid("engine") not in (None, engine), "a new engine", RELOAD_S, every_s=0.2)
-    wait_until(lambda: "engine was killed by SIGKILL" in pod.hub_log(), "the crash in the Hub log", RELOAD_S)
     wait_until(pod.serves, "an answer from the relaunched engine", ENGINE_START_S, every_s=0.5)
     pod.timings["killed vLLM: SIGKILL → serving again (s)"] = time.monotonic() - killed
+    # The log publisher's commit budget (the Hub's rate limit) may hold the crash note back a minute.
+    wait_until(lambda: "engine was killed by SIGKILL" in pod.hub_log(), "the crash in the Hub log", HUB_BUDGET_S)
 
 
 def test_sigterm_stops_every_process_of_the_pod(pod: RunningPod) -> None:
