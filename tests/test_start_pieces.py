@@ -1,6 +1,11 @@
-"""What `runtime start` hands the bridge: its own settings, as text the bridge reads back unchanged."""
+"""`runtime start`'s contracts that need no engine: a light path to vLLM's launch, and what it hands
+the bridge (its own settings, as text the bridge reads back unchanged)."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
 
 from runtime.settings import VARIABLES, Scope, load_settings
 from runtime.start import bridge_environ
@@ -19,3 +24,11 @@ def test_engine_settings_stay_out_of_the_bridge_command() -> None:
     assert set(bridge_environ(load_settings({"VL_CTX": "4096"}))) == {
         v.env for v in VARIABLES if v.scope is Scope.BRIDGE
     }
+
+
+def test_the_path_to_the_engine_launch_imports_nothing_heavy() -> None:
+    heavy = ("httpx", "huggingface_hub", "torch", "vllm", "starlette", "uvicorn", "tokenizers", "runtime.bridge")
+    code = f"import sys, runtime.start; print(sorted(m for m in {heavy!r} if m in sys.modules))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                            cwd=Path(__file__).resolve().parent.parent)
+    assert result.stdout.strip() == "[]"
