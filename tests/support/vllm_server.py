@@ -140,11 +140,16 @@ def wait_until_ready(server: VllmServer, process: subprocess.Popen, timeout_s: f
             if process.poll() is not None:
                 if "Address already in use" in server.log():
                     return False
-                pytest.fail(f"vLLM exited with {process.returncode} while starting; its log ends:\n{server.log_tail()}")
+                pytest.fail(f"vLLM {how_it_ended(process.returncode)} while starting; its log ends:\n{server.log_tail()}")
             if time.monotonic() > deadline:
                 pytest.fail(f"vLLM was not ready after {timeout_s:g} s; its log ends:\n{server.log_tail()}")
             time.sleep(0.5)
     return True
+
+
+def how_it_ended(returncode: int) -> str:
+    """E.g. "exited with 1", or "was killed by SIGTERM" (not by us: someone else's cleanup)."""
+    return f"was killed by {signal.Signals(-returncode).name}" if returncode < 0 else f"exited with {returncode}"
 
 
 def is_ready(client: httpx.Client, model: str) -> bool:
