@@ -1,21 +1,22 @@
 """A tiny scripted model: a real Qwen3 checkpoint, written in a second, whose replies are known texts.
 
 The tests and the cpu demo need a model that vLLM really serves (no weights can be downloaded here)
-and that answers exactly what they expect. The chat template ends the prompt with a *mode token*;
-the model then follows a fixed chain of tokens (see `Script` and `weights`).
+and that answers exactly what they expect. The chat template ends the prompt with a *mode token*,
+chosen from the LAST user message's text (a string or text blocks) and the template variables:
 
-| trigger (in the LAST user message's text)  | reply                                                |
-|--------------------------------------------|------------------------------------------------------|
-| nothing special                            | reasoning `THINKING`, then `ANSWER`                  |
-| `MARK_TEXT`, or `enable_thinking` false    | `ANSWER` only                                        |
-| `MARK_TOOL`, when tools are given          | a hermes tool call of `TOOL_NAME` with `{"command": TOOL_COMMAND}` |
-| the last message is a tool result          | `AFTER_TOOL`                                         |
-| `MARK_LONG`                                | `LONG_CYCLE` again and again: only `max_tokens` ends it |
-| `MARK_PONDER` (and thinking on)            | reasoning `PONDER_CYCLE` forever; vLLM's `thinking_token_budget` closes it, then `ANSWER` |
+- no marker: reasoning `THINKING`, then the answer `ANSWER`;
+- `MARK_TEXT`, or `enable_thinking` false: `ANSWER` alone;
+- `MARK_TOOL`, when tools are given: a hermes tool call of `TOOL_NAME` with `TOOL_ARGUMENTS`;
+- the last message is a tool result: `AFTER_TOOL`;
+- `MARK_LONG`: `LONG_CYCLE` over and over, until `max_tokens`;
+- `MARK_PONDER` (thinking on): reasoning `PONDER_CYCLE` over and over, until vLLM's
+  `thinking_token_budget` forces `</think>`; `ANSWER` follows. vLLM counts the mode token, which
+  follows `<think>` in the prompt, as the first token of thought: a budget of n gives n - 1.
 
 A tool result wins over the markers, then `MARK_TOOL`, `MARK_LONG`, `MARK_PONDER`, `MARK_TEXT`. A
 prompt without a mode token (a raw `/v1/completions` one) is answered with `ANSWER`. Serve it with
-`--reasoning-parser qwen3 --enable-auto-tool-choice --tool-call-parser hermes`.
+`--reasoning-parser qwen3 --enable-auto-tool-choice --tool-call-parser hermes`. How the weights
+follow the script: see `weights`.
 """
 
 from __future__ import annotations
@@ -73,7 +74,9 @@ EOS = TURN_END
 REPLIES = {"text": ANSWER_PIECES, "tool": TOOL_CALL_PIECES, "after_tool": AFTER_TOOL_PIECES, "long": LONG_PIECES}
 REASONING_MODES = ("think", "ponder")
 
-CHAT_TEMPLATE = """\
+CHAT_TEMPLATE = "{%- set marks = " + json.dumps(
+    {"text": MARK_TEXT, "tool": MARK_TOOL, "long": MARK_LONG, "ponder": MARK_PONDER}
+) + """ -%}
 {%- macro text(content) -%}
 {%- if content is string -%}{{ content }}
 {%- elif content is iterable -%}{%- for part in content if part.type == 'text' -%}{{ part.text }}{%- endfor -%}
@@ -104,10 +107,10 @@ CHAT_TEMPLATE = """\
 {%- set ns = namespace(asked='') -%}
 {%- for message in messages if message.role == 'user' -%}{%- set ns.asked = text(message.content) -%}{%- endfor -%}
 {%- if messages and messages[-1].role == 'tool' -%}{%- set mode = 'after_tool' -%}
-{%- elif tools and '[tool]' in ns.asked -%}{%- set mode = 'tool' -%}
-{%- elif '[long]' in ns.asked -%}{%- set mode = 'long' -%}
-{%- elif '[ponder]' in ns.asked and thinking -%}{%- set mode = 'ponder' -%}
-{%- elif '[text]' in ns.asked or not thinking -%}{%- set mode = 'text' -%}
+{%- elif tools and marks.tool in ns.asked -%}{%- set mode = 'tool' -%}
+{%- elif marks.long in ns.asked -%}{%- set mode = 'long' -%}
+{%- elif marks.ponder in ns.asked and thinking -%}{%- set mode = 'ponder' -%}
+{%- elif marks.text in ns.asked or not thinking -%}{%- set mode = 'text' -%}
 {%- else -%}{%- set mode = 'think' -%}
 {%- endif -%}
 <|im_start|>assistant
@@ -131,12 +134,12 @@ MODE_TOKENS = (
 )
 
 NUM_LAYERS = 1
-HIDDEN_SIZE = 128  # one dimension per token that some token leads to (about 40), plus the modes
+HIDDEN_SIZE = 128  # one dimension per token that some token leads to (26), plus 4 mode groups
 HEAD_DIM = 32  # the smallest head vLLM's CPU attention backend supports
 INTERMEDIATE_SIZE = 64
 MAX_POSITIONS = 131072  # Claude Code's own prompts are 15-25k tokens
 ROPE_THETA = 1000000.0
-BPE_VOCAB_SIZE = 8000
+BPE_VOCAB_SIZE = 8000  # a ceiling: the corpus runs out of merges at about 3,000 tokens
 LOGIT_MARGIN = 200.0  # e^-200: the scripted token wins whatever temperature a client samples at
 MODE_LOGIT_SHARE = 0.05  # how much of the residual the copied mode holds: it decides only after `</think>`
 DEFAULT_LOGIT_SHARE = 0.01  # `</think>` with no mode in sight (raw completions) still leads to ANSWER
@@ -219,66 +222,92 @@ class Script:
         )
 
 
+@dataclass(frozen=True)
+class Layout:
+    """The residual stream's dimensions, by token id: one per target (a token the script leads to),
+    then one per mode group (a distinct `after_think` target)."""
+
+    target: dict[int, int]
+    group: dict[int, int]
+
+    @classmethod
+    def of(cls, script: Script) -> Layout:
+        targets = sorted({*script.follows.values(), *script.after_think.values(), script.default})
+        groups = sorted(set(script.after_think.values()))
+        if len(targets) + len(groups) > HIDDEN_SIZE or len(groups) > HEAD_DIM:
+            raise ValueError("the script does not fit in the model's dimensions")
+        return cls({t: i for i, t in enumerate(targets)}, {t: len(targets) + i for i, t in enumerate(groups)})
+
+
 def weights(script: Script, vocab_size: int) -> dict[str, torch.Tensor]:
-    """One Qwen3 layer whose MLP adds nothing and whose one attention head copies the mode.
+    """One Qwen3 layer whose MLP adds nothing and whose single attention head copies the mode.
 
-    Residual dimensions: one per token that the script leads to (a "target"), then one per distinct
-    `after_think` target (a "mode group"). The embedding of t is the one-hot of its successor's
-    target dimension (for a mode token, plus its group's); the LM head row of a target reads its own
-    dimension. After the final RMSNorm the successor's logit is LOGIT_MARGIN and the others are ~0.
-    The head: every query matches the key of the prompt's (single) mode token, whose value writes
-    MODE_LOGIT_SHARE of its `after_think` target into every later position. That share loses to any
-    token's own successor, and wins only at `</think>`, whose embedding is all but empty.
+    The next token is read off the current one (`lookup`), except after `</think>`, where the
+    mode copied from the prompt decides (`mode_head`).
     """
-    targets = sorted({*script.follows.values(), *script.after_think.values(), script.default})
-    groups = sorted(set(script.after_think.values()))
-    if len(targets) + len(groups) > HIDDEN_SIZE or len(groups) > HEAD_DIM:
-        raise ValueError("the script does not fit in the model's dimensions")
-    target_dim = {t: i for i, t in enumerate(targets)}
-    group_dim = {t: len(targets) + i for i, t in enumerate(groups)}
-
-    embed = torch.zeros(vocab_size, HIDDEN_SIZE)
-    for t in range(vocab_size):
-        embed[t, target_dim[script.follows.get(t, script.default)]] = 1.0
-    embed[script.think_end] *= DEFAULT_LOGIT_SHARE
-    for mode, target in script.after_think.items():
-        embed[mode, group_dim[target]] = 1.0
-    lm_head = torch.zeros(vocab_size, HIDDEN_SIZE)
-    for t, dim in target_dim.items():
-        lm_head[t, dim] = LOGIT_MARGIN / HIDDEN_SIZE**0.5  # the normalised one-hot is sqrt(d) long
-
-    # q and k sit on the last head dimension: in both RoPE layouts it pairs with the lowest
-    # frequency (1e6^-(30/32) rad per position), so a score barely moves over 131072 positions.
-    rope_dim = HEAD_DIM - 1
-    q_proj = torch.zeros(HEAD_DIM, HIDDEN_SIZE)
-    q_proj[rope_dim, : len(targets)] = 1.0  # every token queries
-    k_proj = torch.zeros(HEAD_DIM, HIDDEN_SIZE)
-    k_proj[rope_dim, len(targets) :] = 1.0  # only mode tokens answer
-    qk_norm = torch.ones(HEAD_DIM)
-    qk_norm[rope_dim] = (MODE_ATTENTION_SCORE / HEAD_DIM**0.5) ** 0.5  # q.k * HEAD_DIM^-0.5 = score
-    v_proj = torch.zeros(HEAD_DIM, HIDDEN_SIZE)
-    o_proj = torch.zeros(HIDDEN_SIZE, HEAD_DIM)
-    mode_scale = (HIDDEN_SIZE / 2) ** 0.5  # a mode token's normalised embedding: two ones over rms
-    for slot, target in enumerate(groups):
-        v_proj[slot, group_dim[target]] = 1.0 / mode_scale
-        o_proj[target_dim[target], slot] = MODE_LOGIT_SHARE
-
-    layer = {
+    layout = Layout.of(script)
+    embed, lm_head = lookup(script, layout, vocab_size)
+    layer = mode_head(layout) | {
         "input_layernorm.weight": torch.ones(HIDDEN_SIZE),
         "post_attention_layernorm.weight": torch.ones(HIDDEN_SIZE),
+        "mlp.gate_proj.weight": torch.zeros(INTERMEDIATE_SIZE, HIDDEN_SIZE),
+        "mlp.up_proj.weight": torch.zeros(INTERMEDIATE_SIZE, HIDDEN_SIZE),
+        "mlp.down_proj.weight": torch.zeros(HIDDEN_SIZE, INTERMEDIATE_SIZE),  # zero: the MLP adds nothing
+    }
+    tensors = {f"model.layers.0.{name}": tensor for name, tensor in layer.items()}
+    tensors |= {"model.embed_tokens.weight": embed, "lm_head.weight": lm_head}
+    tensors["model.norm.weight"] = torch.ones(HIDDEN_SIZE)
+    return {name: tensors[name].to(torch.bfloat16) for name in sorted(tensors)}
+
+
+def lookup(script: Script, layout: Layout, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The embedding and LM head: a table of successors.
+
+    The embedding of t is the one-hot of its successor's dimension (plus, for a mode token, the
+    one-hot of its group); the LM head row of a target reads its own dimension. After the final
+    RMSNorm the one-hot is sqrt(d) long: the successor's logit is LOGIT_MARGIN, the others 0.
+    """
+    embed = torch.zeros(vocab_size, HIDDEN_SIZE)
+    for t in range(vocab_size):
+        embed[t, layout.target[script.follows.get(t, script.default)]] = 1.0
+    embed[script.think_end] *= DEFAULT_LOGIT_SHARE  # all but empty: the copied mode decides
+    for mode, target in script.after_think.items():
+        embed[mode, layout.group[target]] = 1.0
+    lm_head = torch.zeros(vocab_size, HIDDEN_SIZE)
+    for t, dim in layout.target.items():
+        lm_head[t, dim] = LOGIT_MARGIN / HIDDEN_SIZE**0.5
+    return embed, lm_head
+
+
+def mode_head(layout: Layout) -> dict[str, torch.Tensor]:
+    """The attention head: every query matches the key of the prompt's (one) mode token, whose value
+    writes MODE_LOGIT_SHARE of its `after_think` target into every later position. That share
+    loses to any token's own successor, and wins at `</think>` alone, whose embedding is all but
+    empty.
+    """
+    # q and k sit on the last head dimension: in both RoPE layouts it pairs with the lowest
+    # frequency (1e6^-(30/32) rad per position), so the score barely moves over 131072 positions.
+    rope_dim, first_group = HEAD_DIM - 1, len(layout.target)
+    q_proj = torch.zeros(HEAD_DIM, HIDDEN_SIZE)
+    q_proj[rope_dim, :first_group] = 1.0  # every token asks
+    k_proj = torch.zeros(HEAD_DIM, HIDDEN_SIZE)
+    k_proj[rope_dim, first_group:] = 1.0  # only mode tokens answer
+    qk_norm = torch.ones(HEAD_DIM)
+    qk_norm[rope_dim] = (MODE_ATTENTION_SCORE / HEAD_DIM**0.5) ** 0.5  # score = q.k / sqrt(HEAD_DIM)
+    v_proj = torch.zeros(HEAD_DIM, HIDDEN_SIZE)
+    o_proj = torch.zeros(HIDDEN_SIZE, HEAD_DIM)
+    normalised_one = (HIDDEN_SIZE / 2) ** 0.5  # a mode token's embedding, two ones, after RMSNorm
+    for slot, (target, dim) in enumerate(layout.group.items()):
+        v_proj[slot, dim] = 1.0 / normalised_one
+        o_proj[layout.target[target], slot] = MODE_LOGIT_SHARE
+    return {
         "self_attn.q_proj.weight": q_proj,
         "self_attn.k_proj.weight": k_proj,
         "self_attn.v_proj.weight": v_proj,
         "self_attn.o_proj.weight": o_proj,
         "self_attn.q_norm.weight": qk_norm,
         "self_attn.k_norm.weight": qk_norm.clone(),
-        "mlp.gate_proj.weight": torch.zeros(INTERMEDIATE_SIZE, HIDDEN_SIZE),
-        "mlp.up_proj.weight": torch.zeros(INTERMEDIATE_SIZE, HIDDEN_SIZE),
-        "mlp.down_proj.weight": torch.zeros(HIDDEN_SIZE, INTERMEDIATE_SIZE),
     }
-    tensors = {"model.embed_tokens.weight": embed, "lm_head.weight": lm_head, "model.norm.weight": torch.ones(HIDDEN_SIZE)}
-    tensors |= {f"model.layers.0.{name}": tensor for name, tensor in layer.items()}
-    return dict(sorted(tensors.items()))
 
 
 def model_config(tokenizer: Tokenizer, vocab_size: int) -> dict:
@@ -298,7 +327,7 @@ def model_config(tokenizer: Tokenizer, vocab_size: int) -> dict:
         "rope_theta": ROPE_THETA,
         "attention_bias": False,
         "tie_word_embeddings": False,
-        "torch_dtype": "float32",  # exact one-hots and margins; the model is too small for speed to matter
+        "torch_dtype": "bfloat16",  # what vLLM runs a float32 checkpoint in anyway; the margins are wide
         "bos_token_id": tokenizer.token_to_id(END_OF_TEXT),
         "eos_token_id": tokenizer.token_to_id(EOS),
         "pad_token_id": tokenizer.token_to_id(END_OF_TEXT),
@@ -384,6 +413,20 @@ absolute relative current working safe unsafe permission permissions allow allow
 user's model models claude token tokens limit limits timeout seconds milliseconds background
 notebook cell cells web fetch url urls http https json yaml markdown html python javascript
 typescript node npm pip docs documentation example examples note notes warning warnings
+session conversation already review changes local skill skills draft notification notifications deploy
+autonomous filter memory summary findings job jobs unless something available recurring script minutes scheduled
+events event replace log otherwise remove confirmed reminder automatically dynamic cache via into include invoked
+blocked occurrence previous subscription asks security block previously medium sleep durable launch success subscribe
+immediately domains names ignored level month chart external target invoke writing yourself fresh conclusion notified
+arrives stopped attribution resume switch teammates control finishes polling interval verify runs effort max remote
+cloud exits bare agents per judgment authorized feedback pasted without dedicated approval skipped guidance reference
+preferences explicitly workflow loop worktree worktrees subagent subagents monitor anthropic org grep sending receive
+received provide provided provides following within across could information relevant related multiple single however
+because therefore especially including contains returned call calls called calling making tool's given exact exactly
+whether either neither others understand understanding consider considered choose chosen prefer preferred avoid
+avoided ensure needed needs necessary possibly appropriate appropriately specified specify specific specifically
+similar simply currently completed completion correctly different directly describe described implementation
+implement implemented exists original originally separate separately parallel sequential
 """
 
 CORPUS_JSON = json.dumps(
