@@ -1,4 +1,4 @@
-"""The test Hub itself: it must answer the real huggingface_hub client as the Hub does, and refuse what the Hub refuses."""
+"""The test Hub itself: it answers the real huggingface_hub client as the Hub does, and refuses what the Hub refuses."""
 
 from __future__ import annotations
 
@@ -73,7 +73,8 @@ def test_an_unknown_token_is_refused_even_on_a_public_repo(hub_server: HubServer
 
 def test_missing_and_private_repos_look_the_same(hub_server: HubServer) -> None:
     hub_server.create_repo(REPO, private=True)
-    for token, repo in [(hub_server.write_token, "pod-owner/missing"), (False, REPO), (hub_server.stranger_token, REPO)]:
+    for token, repo in [(hub_server.write_token, "pod-owner/missing"), (False, REPO),
+                        (hub_server.stranger_token, REPO)]:
         with pytest.raises(RepositoryNotFoundError):
             api(hub_server, token).repo_info(repo)
         with pytest.raises(RepositoryNotFoundError):

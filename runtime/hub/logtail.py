@@ -58,7 +58,8 @@ def read(repo: HubRepo, path: str, known: FileVersion | None = None) -> tuple[Fi
     """The log's version and text (empty text when it is still `known`), with Hub errors made plain."""
     try:
         version = repo.version(path)
-        return version, ("" if version == known else repo.read_text(path, version))
+        unchanged = known is not None and version.etag == known.etag  # other pods' commits move the repo, not this file
+        return version, ("" if unchanged else repo.read_text(path, version))
     except RemoteEntryNotFoundError:
         raise Waiting(no_log_yet(repo, path)) from None
     except RepositoryNotFoundError:
@@ -107,7 +108,8 @@ def follow(repo: HubRepo, path: str, interval_s: float) -> None:
 def new_lines(before: list[str], after: list[str]) -> list[str]:
     """Lines of `after` that `before` did not have: the log is a window of tails, not an append-only file."""
     matcher = difflib.SequenceMatcher(None, before, after, autojunk=False)
-    return [line for tag, _, _, j1, j2 in matcher.get_opcodes() if tag in ("insert", "replace") for line in after[j1:j2]]
+    added = [after[j1:j2] for tag, _, _, j1, j2 in matcher.get_opcodes() if tag in ("insert", "replace")]
+    return [line for block in added for line in block]
 
 
 def fail(message: str, code: int) -> int:

@@ -153,7 +153,7 @@ class RemoteConfig:
             version = self.repo.version(self.file)
         except RemoteEntryNotFoundError:
             return _ABSENT, (None if self._version == _ABSENT else "")
-        if version == self._version:
+        if version.etag == self._version.etag:  # the repo may have moved on (other files): this file did not
             return version, None
         return version, self.repo.read_text(self.file, version)
 

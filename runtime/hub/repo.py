@@ -53,7 +53,10 @@ def pod_id(environ: Mapping[str, str]) -> str:
 
 @dataclass(frozen=True)
 class FileVersion:
-    """What identifies one version of a file on the Hub: its ETag (git blob id) and the commit serving it."""
+    """One version of a file on the Hub: its ETag (the content's git blob id) and the commit it was read at.
+
+    Compare ETags to know whether the content changed: the commit also moves when other files change.
+    """
 
     etag: str
     commit: str

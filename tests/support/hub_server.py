@@ -300,7 +300,9 @@ class HubApp:
                 raise Refusal(400, "Expected a non-empty list of files")
             answers = []
             for entry in files:
-                path, size, sample = (entry.get(k) if isinstance(entry, dict) else None for k in ("path", "size", "sample"))
+                if not isinstance(entry, dict):
+                    raise Refusal(400, f"Invalid file entry: {entry!r}")
+                path, size, sample = entry.get("path"), entry.get("size"), entry.get("sample")
                 if not isinstance(size, int) or size < 0 or not isinstance(sample, str):
                     raise Refusal(400, f"Invalid file entry: {entry!r}")
                 binary = b"\0" in base64.b64decode(sample, validate=True)
