@@ -11,6 +11,7 @@ import pytest
 from huggingface_hub import HfApi
 from huggingface_hub.errors import RepositoryNotFoundError
 
+from runtime.gpu import GpuError, HostGpu, decide
 from runtime.hub.budget import CommitBudget
 from runtime.hub.logpublish import LogPublisher, tail
 from runtime.hub.redact import MARKER, Redactor
@@ -114,14 +115,16 @@ def test_publish_now_after_a_crash_even_when_healthy(hub_server: HubServer, pod:
 
 def test_a_fatal_line_is_published_before_close_returns(
         hub_server: HubServer, pod: Pod, publisher: MakePublisher) -> None:
-    """The GPU check's path: publish the line, then stop, before the process exits."""
+    """The GPU check's path: publish its one line, then stop, before the process exits."""
     hub_server.create_repo(REPO)
     pub = publisher(interval_s=3600)
     pub.start()
     wait_until(lambda: log_commits(hub_server) == 1, "the first publish")
-    pub.publish_now("host driver 535.104 (CUDA 12.2) cannot run this image (CUDA 13.0): set allowedCudaVersions")
+    with pytest.raises(GpuError) as refused:
+        decide(HostGpu("535.104.05", "12.2", ("NVIDIA GeForce RTX 4090",)), "13.0", Path("/no/compat"))
+    pub.publish_now(str(refused.value))
     pub.close(timeout_s=60)
-    assert "cannot run this image" in hub_log(hub_server)
+    assert hub_log(hub_server).rstrip().endswith('RunPod: "allowedCudaVersions": ["13.0"])')
 
 
 def test_no_planted_secret_reaches_the_hub(hub_server: HubServer, pod: Pod, publisher: MakePublisher) -> None:

@@ -61,7 +61,7 @@ def test_a_private_repo_needs_the_token(hub_server: HubServer, tmp_path: Path) -
 @pytest.mark.parametrize(("case", "code", "message"), [
     ("no such pod", 1, "runtime logs: no log etat/pod-9.log in pod-owner/pod-logs yet (pods with a log: pod-1)\n"),
     ("no repo", 2, "runtime logs: no log repo: pass --repo OWNER/NAME or set VL_LOG_REPO\n"),
-    ("bad repo", 2, "runtime logs: 'not a repo' is not a Hub repo id: expected owner/name (or datasets/owner/name)\n"),
+    ("bad repo", 2, "runtime logs: 'not a repo' is not a Hub repo id: owner/name, datasets/owner/name or spaces/"),
     ("bad token", 1, "runtime logs: the Hub refused the token (HF_TOKEN): "),
 ])
 def test_clear_one_line_errors(hub: HubServer, tmp_path: Path, case: str, code: int, message: str) -> None:

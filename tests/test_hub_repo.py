@@ -8,6 +8,7 @@ import pytest
 from huggingface_hub.utils import get_session
 
 from runtime.hub.repo import HUB_TIMEOUT_S, HubRepo, pod_id
+from runtime.settings import SettingsError
 
 
 @pytest.mark.parametrize(("spec", "repo_id", "repo_type", "shown"), [
@@ -25,6 +26,13 @@ def test_repo_specs(spec: str, repo_id: str, repo_type: str, shown: str) -> None
 def test_bad_repo_specs(spec: str) -> None:
     with pytest.raises(ValueError, match="is not a Hub repo id"):
         HubRepo.parse(spec)
+
+
+def test_a_bad_repo_setting_stops_start_up_with_one_line() -> None:
+    with pytest.raises(SettingsError) as error:
+        HubRepo.from_environ("my-logs", {}, "VL_LOG_REPO")
+    assert str(error.value) == ("VL_LOG_REPO='my-logs' is not allowed: expected a Hub repo id: owner/name, "
+                                "datasets/owner/name or spaces/owner/name")
 
 
 def test_the_environment_gives_endpoint_and_token() -> None:

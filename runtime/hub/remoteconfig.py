@@ -67,7 +67,8 @@ def keep_pod_scope(new: Settings, current: Settings) -> Settings:
     values, sources = new.raw(), dict(new.sources)
     for variable in VARIABLES:
         if variable.scope is Scope.POD:
-            values[variable.attr], sources[variable.attr] = current.raw()[variable.attr], current.sources[variable.attr]
+            values[variable.attr] = current.raw()[variable.attr]
+            sources[variable.attr] = current.sources[variable.attr]
     return Settings(values, sources)
 
 
@@ -88,7 +89,8 @@ class RemoteConfig:
         self.on_change, self.notify = on_change, notify or (lambda line: None)
         self.redactor = redactor or Redactor.from_environ(self.environ)
         self.file = self.settings.config_file
-        self.repo = HubRepo.from_environ(self.settings.config_repo, self.environ) if self.settings.config_repo else None
+        spec = self.settings.config_repo
+        self.repo = HubRepo.from_environ(spec, self.environ, "VL_CONFIG_REPO") if spec else None
         self.poll_s = poll_s or self.settings.config_poll_s
         self._version = _UNSEEN
         self._hub_down = False
@@ -100,7 +102,7 @@ class RemoteConfig:
         return f"{self.repo}/{self.file}"
 
     def load(self) -> Settings:
-        """The settings to start with: defaults < the Hub file (when it can be read and is valid) < environment."""
+        """The settings to start with: defaults < the Hub file (if it can be read and is valid) < environment."""
         if self.repo is not None:
             self.check(initial=True)
         return self.settings
@@ -163,7 +165,8 @@ class RemoteConfig:
             self.settings = full
             log.info("settings from %s (changing %s)", self.where, ", ".join(changed) or "nothing")
             return bool(changed)
-        later = [v.env for v in VARIABLES if v.scope is Scope.POD and full.raw()[v.attr] != self.settings.raw()[v.attr]]
+        current = self.settings.raw()
+        later = [v.env for v in VARIABLES if v.scope is Scope.POD and full.raw()[v.attr] != current[v.attr]]
         if later:
             log.info("%s changes %s: applies at the next pod start", self.where, ", ".join(later))
         new = keep_pod_scope(full, self.settings)
