@@ -23,6 +23,8 @@ from runtime.settings import SettingsError
 
 # huggingface_hub's shared HTTP client waits forever by default: one hung connection would freeze the
 # log publisher's thread for good. Every request (connect, each read, each write) gets this bound.
+# (That client is shared by all threads, and huggingface_hub closes it after a connection error, which
+# fails the other threads' requests in flight: the publisher and the watcher count it as one more failure.)
 HUB_TIMEOUT_S = 20.0
 REPO_TYPES = {"models": "model", "datasets": "dataset", "spaces": "space"}
 REPO_ID_ALLOWED = "a Hub repo id: owner/name, datasets/owner/name or spaces/owner/name"
@@ -31,16 +33,16 @@ _setup_lock = threading.Lock()
 _bounded = False
 
 
-def bound_hub_timeouts(timeout_s: float = HUB_TIMEOUT_S) -> None:
+def bound_hub_timeouts() -> None:
     """Gives huggingface_hub's shared client a timeout, and silences its progress bars (log noise)."""
     global _bounded
     with _setup_lock:
         if _bounded:
             return
 
-        def bounded_client():  # noqa: ANN202 - the client class is huggingface_hub's business
+        def bounded_client():  # returns huggingface_hub's own client class, whatever it is
             client = default_client_factory()
-            client.timeout = timeout_s
+            client.timeout = HUB_TIMEOUT_S
             return client
 
         set_client_factory(bounded_client)
