@@ -209,3 +209,28 @@ def test_without_a_config_repo_it_keeps_the_environment(hub_server: HubServer) -
     config.start()
     config.stop()
     assert hub_server.received == []
+
+
+def test_the_documented_wiring_publishes_a_refusal_at_start(hub_server: HubServer, tmp_path: Path) -> None:
+    """The order runtime/hub/__init__.py gives the supervisor: the refusal reaches the Hub log, secrets don't."""
+    hub_server.create_repo(CONFIG, private=True)
+    hub_server.put_file(CONFIG, "pod.env", "VL_CTX=4096\nVL_API_KEY=team-secret-key-1\n")  # a typo: VL_API_KEYS
+    environ = {**hub_server.env(), "VL_CONFIG_REPO": CONFIG, "VL_LOG_REPO": "pod-owner/pod-logs",
+               "RUNPOD_POD_ID": "pod-7"}
+    boot = tmp_path / "boot.log"
+    boot.write_text("runtime: starting\n")
+    config = RemoteConfig(environ, on_change=lambda settings, scopes: None)
+    publisher = LogPublisher.from_settings(config.settings, environ, {"boot": boot}, is_healthy=lambda: False,
+                                           redactor=config.redactor)
+    config.notify = publisher.publish_now
+    publisher.start()
+    try:
+        settings = config.load()
+        assert settings.ctx is None  # the whole file is refused, not half of it
+        refusal = "VL_API_KEY='[redacted]' is not allowed: expected a known setting name"
+        log = wait_until(lambda: refusal in (hub_server.file("pod-owner/pod-logs", "etat/pod-7.log") or b"").decode()
+                         and hub_server.file("pod-owner/pod-logs", "etat/pod-7.log").decode(), "the refusal, masked")
+        assert "boot | runtime: starting" in log
+        assert not [r for r in hub_server.received if r.carries("team-secret-key-1")]
+    finally:
+        publisher.close(timeout_s=60)

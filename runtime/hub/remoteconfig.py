@@ -179,13 +179,19 @@ class RemoteConfig:
             self.on_change(new, scopes)
         except Exception as error:  # the caller's failure must not stop the watcher
             log.exception("applying the new settings from %s failed", self.where)
-            self.notify(f"applying the new settings from {self.where} failed: {one_line(error)}")
+            self._tell(f"applying the new settings from {self.where} failed: {one_line(error)}")
         return True
 
     def _refuse(self, reason: str) -> None:
         line = f"refused {self.where}: {reason}; the current configuration keeps serving"
         log.error("%s", self.redactor(line))
-        self.notify(line)
+        self._tell(line)
+
+    def _tell(self, line: str) -> None:
+        try:
+            self.notify(line)
+        except Exception:  # a broken notifier must not stop the watcher either
+            log.exception("could not pass on: %s", self.redactor(line))
 
 
 def one_line(error: BaseException) -> str:
