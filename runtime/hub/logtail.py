@@ -37,6 +37,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if not args.repo:
         return fail("no log repo: pass --repo OWNER/NAME or set VL_LOG_REPO", 2)
+    if args.interval <= 0:
+        return fail(f"--interval {args.interval:g} is not allowed: expected a number of seconds > 0", 2)
     try:
         repo = HubRepo.parse(args.repo, endpoint=os.environ.get("HF_ENDPOINT") or None)
     except ValueError as error:
@@ -58,8 +60,9 @@ def read(repo: HubRepo, path: str, known: FileVersion | None = None) -> tuple[Fi
     """The log's version and text (empty text when it is still `known`), with Hub errors made plain."""
     try:
         version = repo.version(path)
-        unchanged = known is not None and version.etag == known.etag  # other pods' commits move the repo, not this file
-        return version, ("" if unchanged else repo.read_text(path, version))
+        if known is not None and version.etag == known.etag:  # other pods' commits move the repo, not this file
+            return version, ""
+        return version, repo.read_text(path, version)
     except RemoteEntryNotFoundError:
         raise Waiting(no_log_yet(repo, path)) from None
     except RepositoryNotFoundError:
