@@ -172,7 +172,8 @@ VARIABLES: tuple[Variable, ...] = (
     _var("VL_ATTN", "", optional_text, "a vLLM attention backend name, or empty", E,
          "Force an attention backend; empty = vLLM's choice (forcing TRITON_ATTN cost 32% prefill)."),
     _var("VL_ALIASES", "", words, "model names separated by commas or spaces", B,
-         "Extra names the bridge answers to (any unknown name still falls back to the served model)."),
+         "Extra names the bridge answers to (any unknown name still falls back to the served model); "
+         "with VL_BRIDGE=off vLLM serves them itself (a change then restarts it)."),
     _var("VL_EXTRA_ARGS", "", text, "extra vLLM arguments, shell-quoted", E, "Appended verbatim to the vLLM command."),
     # --- the bridge ---
     _var("VL_BRIDGE", "on", switch, one_of("on", "off"), E,

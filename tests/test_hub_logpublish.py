@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import itertools
 import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from huggingface_hub import HfApi
 from huggingface_hub.errors import RepositoryNotFoundError
 
+from runtime.gpu import GpuError, HostGpu, decide
 from runtime.hub.budget import CommitBudget
 from runtime.hub.logpublish import LogPublisher, tail
 from runtime.hub.redact import MARKER, Redactor
@@ -19,6 +21,7 @@ from tests.support.hub_server import HubServer
 from tests.support.polling import wait_until
 
 REPO = "pod-owner/pod-logs"
+MakePublisher = Callable[..., LogPublisher]
 LOG = "etat/pod-1.log"
 
 
@@ -39,11 +42,27 @@ def pod(tmp_path: Path) -> Pod:
     return Pod(tmp_path)
 
 
-def publisher(hub: HubServer, pod: Pod, environ: dict[str, str] | None = None, **options) -> LogPublisher:
-    environ = {**hub.env(), **(environ or {})}
-    options = {"interval_s": 0.05, "retry_s": (0.05, 0.2), **options}
-    return LogPublisher(HubRepo.from_environ(REPO, environ), "pod-1", pod.logs, pod.healthy.is_set,
-                        Redactor.from_environ(environ), **options)
+@pytest.fixture
+def publisher(hub_server: HubServer, pod: Pod) -> Iterator[MakePublisher]:
+    """Makes publishers for this test's Hub, and makes sure their threads are gone before the Hub is.
+
+    (A thread left retrying against a stopped Hub would disturb the next tests: on a connection error,
+    huggingface_hub closes the HTTP client that every thread shares.)
+    """
+    made: list[LogPublisher] = []
+
+    def make(environ: dict[str, str] | None = None, hub: HubServer = hub_server,
+             is_healthy: Callable[[], bool] = pod.healthy.is_set, **options) -> LogPublisher:
+        environ = {**hub.env(), **(environ or {})}
+        options = {"interval_s": 0.05, "retry_s": (0.05, 0.2), **options}
+        made.append(LogPublisher(HubRepo.from_environ(REPO, environ), "pod-1", pod.logs, is_healthy,
+                                 Redactor.from_environ(environ), **options))
+        return made[-1]
+
+    yield make
+    for pub in made:
+        pub.close(timeout_s=60)
+        assert pub._thread is None or not pub._thread.is_alive()
 
 
 def hub_log(hub: HubServer) -> str:
@@ -54,11 +73,12 @@ def log_commits(hub: HubServer) -> int:
     return sum(1 for c in hub.commits(REPO) if c.message == "log of pod pod-1")
 
 
-def test_the_log_appears_while_not_healthy_and_stops_once_healthy(hub_server: HubServer, pod: Pod) -> None:
+def test_the_log_appears_while_not_healthy_and_stops_once_healthy(
+        hub_server: HubServer, pod: Pod, publisher: MakePublisher) -> None:
     hub_server.create_repo(REPO)
     pod.write("boot", "runtime: starting vLLM")
     pod.write("engine", "INFO loading weights")
-    pub = publisher(hub_server, pod)
+    pub = publisher()
     pub.start()
     wait_until(lambda: "loading weights" in hub_log(hub_server), "the first publish")
     assert "not healthy" in hub_log(hub_server).splitlines()[0]
@@ -77,11 +97,11 @@ def test_the_log_appears_while_not_healthy_and_stops_once_healthy(hub_server: Hu
     pub.close()
 
 
-def test_publish_now_after_a_crash_even_when_healthy(hub_server: HubServer, pod: Pod) -> None:
+def test_publish_now_after_a_crash_even_when_healthy(hub_server: HubServer, pod: Pod, publisher: MakePublisher) -> None:
     hub_server.create_repo(REPO)
     pod.healthy.set()
     pod.write("engine", "Traceback (most recent call last):", "RuntimeError: CUDA error: unspecified launch failure")
-    pub = publisher(hub_server, pod)
+    pub = publisher()
     pub.start()
     wait_until(lambda: pub.stats.cycles >= 5, "five publisher cycles")
     assert hub_server.file(REPO, LOG) is None  # healthy: nothing to say
@@ -93,18 +113,21 @@ def test_publish_now_after_a_crash_even_when_healthy(hub_server: HubServer, pod:
     pub.close()
 
 
-def test_a_fatal_line_is_published_before_close_returns(hub_server: HubServer, pod: Pod) -> None:
-    """The GPU check's path: publish the line, then stop, before the process exits."""
+def test_a_fatal_line_is_published_before_close_returns(
+        hub_server: HubServer, pod: Pod, publisher: MakePublisher) -> None:
+    """The GPU check's path: publish its one line, then stop, before the process exits."""
     hub_server.create_repo(REPO)
-    pub = publisher(hub_server, pod, interval_s=3600)
+    pub = publisher(interval_s=3600)
     pub.start()
     wait_until(lambda: log_commits(hub_server) == 1, "the first publish")
-    pub.publish_now("host driver 535.104 (CUDA 12.2) cannot run this image (CUDA 13.0): set allowedCudaVersions")
+    with pytest.raises(GpuError) as refused:
+        decide(HostGpu("535.104.05", "12.2", ("NVIDIA GeForce RTX 4090",)), "13.0", Path("/no/compat"))
+    pub.publish_now(str(refused.value))
     pub.close(timeout_s=60)
-    assert "cannot run this image" in hub_log(hub_server)
+    assert hub_log(hub_server).rstrip().endswith('RunPod: "allowedCudaVersions": ["13.0"])')
 
 
-def test_no_planted_secret_reaches_the_hub(hub_server: HubServer, pod: Pod) -> None:
+def test_no_planted_secret_reaches_the_hub(hub_server: HubServer, pod: Pod, publisher: MakePublisher) -> None:
     secrets = {
         "HF_TOKEN": hub_server.write_token,  # the pod's own token: it may only travel in Authorization
         "VL_API_KEYS": "sk-bridge-key-0123456789abcdef,second-bridge-key",
@@ -117,7 +140,7 @@ def test_no_planted_secret_reaches_the_hub(hub_server: HubServer, pod: Pod) -> N
     pod.write("engine", f"non-default args: {{'api_key': ['second-bridge-key']}} hub token {stray}")
     pod.write("bridge", "401 for Authorization: Bearer sk-bridge-key-0123456789abcdef",
               f"upstream said {secrets['ANTHROPIC_AUTH_TOKEN']}")
-    pub = publisher(hub_server, pod, secrets)
+    pub = publisher(secrets)
     pub.start()
     pub.publish_now(f"refused remote VL_API_KEYS=second-bridge-key (HF_TOKEN={secrets['HF_TOKEN']})")
     wait_until(lambda: "refused remote" in hub_log(hub_server), "the publish with the note")
@@ -130,7 +153,7 @@ def test_no_planted_secret_reaches_the_hub(hub_server: HubServer, pod: Pod) -> N
         assert not [r for r in hub_server.received if r.carries(secret)], f"{secret!r} reached the Hub"
 
 
-def test_the_commit_rate_is_bounded(hub_server: HubServer, pod: Pod) -> None:
+def test_the_commit_rate_is_bounded(hub_server: HubServer, pod: Pod, publisher: MakePublisher) -> None:
     hub_server.create_repo(REPO)
     now = [0.0]
     budget = CommitBudget(burst=3, per_hour=60, clock=lambda: now[0])
@@ -141,8 +164,7 @@ def test_the_commit_rate_is_bounded(hub_server: HubServer, pod: Pod) -> None:
         pod.write("engine", f"INFO step {next(steps)}")
         return False
 
-    pub = LogPublisher(HubRepo.from_environ(REPO, hub_server.env()), "pod-1", pod.logs, chatty_and_never_healthy,
-                       Redactor(), interval_s=0.02, budget=budget)
+    pub = publisher(is_healthy=chatty_and_never_healthy, interval_s=0.02, budget=budget)
     pub.start()
     wait_until(lambda: pub.stats.cycles >= 30, "thirty publisher cycles")
     assert log_commits(hub_server) == 3  # the burst, and nothing more while the budget is empty
@@ -171,10 +193,11 @@ def test_the_default_budget_keeps_a_pod_under_the_hubs_limit() -> None:
     assert len(commits) >= 100  # and it keeps publishing
 
 
-def test_a_hub_outage_never_blocks_the_caller_and_publishing_resumes(hub_server: HubServer, pod: Pod) -> None:
+def test_a_hub_outage_never_blocks_the_caller_and_publishing_resumes(
+        hub_server: HubServer, pod: Pod, publisher: MakePublisher) -> None:
     hub_server.create_repo(REPO)
     pod.write("engine", "INFO starting")
-    pub = publisher(hub_server, pod)
+    pub = publisher()
     with hub_server.outage("hang"):
         pub.start()
         wait_until(lambda: hub_server.hung_connections >= 1, "the publisher stuck in a hung request")
@@ -189,9 +212,9 @@ def test_a_hub_outage_never_blocks_the_caller_and_publishing_resumes(hub_server:
     pub.close()
 
 
-def test_close_does_not_wait_for_a_hung_hub(hub_server: HubServer, pod: Pod) -> None:
+def test_close_does_not_wait_for_a_hung_hub(hub_server: HubServer, pod: Pod, publisher: MakePublisher) -> None:
     hub_server.create_repo(REPO)
-    pub = publisher(hub_server, pod)
+    pub = publisher()
     with hub_server.outage("hang"):
         pub.start()
         wait_until(lambda: hub_server.hung_connections >= 1, "the publisher stuck in a hung request")
@@ -199,11 +222,11 @@ def test_close_does_not_wait_for_a_hung_hub(hub_server: HubServer, pod: Pod) -> 
         assert pub._thread.is_alive()  # still stuck in the request; close() returned anyway
 
 
-def test_failures_are_retried_with_back_off_and_never_raised(pod: Pod) -> None:
+def test_failures_are_retried_with_back_off_and_never_raised(pod: Pod, publisher: MakePublisher) -> None:
     with HubServer(commits_per_hour=1) as hub:  # the repo's initial commit uses the Hub's whole allowance
         hub.create_repo(REPO)
         pod.write("engine", "INFO starting")
-        pub = publisher(hub, pod)
+        pub = publisher(hub=hub)
         pub.start()
         wait_until(lambda: pub.stats.failures >= 3, "three refused publishes")
         assert "429" in pub.stats.last_error or "rate limit" in pub.stats.last_error
@@ -212,9 +235,9 @@ def test_failures_are_retried_with_back_off_and_never_raised(pod: Pod) -> None:
         pub.close()
 
 
-def test_it_creates_a_missing_log_repo_as_private(hub_server: HubServer, pod: Pod) -> None:
+def test_it_creates_a_missing_log_repo_as_private(hub_server: HubServer, pod: Pod, publisher: MakePublisher) -> None:
     pod.write("engine", "INFO starting")
-    pub = publisher(hub_server, pod)
+    pub = publisher()
     pub.start()
     wait_until(lambda: "INFO starting" in hub_log(hub_server), "the first publish")
     pub.close()

@@ -102,7 +102,7 @@ class LogPublisher:
     def from_settings(cls, settings: Settings, environ: Mapping[str, str], sources: Mapping[str, Path],
                       is_healthy: Callable[[], bool], redactor: Redactor) -> LogPublisher:
         """The pod's publisher: `VL_LOG_REPO`, `VL_LOG_INTERVAL_S`, `HF_ENDPOINT`, `HF_TOKEN`, `RUNPOD_POD_ID`."""
-        repo = HubRepo.from_environ(settings.log_repo, environ) if settings.log_repo else None
+        repo = HubRepo.from_environ(settings.log_repo, environ, "VL_LOG_REPO") if settings.log_repo else None
         return cls(repo, pod_id(environ), sources, is_healthy, redactor, interval_s=settings.log_interval_s)
 
     def start(self) -> None:

@@ -37,6 +37,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if not args.repo:
         return fail("no log repo: pass --repo OWNER/NAME or set VL_LOG_REPO", 2)
+    if args.interval <= 0:
+        return fail(f"--interval {args.interval:g} is not allowed: expected a number of seconds > 0", 2)
     try:
         repo = HubRepo.parse(args.repo, endpoint=os.environ.get("HF_ENDPOINT") or None)
     except ValueError as error:
@@ -58,7 +60,9 @@ def read(repo: HubRepo, path: str, known: FileVersion | None = None) -> tuple[Fi
     """The log's version and text (empty text when it is still `known`), with Hub errors made plain."""
     try:
         version = repo.version(path)
-        return version, ("" if version == known else repo.read_text(path, version))
+        if known is not None and version.etag == known.etag:  # other pods' commits move the repo, not this file
+            return version, ""
+        return version, repo.read_text(path, version)
     except RemoteEntryNotFoundError:
         raise Waiting(no_log_yet(repo, path)) from None
     except RepositoryNotFoundError:
@@ -107,7 +111,8 @@ def follow(repo: HubRepo, path: str, interval_s: float) -> None:
 def new_lines(before: list[str], after: list[str]) -> list[str]:
     """Lines of `after` that `before` did not have: the log is a window of tails, not an append-only file."""
     matcher = difflib.SequenceMatcher(None, before, after, autojunk=False)
-    return [line for tag, _, _, j1, j2 in matcher.get_opcodes() if tag in ("insert", "replace") for line in after[j1:j2]]
+    added = [after[j1:j2] for tag, _, _, j1, j2 in matcher.get_opcodes() if tag in ("insert", "replace")]
+    return [line for block in added for line in block]
 
 
 def fail(message: str, code: int) -> int:

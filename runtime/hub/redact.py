@@ -35,9 +35,11 @@ TOKEN_SHAPES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"\bsk-[A-Za-z0-9_-]{16,}"), MARKER),  # OpenAI / Anthropic keys (sk-ant-…)
     (re.compile(r"\bgh[pousr]_[A-Za-z0-9]{30,}"), MARKER),  # GitHub tokens
     (re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"), MARKER),  # AWS access key ids
-    (re.compile(r"(?i)\b(bearer\s+)[A-Za-z0-9._~+/=-]{8,}"), rf"\1{MARKER}"),
-    (re.compile(r"(?i)\b(authorization[\"']?\s*[:=]\s*[\"']?(?:[A-Za-z]+\s+)?)[^\s\"',;]{8,}"), rf"\1{MARKER}"),
-    (re.compile(r"(?i)((?:\bx-api-key|\bapi[_-]?keys?)[\"']?\s*[:=]\s*[\"'\[]*|--api-key\s+)[^\s\"',;\]]{8,}"), rf"\1{MARKER}"),
+    (re.compile(r"(?i)\b(bearer\s+)[A-Za-z0-9._~+/=-]{8,}"), rf"\1{MARKER}"),  # `Bearer …` anywhere
+    (re.compile(r"(?i)\b(authorization[\"']?\s*[:=]\s*[\"']?(?:[A-Za-z]+\s+)?)[^\s\"',;]{8,}"),
+     rf"\1{MARKER}"),  # any `Authorization:` header value (Basic, Token, …)
+    (re.compile(r"(?i)((?:\bx-api-key|\bapi[_-]?keys?)[\"']?\s*[:=]\s*[\"'\[]*|--api-key\s+)[^\s\"',;\]]{8,}"),
+     rf"\1{MARKER}"),  # `x-api-key: …`, `api_key=…`, vLLM's `--api-key …` and its logged args
     (re.compile(r"(?<=://)[^/\s:@]+:[^/\s@]+@"), f"{MARKER}@"),  # credentials inside a URL
 )
 

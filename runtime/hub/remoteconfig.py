@@ -67,7 +67,8 @@ def keep_pod_scope(new: Settings, current: Settings) -> Settings:
     values, sources = new.raw(), dict(new.sources)
     for variable in VARIABLES:
         if variable.scope is Scope.POD:
-            values[variable.attr], sources[variable.attr] = current.raw()[variable.attr], current.sources[variable.attr]
+            values[variable.attr] = current.raw()[variable.attr]
+            sources[variable.attr] = current.sources[variable.attr]
     return Settings(values, sources)
 
 
@@ -88,7 +89,8 @@ class RemoteConfig:
         self.on_change, self.notify = on_change, notify or (lambda line: None)
         self.redactor = redactor or Redactor.from_environ(self.environ)
         self.file = self.settings.config_file
-        self.repo = HubRepo.from_environ(self.settings.config_repo, self.environ) if self.settings.config_repo else None
+        spec = self.settings.config_repo
+        self.repo = HubRepo.from_environ(spec, self.environ, "VL_CONFIG_REPO") if spec else None
         self.poll_s = poll_s or self.settings.config_poll_s
         self._version = _UNSEEN
         self._hub_down = False
@@ -100,7 +102,7 @@ class RemoteConfig:
         return f"{self.repo}/{self.file}"
 
     def load(self) -> Settings:
-        """The settings to start with: defaults < the Hub file (when it can be read and is valid) < environment."""
+        """The settings to start with: defaults < the Hub file (if it can be read and is valid) < environment."""
         if self.repo is not None:
             self.check(initial=True)
         return self.settings
@@ -153,7 +155,7 @@ class RemoteConfig:
             version = self.repo.version(self.file)
         except RemoteEntryNotFoundError:
             return _ABSENT, (None if self._version == _ABSENT else "")
-        if version == self._version:
+        if version.etag == self._version.etag:  # the repo may have moved on (other files): this file did not
             return version, None
         return version, self.repo.read_text(self.file, version)
 
@@ -163,7 +165,8 @@ class RemoteConfig:
             self.settings = full
             log.info("settings from %s (changing %s)", self.where, ", ".join(changed) or "nothing")
             return bool(changed)
-        later = [v.env for v in VARIABLES if v.scope is Scope.POD and full.raw()[v.attr] != self.settings.raw()[v.attr]]
+        current = self.settings.raw()
+        later = [v.env for v in VARIABLES if v.scope is Scope.POD and full.raw()[v.attr] != current[v.attr]]
         if later:
             log.info("%s changes %s: applies at the next pod start", self.where, ", ".join(later))
         new = keep_pod_scope(full, self.settings)
@@ -176,13 +179,19 @@ class RemoteConfig:
             self.on_change(new, scopes)
         except Exception as error:  # the caller's failure must not stop the watcher
             log.exception("applying the new settings from %s failed", self.where)
-            self.notify(f"applying the new settings from {self.where} failed: {one_line(error)}")
+            self._tell(f"applying the new settings from {self.where} failed: {one_line(error)}")
         return True
 
     def _refuse(self, reason: str) -> None:
         line = f"refused {self.where}: {reason}; the current configuration keeps serving"
         log.error("%s", self.redactor(line))
-        self.notify(line)
+        self._tell(line)
+
+    def _tell(self, line: str) -> None:
+        try:
+            self.notify(line)
+        except Exception:  # a broken notifier must not stop the watcher either
+            log.exception("could not pass on: %s", self.redactor(line))
 
 
 def one_line(error: BaseException) -> str:

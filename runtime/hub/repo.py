@@ -19,25 +19,30 @@ from huggingface_hub.errors import RemoteEntryNotFoundError, RepositoryNotFoundE
 from huggingface_hub.utils import disable_progress_bars
 from huggingface_hub.utils._http import default_client_factory
 
+from runtime.settings import SettingsError
+
 # huggingface_hub's shared HTTP client waits forever by default: one hung connection would freeze the
 # log publisher's thread for good. Every request (connect, each read, each write) gets this bound.
+# (That client is shared by all threads, and huggingface_hub closes it after a connection error, which
+# fails the other threads' requests in flight: the publisher and the watcher count it as one more failure.)
 HUB_TIMEOUT_S = 20.0
 REPO_TYPES = {"models": "model", "datasets": "dataset", "spaces": "space"}
+REPO_ID_ALLOWED = "a Hub repo id: owner/name, datasets/owner/name or spaces/owner/name"
 _REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 _setup_lock = threading.Lock()
 _bounded = False
 
 
-def bound_hub_timeouts(timeout_s: float = HUB_TIMEOUT_S) -> None:
+def bound_hub_timeouts() -> None:
     """Gives huggingface_hub's shared client a timeout, and silences its progress bars (log noise)."""
     global _bounded
     with _setup_lock:
         if _bounded:
             return
 
-        def bounded_client():  # noqa: ANN202 - the client class is huggingface_hub's business
+        def bounded_client():  # returns huggingface_hub's own client class, whatever it is
             client = default_client_factory()
-            client.timeout = timeout_s
+            client.timeout = HUB_TIMEOUT_S
             return client
 
         set_client_factory(bounded_client)
@@ -53,7 +58,10 @@ def pod_id(environ: Mapping[str, str]) -> str:
 
 @dataclass(frozen=True)
 class FileVersion:
-    """What identifies one version of a file on the Hub: its ETag (git blob id) and the commit serving it."""
+    """One version of a file on the Hub: its ETag (the content's git blob id) and the commit it was read at.
+
+    Compare ETags to know whether the content changed: the commit also moves when other files change.
+    """
 
     etag: str
     commit: str
@@ -73,13 +81,20 @@ class HubRepo:
         prefix, _, rest = spec.strip().strip("/").partition("/")
         repo_type, repo_id = (REPO_TYPES[prefix], rest) if prefix in REPO_TYPES else ("model", spec.strip().strip("/"))
         if not _REPO_ID.fullmatch(repo_id):
-            raise ValueError(f"{spec!r} is not a Hub repo id: expected owner/name (or datasets/owner/name)")
+            raise ValueError(f"{spec!r} is not {REPO_ID_ALLOWED}")
         return cls(repo_id, repo_type, endpoint, token)
 
     @classmethod
-    def from_environ(cls, spec: str, environ: Mapping[str, str]) -> HubRepo:
-        """The repo as the pod sees it: `HF_ENDPOINT` (default: the Hub) and `HF_TOKEN` (or anonymous)."""
-        return cls.parse(spec, endpoint=environ.get("HF_ENDPOINT") or None, token=environ.get("HF_TOKEN") or False)
+    def from_environ(cls, spec: str, environ: Mapping[str, str], variable: str = "repo") -> HubRepo:
+        """The repo a setting names, as the pod sees it: `HF_ENDPOINT` (default: the Hub) and `HF_TOKEN`.
+
+        Without `HF_TOKEN` it is anonymous, never a token found elsewhere on disk. A malformed repo id
+        stops start-up like any bad setting (`SettingsError` naming `variable`).
+        """
+        try:
+            return cls.parse(spec, endpoint=environ.get("HF_ENDPOINT") or None, token=environ.get("HF_TOKEN") or False)
+        except ValueError:
+            raise SettingsError(variable, spec, REPO_ID_ALLOWED) from None
 
     def __str__(self) -> str:
         return self.repo_id if self.repo_type == "model" else f"{self.repo_type}s/{self.repo_id}"

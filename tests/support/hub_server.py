@@ -24,9 +24,10 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import TypeVar
 
 import pytest
 import uvicorn
@@ -34,6 +35,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 KINDS = {"models": "model", "datasets": "dataset", "spaces": "space"}
 URL_PREFIX = {"model": "", "dataset": "datasets/", "space": "spaces/"}
@@ -41,6 +43,7 @@ NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
 LFS_THRESHOLD = 10 * 1024 * 1024  # the Hub sends bigger (or binary) files to LFS
 HUB_COMMITS_PER_HOUR = 128  # the Hub's limit for a free account ("rate limit for repository commits")
 GITATTRIBUTES = b"*.safetensors filter=lfs diff=lfs merge=lfs -text\n"
+T = TypeVar("T")
 
 
 def git_hash(content: bytes) -> str:
@@ -209,6 +212,13 @@ def repo_ref(request: Request) -> tuple[str, str]:
     return KINDS[kind], f"{params['namespace']}/{params['name']}"
 
 
+def decode_base64(text: str) -> bytes:
+    try:
+        return base64.b64decode(text, validate=True)
+    except ValueError:
+        raise Refusal(400, "Invalid base64 content") from None
+
+
 async def json_body(request: Request) -> dict:
     try:
         body = json.loads(await request.body())
@@ -300,10 +310,12 @@ class HubApp:
                 raise Refusal(400, "Expected a non-empty list of files")
             answers = []
             for entry in files:
-                path, size, sample = (entry.get(k) if isinstance(entry, dict) else None for k in ("path", "size", "sample"))
+                if not isinstance(entry, dict):
+                    raise Refusal(400, f"Invalid file entry: {entry!r}")
+                path, size, sample = entry.get("path"), entry.get("size"), entry.get("sample")
                 if not isinstance(size, int) or size < 0 or not isinstance(sample, str):
                     raise Refusal(400, f"Invalid file entry: {entry!r}")
-                binary = b"\0" in base64.b64decode(sample, validate=True)
+                binary = b"\0" in decode_base64(sample)
                 mode = "lfs" if size >= LFS_THRESHOLD or binary else "regular"
                 answer = {"path": valid_path(path), "uploadMode": mode, "shouldIgnore": False}
                 if mode == "regular" and path in repo.head.files:
@@ -351,7 +363,7 @@ class HubApp:
             if key == "file":
                 if value.get("encoding") != "base64" or not isinstance(value.get("content"), str):
                     raise Refusal(400, f"Invalid file operation for {path}")
-                files[path] = base64.b64decode(value["content"], validate=True)
+                files[path] = decode_base64(value["content"])
             elif key == "deletedFile":
                 if files.pop(path, None) is None:
                     raise Refusal(404, f"A file with this name doesn't exist: {path}", "EntryNotFound")
@@ -411,20 +423,20 @@ def tree_entries(files: dict[str, bytes], folder: str, recursive: bool) -> list[
 class Recorder:
     """ASGI middleware that keeps every request (with its full body) and the status answered."""
 
-    def __init__(self, app, state: HubState) -> None:  # noqa: ANN001 - any ASGI app
+    def __init__(self, app: ASGIApp, state: HubState) -> None:
         self.app, self.state = app, state
 
-    async def __call__(self, scope, receive, send) -> None:  # noqa: ANN001 - ASGI signature
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         body, status = bytearray(), [0]
 
-        async def recording_receive():
+        async def recording_receive() -> Message:
             message = await receive()
             body.extend(message.get("body", b""))
             return message
 
-        async def recording_send(message):
+        async def recording_send(message: Message) -> None:
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
             await send(message)
@@ -554,8 +566,10 @@ class HubServer:
         server.should_exit = True
         await serving
 
-    def _call(self, fn, *args):  # noqa: ANN001, ANN202 - runs `fn` in the server's loop and returns its result
-        async def call():
+    def _call(self, fn: Callable[..., T], *args: object) -> T:
+        """Runs `fn` in the server's loop (where the outage state lives) and returns its result."""
+
+        async def call() -> T:
             return fn(*args)
 
         return asyncio.run_coroutine_threadsafe(call(), self._loop).result(10)
