@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from typing import TypeVar
 
 from starlette.requests import Request
@@ -100,9 +100,3 @@ class Writer:
         if self.keepalive is not None:
             self.keepalive.cancel()
             self.keepalive = None
-
-
-def timer() -> Callable[[], float]:
-    """Milliseconds since now, as a callable."""
-    start = time.monotonic()
-    return lambda: (time.monotonic() - start) * 1000

@@ -102,12 +102,13 @@ class Catalog:
 
     def names(self) -> list[str]:
         """Public ids: the served name bare (Claude Code honours CLAUDE_CODE_MAX_CONTEXT_TOKENS only for
-        ids not starting with `claude-`), `claude-<name>`, `<name>[1m]`, then VL_ALIASES."""
+        ids not starting with `claude-`), `claude-<name>`, `<name>[1m]`, vLLM's other names, VL_ALIASES."""
         if self.model is None:
             return []
         name = self.model.name
         prefixed = name if name.startswith("claude-") else f"claude-{name}"
-        return list(dict.fromkeys([name, prefixed, name + ONE_MILLION, *self.aliases]))
+        others = sorted(self.model.upstream_ids - {name})
+        return list(dict.fromkeys([name, prefixed, name + ONE_MILLION, *others, *self.aliases]))
 
     def anthropic_info(self, model_id: str) -> dict:
         """One entry of Anthropic's `/v1/models`, with the context window."""
