@@ -13,6 +13,7 @@ import asyncio
 import logging
 import os
 import signal
+import subprocess
 import sys
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
@@ -190,7 +191,11 @@ class Pod:
         if not self.settings.ssh:
             log.info("sshd off (VL_SSH=off)")
             return
-        argv = await asyncio.to_thread(prepare_sshd, sshd_layout(self.settings), self.environ)
+        try:
+            argv = await asyncio.to_thread(prepare_sshd, sshd_layout(self.settings), self.environ)
+        except (OSError, subprocess.CalledProcessError) as error:  # no SSH is no reason to stop serving
+            log.warning("sshd not started: %s", error)
+            return
         if argv is not None:
             self.supervisor.start(ChildSpec(SSHD, argv, dict(self.environ)))
 
