@@ -27,6 +27,8 @@ from runtime.sshd import SshdLayout, prepare_sshd
 from runtime.supervisor import ChildSpec, Health, Supervisor
 
 if TYPE_CHECKING:
+    import httpx
+
     from runtime.hub import LogPublisher, RemoteConfig
 
 log = logging.getLogger("runtime.start")
@@ -112,6 +114,8 @@ class Pod:
         self.engine_env: Mapping[str, str] = {}
         self.command: EngineCommand | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
+        bridge_url = f"http://{local_address(settings.listen)}:{settings.port}/health"  # pod scope: never changes
+        self.bridge_health = Health(Answers200(bridge_url), **BRIDGE_HEALTH)
         self.stopping = asyncio.Event()
         self.changes: asyncio.Queue[Settings] = asyncio.Queue()
 
@@ -184,8 +188,7 @@ class Pod:
                 "--host", settings.listen, "--port", str(settings.port)]
         env = {**self.environ, **bridge_environ(settings)}  # the bridge reads its settings from VL_*
         env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(RUNTIME_ROOT), env.get("PYTHONPATH"))))
-        health = Health(answers_200(f"http://{local_address(settings.listen)}:{settings.port}/health"), **BRIDGE_HEALTH)
-        return ChildSpec(BRIDGE, argv, env, health)
+        return ChildSpec(BRIDGE, argv, env, self.bridge_health)
 
     async def start_sshd(self) -> None:
         if not self.settings.ssh:
@@ -269,16 +272,20 @@ def local_address(listen: str) -> str:
     return "127.0.0.1" if listen in ("0.0.0.0", "::", "") else listen
 
 
-def answers_200(url: str) -> Callable[[], Awaitable[bool]]:
-    """A probe: GET `url` answers 200 (the bridge's /health, which never waits on the engine)."""
+class Answers200:
+    """A probe: GET `url` answers 200 (the bridge's /health, which never waits on the engine).
+    One HTTP client for every check, made on the first: not an SSL context per check."""
 
-    async def probe() -> bool:
-        import httpx
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.client: httpx.AsyncClient | None = None
 
-        async with httpx.AsyncClient(trust_env=False, timeout=None) as client:  # the supervisor times it
-            return (await client.get(url)).status_code == 200
+    async def __call__(self) -> bool:
+        if self.client is None:
+            import httpx
 
-    return probe
+            self.client = httpx.AsyncClient(trust_env=False, timeout=None)  # the supervisor times each check
+        return (await self.client.get(self.url)).status_code == 200
 
 
 def engine_generates(command: EngineCommand) -> Callable[[], Awaitable[bool]]:

@@ -1,13 +1,15 @@
 """`python -m runtime start` end to end, as the image runs it: real vLLM serving the tiny model, the
 real bridge, a real sshd, and the real huggingface_hub client against the local test Hub.
 
-A vLLM cold start costs ~30 s on two shared cores, so ONE pod serves every test here, in file order:
-serving, the Hub log, SSH, remote config (bridge-only, invalid, engine), the watchdogs, then SIGTERM.
+A vLLM cold start costs ~30 s on two shared cores, so ONE pod serves every test here, in file order
+(four cold starts in all): serving, the Hub log, SSH, remote config (bridge-only, invalid, engine),
+the watchdogs, VL_BRIDGE=off, then SIGTERM.
 The measured times are printed (`-s`): the report's numbers, never asserted on.
 """
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import os
 import re
@@ -96,16 +98,38 @@ class RunningPod:
         listing = httpx.get(f"http://127.0.0.1:{self.env['VL_ENGINE_PORT']}/v1/models", timeout=10).json()
         return listing["data"][0]["max_model_len"]
 
-    def descendants(self) -> list[int]:
-        """Every live process carrying this pod's marker: the start process and all it spawned."""
-        found = []
-        for environ in Path("/proc").glob("[0-9]*/environ"):
-            try:
-                if self.marker.encode() in environ.read_bytes():
-                    found.append(int(environ.parent.name))
-            except OSError:
-                continue  # gone meanwhile, or a zombie
-        return found
+    def processes(self) -> set[tuple[int, str]]:
+        """Every live process of the pod, as (pid, start time): the start process's tree, walked by
+        parent pid (sshd overwrites its environment block with its title), plus anything carrying the
+        pod's marker (a process orphaned by its parent's death)."""
+        table = live_processes()
+        found = {pid for pid in table if self.marker.encode() in environ_of(pid)}
+        frontier = [self.process.pid]
+        while frontier:
+            parent = frontier.pop()
+            found.add(parent)
+            frontier += [pid for pid, (ppid, _) in table.items() if ppid == parent and pid not in found]
+        return {(pid, table[pid][1]) for pid in found if pid in table}
+
+
+def live_processes() -> dict[int, tuple[int, str]]:
+    """pid → (parent pid, start time) of every process alive now (zombies are dead)."""
+    table = {}
+    for pid in map(int, filter(str.isdigit, os.listdir("/proc"))):
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        if fields[0] not in ("Z", "X"):
+            table[pid] = (int(fields[1]), fields[19])
+    return table
+
+
+def environ_of(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return b""
 
 
 def launch(env: dict[str, str]) -> subprocess.Popen:
@@ -170,8 +194,9 @@ def pod(hub: HubServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ru
                 running.process.wait(30)
             except subprocess.TimeoutExpired:
                 running.process.kill()
-        for pid in running.descendants():
-            os.kill(pid, signal.SIGKILL)
+        for pid, _ in running.processes():  # only after a failure: the last test leaves none
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         print("\n" + "\n".join(f"{name}: {value:.2f}" for name, value in running.timings.items()))
 
 
@@ -267,10 +292,28 @@ def test_killing_vllm_brings_it_back_and_tells_the_hub(pod: RunningPod) -> None:
     wait_until(lambda: "engine was killed by SIGKILL" in pod.hub_log(), "the crash in the Hub log", HUB_BUDGET_S)
 
 
+def test_bridge_off_from_the_hub_hands_the_public_port_to_vllm(pod: RunningPod) -> None:
+    engine = pod.pid("engine")
+    pod.set_remote_config("VL_ALIASES=my-alias\nVL_CTX=4096\nVL_BRIDGE=off\n")
+    wait_until(lambda: pod.pid("engine") not in (None, engine), "a new engine", RELOAD_S, every_s=0.2)
+    assert pod.pid("bridge") is None, "the bridge gave the public port up first"
+    wait_until(pod.serves, "vLLM's own /v1/messages on the public port", ENGINE_START_S, every_s=0.5)
+    listing = httpx.get(f"{pod.url}/v1/models", timeout=10).json()
+    assert {m["owned_by"] for m in listing["data"]} == {"vllm"}
+    assert "my-alias" in [m["id"] for m in listing["data"]]  # vLLM serves the aliases itself
+
+
 def test_sigterm_stops_every_process_of_the_pod(pod: RunningPod) -> None:
-    assert len(pod.descendants()) >= 4  # start, vLLM (and its engine core), the bridge, sshd
+    before = pod.processes()
+    assert {pod.pid("engine"), pod.pid("sshd")} <= {pid for pid, _ in before}
     pod.process.send_signal(signal.SIGTERM)
     sent = time.monotonic()
     assert pod.process.wait(60) == 0
     pod.timings["SIGTERM → exit (s)"] = time.monotonic() - sent
-    wait_until(lambda: not pod.descendants(), "no process of the pod left (a dying one may take a moment)", 10)
+
+    def left() -> set[tuple[int, str]]:
+        alive = live_processes()
+        marked = {(pid, start) for pid, (_, start) in alive.items() if pod.marker.encode() in environ_of(pid)}
+        return (before & {(pid, start) for pid, (_, start) in alive.items()}) | marked
+
+    wait_until(lambda: not left(), "no process of the pod left (a dying one may take a moment)", 10)
