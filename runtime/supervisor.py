@@ -162,21 +162,22 @@ class Supervisor:
     # --- the keeper: launch, wait for an exit or a request, relaunch ---
 
     async def _keep(self, child: Child) -> None:
-        request: Request | None = None
+        keep_old_log = False
         while True:
-            if await self._launch(child, keep_old_log=request is not None and request.ask is Ask.HUNG):
+            request = None
+            if await self._launch(child, keep_old_log):
                 request = await self._until_exit_or_request(child)
-            if request is not None:  # asked: stop or relaunch at once
-                await self._terminate(child)
-                if request.ask is Ask.STOP:
-                    return
-                level = logging.WARNING if request.ask is Ask.HUNG else logging.INFO
-                self._report(level, f"restarting {child.spec.name}: {request.reason}")
-                child.deaths = 0
+            if request is None:  # it died, or could not be launched: back off, unless asked otherwise
+                request = await child.next_request(self._after_death(child))
+            keep_old_log = False
+            if request is None:
                 continue
-            request = await child.next_request(self._after_death(child))
-            if request is not None and request.ask is Ask.STOP:
+            await self._terminate(child)
+            if request.ask is Ask.STOP:
                 return
+            level = logging.WARNING if request.ask is Ask.HUNG else logging.INFO
+            self._report(level, f"restarting {child.spec.name}: {request.reason}")
+            child.deaths, keep_old_log = 0, request.ask is Ask.HUNG
 
     async def _launch(self, child: Child, keep_old_log: bool) -> bool:
         spec = child.spec

@@ -206,3 +206,21 @@ async def test_checks_failing_while_a_restart_stops_the_child_do_not_restart_it_
     answering["now"] = True
     await eventually(supervisor.healthy)
     assert supervisor.children["bridge"].launches == 2 and not list(tmp_path.glob("bridge.hung.*.log"))
+
+
+@pytest.mark.timeout(60)  # a relaunch loop without back-off starves the event loop: a hang, not a failure
+async def test_a_child_that_cannot_be_launched_backs_off_until_a_new_spec_fixes_it(tmp_path: Path, supervisor_for: Make) -> None:
+    incidents: list[str] = []
+    supervisor = supervisor_for(on_incident=incidents.append, backoff=Backoff(first_s=0.1, most_s=0.2))
+    supervisor.start(ChildSpec("engine", python(SLEEP)))
+    await eventually(lambda: said(tmp_path, "engine", "ready"))
+    supervisor.restart("engine", "new settings", ChildSpec("engine", [str(tmp_path / "no-such-python")]))
+    await eventually(lambda: len(incidents) >= 3)
+    assert incidents[:3] == [
+        "restarting engine: new settings",
+        "engine could not be launched; restarting in 0 s",
+        "engine could not be launched (2 times in a row, backing off); restarting in 0 s",
+    ]
+    supervisor.restart("engine", "fixed settings", ChildSpec("engine", python(SLEEP.replace("ready", "fixed"))))
+    await eventually(lambda: said(tmp_path, "engine", "fixed"))
+    assert incidents.count("restarting engine: new settings") == 1
