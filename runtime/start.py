@@ -232,7 +232,8 @@ class Pod:
             self.supervisor.restart(BRIDGE, "its settings changed", self.bridge_spec(command))
         if Scope.ENGINE in scopes:
             if bridge_runs and not new.bridge:
-                await self.supervisor.stop(BRIDGE)  # VL_BRIDGE=off: vLLM takes over the public port
+                log.info("stopping the bridge: with VL_BRIDGE=off, vLLM itself serves port %d", new.port)
+                await self.supervisor.stop(BRIDGE)  # first: the port must be free for vLLM
             self.supervisor.restart(ENGINE, "its settings changed", self.engine_spec(command))
             if new.bridge and not bridge_runs:
                 self.supervisor.start(self.bridge_spec(command))

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import anthropic
 import httpx
+import psutil
 import pytest
 
 from runtime.tinymodel import ANSWER, MARK_TEXT, write_tiny_model
@@ -36,6 +37,7 @@ POD_ID = "e2e-pod"
 LOG_REPO = f"{HubServer.owner}/pod-logs"
 CONFIG_REPO = f"{HubServer.owner}/pod-config"
 HUB_LOG = f"etat/{POD_ID}.log"
+MARKER = "VLPOD_TEST_MARK"  # in the start process's environment, so in every descendant's
 ENGINE_START_S = 600.0  # ~30 s alone; far more while other engineers' tests share the two cores
 RELOAD_S = 120.0  # a config poll (5 s) plus a bridge start, on a loaded machine
 HUB_BUDGET_S = 300.0  # past its first burst, the Hub log commits about once a minute
@@ -98,38 +100,29 @@ class RunningPod:
         listing = httpx.get(f"http://127.0.0.1:{self.env['VL_ENGINE_PORT']}/v1/models", timeout=10).json()
         return listing["data"][0]["max_model_len"]
 
-    def processes(self) -> set[tuple[int, str]]:
-        """Every live process of the pod, as (pid, start time): the start process's tree, walked by
-        parent pid (sshd overwrites its environment block with its title), plus anything carrying the
-        pod's marker (a process orphaned by its parent's death)."""
-        table = live_processes()
-        found = {pid for pid in table if self.marker.encode() in environ_of(pid)}
-        frontier = [self.process.pid]
-        while frontier:
-            parent = frontier.pop()
-            found.add(parent)
-            frontier += [pid for pid, (ppid, _) in table.items() if ppid == parent and pid not in found]
-        return {(pid, table[pid][1]) for pid in found if pid in table}
+    def processes(self) -> set[psutil.Process]:
+        """Every live process of the pod: the start process's tree, plus anything carrying the pod's
+        marker (a process orphaned by its parent's death). psutil tells a reused pid apart."""
+        found: set[psutil.Process] = set()
+        with contextlib.suppress(psutil.Error):
+            start = psutil.Process(self.process.pid)
+            found |= {start, *start.children(recursive=True)}
+        found |= {p for p in psutil.process_iter() if carries(p, MARKER, self.marker)}
+        return {p for p in found if alive(p)}
 
 
-def live_processes() -> dict[int, tuple[int, str]]:
-    """pid → (parent pid, start time) of every process alive now (zombies are dead)."""
-    table = {}
-    for pid in map(int, filter(str.isdigit, os.listdir("/proc"))):
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # gone meanwhile
-        if fields[0] not in ("Z", "X"):
-            table[pid] = (int(fields[1]), fields[19])
-    return table
-
-
-def environ_of(pid: int) -> bytes:
+def carries(process: psutil.Process, name: str, value: str) -> bool:
     try:
-        return Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return b""
+        return process.environ().get(name) == value
+    except psutil.Error:
+        return False
+
+
+def alive(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def launch(env: dict[str, str]) -> subprocess.Popen:
@@ -152,10 +145,10 @@ def pod(hub: HubServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ru
     write_tiny_model(state / "models" / "tiny")  # what the cpu image bakes: start generates nothing
     (root / "image_prebaked").write_text('{"target": "cpu"}\n')
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(root / "client_key")], check=True)
-    marker = f"VLPOD_TEST_MARK={secrets.token_hex(8)}"
+    marker = secrets.token_hex(8)
     outer = {k: v for k, v in os.environ.items() if not k.startswith(("VL_", "HF_", "PUBLIC_KEY", "SSH_PUBLIC_KEY"))}
     env = outer | hub.env() | {
-        marker.split("=")[0]: marker.split("=")[1],
+        MARKER: marker,
         "RUNPOD_POD_ID": POD_ID,
         "PUBLIC_KEY": (root / "client_key.pub").read_text(),
         "POD_GREETING": "hello from the pod",
@@ -179,7 +172,7 @@ def pod(hub: HubServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ru
         "VL_CONFIG_POLL_S": "5",
     }
     started = time.monotonic()
-    running = RunningPod(launch(env), state, env, hub, root / "client_key", marker.split("=")[1])
+    running = RunningPod(launch(env), state, env, hub, root / "client_key", marker)
     try:
         wait_until(lambda: "engine is healthy" in running.boot_log(), "the engine's first healthy probe",
                    ENGINE_START_S, every_s=0.5)
@@ -194,9 +187,9 @@ def pod(hub: HubServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ru
                 running.process.wait(30)
             except subprocess.TimeoutExpired:
                 running.process.kill()
-        for pid, _ in running.processes():  # only after a failure: the last test leaves none
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        for process in running.processes():  # only after a failure: the last test leaves none
+            with contextlib.suppress(psutil.Error):
+                process.kill()
         print("\n" + "\n".join(f"{name}: {value:.2f}" for name, value in running.timings.items()))
 
 
@@ -204,14 +197,15 @@ def test_the_bridge_answers_messages(pod: RunningPod) -> None:
     assert wait_until(pod.serves, "an answer through the bridge", 60, every_s=0.5)
 
 
-def test_the_hub_log_appeared_while_starting_and_carries_no_secret(pod: RunningPod) -> None:
-    commits = pod.hub.commits(LOG_REPO)
-    assert any(HUB_LOG in commit.files for commit in commits)
-    published = pod.hub_log()
-    assert "vLLM launched" in published and "engine" in published
-    secrets_ = [pod.env["VL_API_KEYS"], pod.env["MY_SERVICE_PASSWORD"], pod.env["HF_TOKEN"]]
+def test_the_hub_log_is_published_until_healthy_and_carries_no_secret(pod: RunningPod) -> None:
+    header = f"# vllm-pod {POD_ID} · "
+    versions = [c.files[HUB_LOG].decode() for c in pod.hub.commits(LOG_REPO) if HUB_LOG in c.files]
+    starting = [v for v in versions if v.startswith(header + "not healthy")]
+    assert any("vLLM launched" in v and "engine started" in v for v in starting)
+    wait_until(lambda: pod.hub_log().startswith(header + "healthy"), "the last word: healthy", HUB_BUDGET_S)
+    planted = [pod.env["VL_API_KEYS"], pod.env["MY_SERVICE_PASSWORD"], pod.env["HF_TOKEN"]]
     for request in pod.hub.received:
-        assert not any(secret.encode() in request.payload() for secret in secrets_), request.path
+        assert not any(secret.encode() in request.payload() for secret in planted), request.path
 
 
 def test_ssh_login_with_the_pod_key_sees_the_pod_environment(pod: RunningPod) -> None:
@@ -305,15 +299,10 @@ def test_bridge_off_from_the_hub_hands_the_public_port_to_vllm(pod: RunningPod) 
 
 def test_sigterm_stops_every_process_of_the_pod(pod: RunningPod) -> None:
     before = pod.processes()
-    assert {pod.pid("engine"), pod.pid("sshd")} <= {pid for pid, _ in before}
+    assert {pod.pid("engine"), pod.pid("sshd")} <= {p.pid for p in before}
     pod.process.send_signal(signal.SIGTERM)
     sent = time.monotonic()
     assert pod.process.wait(60) == 0
     pod.timings["SIGTERM → exit (s)"] = time.monotonic() - sent
-
-    def left() -> set[tuple[int, str]]:
-        alive = live_processes()
-        marked = {(pid, start) for pid, (_, start) in alive.items() if pod.marker.encode() in environ_of(pid)}
-        return (before & {(pid, start) for pid, (_, start) in alive.items()}) | marked
-
+    left = lambda: {p for p in before if alive(p)} | pod.processes()  # noqa: E731
     wait_until(lambda: not left(), "no process of the pod left (a dying one may take a moment)", 10)
