@@ -30,7 +30,8 @@ ENV \
     TORCH_CUDA_ARCH_LIST=8.9 \
     FLASHINFER_CUDA_ARCH_LIST=8.9
 
-# OS packages. SSH host keys go in the layer that made them: each pod generates its own at start.
+# OS packages, with no package list or .deb left behind (not every base cleans up after apt).
+# SSH host keys go in the layer that made them: each pod generates its own at start.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
       ca-certificates \
@@ -40,6 +41,7 @@ RUN apt-get update \
       python3.12-dev \
       python3.12-venv \
       tini \
+ && apt-get clean \
  && rm -rf /var/lib/apt/lists/* /etc/ssh/ssh_host_*
 
 # Extra CA certificates (a TLS-intercepting proxy's): the *.crt files of docker/certs/.

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import difflib
 import functools
 import http.server
@@ -22,7 +23,6 @@ import threading
 import tomllib
 import zlib
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -48,7 +48,7 @@ class BuildError(Exception):
     """Something the user must fix; `str()` is the one line that says what."""
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Target:
     name: str
     aliases: tuple[str, ...]
@@ -241,12 +241,13 @@ def stale_diff(target: Target, text: str) -> str:
 # --- building ----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class BuildOptions:
     tag: str
     build_args: dict[str, str]
     find_links: tuple[str, ...]
     ca_cert: Path | None
+    network: str | None
 
 
 class QuietHandler(http.server.SimpleHTTPRequestHandler):
@@ -310,8 +311,7 @@ def default_build_args() -> dict[str, str]:
     return {"GIT_REVISION": git_revision(), "BUILD_DATE": datetime.now(timezone.utc).isoformat(timespec="seconds")}
 
 
-def stream_build(client: Any, target: Target, options: BuildOptions, build_args: dict[str, str],
-                 network_mode: str | None) -> str:
+def stream_build(client: Any, target: Target, options: BuildOptions, build_args: dict[str, str]) -> str:
     """Run the build through the classic build API, printing its progress; returns the image id."""
     from docker.errors import APIError
 
@@ -320,7 +320,7 @@ def stream_build(client: Any, target: Target, options: BuildOptions, build_args:
         for chunk in client.api.build(
             fileobj=build_context(target.dockerfile, options.ca_cert), custom_context=True,
             dockerfile=str(target.dockerfile.relative_to(ROOT)), tag=options.tag, buildargs=build_args,
-            network_mode=network_mode, rm=True, forcerm=True, decode=True,
+            network_mode=options.network, rm=True, forcerm=True, decode=True,
         ):
             if "stream" in chunk:
                 print(chunk["stream"], end="", flush=True)
@@ -335,14 +335,18 @@ def stream_build(client: Any, target: Target, options: BuildOptions, build_args:
 
 
 def build(target: Target, options: BuildOptions) -> int:
-    client = docker_client()
     local = [location for location in options.find_links if Path(location).is_dir()]
+    if local:
+        if options.network not in (None, "host"):
+            raise BuildError(f"--find-links {local[0]} is served on loopback, which --network {options.network} cannot reach")
+        # A loopback server is reachable from the build only on the host's network.
+        options = dataclasses.replace(options, network="host")
+    client = docker_client()
     with contextlib.ExitStack() as stack:
         served = {location: stack.enter_context(served_directory(Path(location))) for location in local}
         links = [served.get(location, location) for location in options.find_links]
         build_args = default_build_args() | ({"PIP_FIND_LINKS": " ".join(links)} if links else {}) | options.build_args
-        # A loopback server is reachable from the build only on the host's network.
-        image_id = stream_build(client, target, options, build_args, "host" if local else None)
+        image_id = stream_build(client, target, options, build_args)
     size = client.api.inspect_image(image_id)["Size"]
     print(f"build.py: built {options.tag} ({image_id.removeprefix('sha256:')[:12]}, {size / 1e9:.2f} GB)")
     return 0
@@ -370,6 +374,8 @@ def parse_args(argv: Sequence[str] | None, targets: dict[str, Target]) -> argpar
                         help="a build argument (BASE_IMAGE, TORCH_INDEX_URL, PIP_FIND_LINKS, ...); repeatable")
     parser.add_argument("--find-links", action="append", default=[], metavar="DIR_OR_URL",
                         help="an extra wheel location for pip; a local directory is served on loopback; repeatable")
+    parser.add_argument("--network", metavar="MODE",
+                        help="the build's network (e.g. host; default: the engine's, or host with a --find-links DIR)")
     parser.add_argument("--ca-cert", type=Path, metavar="FILE",
                         help="a PEM CA certificate (or bundle) to trust during the build, e.g. a TLS proxy's")
     parser.add_argument("--push", action="store_true", help="publish through a Hugging Face Space (not yet)")
@@ -408,6 +414,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 build_args=dict(pair.split("=", 1) for pair in args.build_arg),
                 find_links=tuple(args.find_links),
                 ca_cert=args.ca_cert,
+                network=args.network,
             )
             return build(chosen[0], options)
         if args.push:

@@ -145,7 +145,7 @@ def test_no_layer_keeps_an_apt_list_or_a_pip_cache(name: str) -> None:
     runs = image.instructions("RUN")
     for run in runs:
         if "apt-get install" in run:
-            assert "apt-get update" in run and "rm -rf /var/lib/apt/lists/*" in run
+            assert "apt-get update" in run and "apt-get clean" in run and "rm -rf /var/lib/apt/lists/*" in run
         if "pip install" in run:
             assert "--no-cache-dir" in run
     assert sum("pip install" in run for run in runs) == 3

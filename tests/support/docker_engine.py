@@ -62,6 +62,11 @@ class PrivateEngine:
     def docker_host(self) -> str:
         return f"unix://{self.socket}"
 
+    @property
+    def build_options(self) -> list[str]:
+        """build.py options for this engine: it sets no iptables rules, hence no NAT for a build's network."""
+        return ["--network", "host"]
+
     def command(self) -> list[str]:
         namespace = f"vllm-pod-{self.root.name}"  # never shares a system containerd's namespace
         network = [] if self.bridge else ["--bridge=none"]
