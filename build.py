@@ -27,6 +27,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import jinja2
+
 ROOT = Path(__file__).resolve().parent
 DOCKER_DIR = ROOT / "docker"
 TEMPLATE = "Dockerfile.j2"
@@ -209,8 +211,7 @@ def template_values(target: Target, versions: dict[str, Any]) -> dict[str, Any]:
 
 
 def render(target: Target, versions: dict[str, Any] | None = None) -> str:
-    import jinja2
-
+    values = template_values(target, versions or load_versions())
     environment = jinja2.Environment(
         loader=jinja2.FileSystemLoader(DOCKER_DIR),
         undefined=jinja2.StrictUndefined,
@@ -219,7 +220,11 @@ def render(target: Target, versions: dict[str, Any] | None = None) -> str:
         keep_trailing_newline=True,
         autoescape=False,
     )
-    return environment.get_template(TEMPLATE).render(template_values(target, versions or load_versions()))
+    try:
+        return environment.get_template(TEMPLATE).render(values)
+    except jinja2.TemplateError as error:
+        line = f" line {error.lineno}" if isinstance(error, jinja2.TemplateSyntaxError) else ""
+        raise BuildError(f"docker/{TEMPLATE}{line}: {error.message}") from None
 
 
 def write(target: Target, text: str) -> Path:
