@@ -13,7 +13,7 @@ ARG DEBIAN_FRONTEND=noninteractive
 
 LABEL \
       org.opencontainers.image.title="vllm-pod sm89" \
-      org.opencontainers.image.description="vLLM with an Anthropic Messages bridge for Claude Code: NVIDIA Ada Lovelace GPUs (RTX 4090, L4, L40S, RTX 6000 Ada: compute capability 8.9)" \
+      org.opencontainers.image.description="vLLM and an Anthropic Messages bridge: NVIDIA Ada Lovelace GPUs (RTX 4090, L4, L40S, RTX 6000 Ada: compute capability 8.9)" \
       org.opencontainers.image.version="0.1.0" \
       org.opencontainers.image.licenses="Apache-2.0" \
       org.opencontainers.image.base.name="nvidia/cuda:13.0.2-devel-ubuntu24.04" \

@@ -186,7 +186,7 @@ def template_values(target: Target, versions: dict[str, Any]) -> dict[str, Any]:
         "python": versions["python"][target.kind],
         "labels": {
             "org.opencontainers.image.title": f"vllm-pod {target.name}",
-            "org.opencontainers.image.description": f"vLLM with an Anthropic Messages bridge for Claude Code: {target.description}",
+            "org.opencontainers.image.description": f"vLLM and an Anthropic Messages bridge: {target.description}",
             "org.opencontainers.image.version": project_version(),
             "org.opencontainers.image.licenses": "Apache-2.0",
             "org.opencontainers.image.base.name": base_image,
@@ -231,6 +231,18 @@ def write(target: Target, text: str) -> Path:
     target.dockerfile.parent.mkdir(parents=True, exist_ok=True)
     target.dockerfile.write_text(text)
     return target.dockerfile
+
+
+def check(targets: dict[str, Target], versions: dict[str, Any]) -> int:
+    """Print a diff for each committed Dockerfile that its rendering no longer matches; 1 if any."""
+    diffs = [stale_diff(t, render(t, versions)) for t in unique_targets(targets) if t.committed]
+    for diff in filter(None, diffs):
+        print(diff, end="")
+    if any(diffs):
+        print("build.py: stale Dockerfile(s): run `python build.py --all` and commit", file=sys.stderr)
+        return 1
+    print("build.py: the committed Dockerfiles match their rendering")
+    return 0
 
 
 def stale_diff(target: Target, text: str) -> str:
@@ -343,7 +355,7 @@ def build(target: Target, options: BuildOptions) -> int:
     local = [location for location in options.find_links if Path(location).is_dir()]
     if local:
         if options.network not in (None, "host"):
-            raise BuildError(f"--find-links {local[0]} is served on loopback, which --network {options.network} cannot reach")
+            raise BuildError(f"--find-links {local[0]} is served on loopback, which --network {options.network} hides")
         # A loopback server is reachable from the build only on the host's network.
         options = dataclasses.replace(options, network="host")
     client = docker_client()
@@ -402,14 +414,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parse_args(argv, targets)
         versions = load_versions()
         if args.check:
-            diffs = [stale_diff(t, render(t, versions)) for t in unique_targets(targets) if t.committed]
-            for diff in filter(None, diffs):
-                print(diff, end="")
-            if any(diffs):
-                print("build.py: stale Dockerfile(s): run `python build.py --all` and commit", file=sys.stderr)
-                return 1
-            print("build.py: the committed Dockerfiles match their rendering")
-            return 0
+            return check(targets, versions)
         chosen = unique_targets(targets) if args.all else [targets[args.arch]]
         for target in chosen:
             print(f"build.py: wrote {write(target, render(target, versions)).relative_to(ROOT)}")
@@ -428,6 +433,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BuildError as error:
         print(f"build.py: {error}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("build.py: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

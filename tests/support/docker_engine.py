@@ -21,6 +21,7 @@ import docker
 from docker.errors import DockerException
 
 ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_BRIDGE = Path("/sys/class/net/docker0")
 CACHE_DIR = ROOT / ".cache" / "docker-base"  # gitignored: the debootstrap tarball survives between runs
 DEBIAN_SUITE = "bookworm"
 DEBIAN_MIRROR = "http://deb.debian.org/debian"  # plain http: apt needs no proxy CA, in the build either
@@ -56,6 +57,7 @@ class PrivateEngine:
         self.socket = self.root / "docker.sock"
         self.log_path = self.root / "dockerd.log"
         self.bridge = bridge
+        self.creates_bridge = bridge and not DEFAULT_BRIDGE.exists()
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -112,6 +114,8 @@ class PrivateEngine:
             self.process.wait()
         unmount_under(self.root)
         shutil.rmtree(self.root, ignore_errors=True)
+        if self.creates_bridge:  # dockerd leaves the docker0 it made behind
+            subprocess.run(["ip", "link", "delete", DEFAULT_BRIDGE.name], check=False, capture_output=True)
 
 
 @contextmanager
