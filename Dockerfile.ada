@@ -3,7 +3,8 @@
 #
 # Target sm89: NVIDIA Ada Lovelace GPUs (RTX 4090, L4, L40S, RTX 6000 Ada: compute capability 8.9).
 # Layers go from the slowest- to the fastest-changing: OS packages, Python venv, torch, the engine,
-# the runtime's dependencies, build facts, our code. A change to runtime/ rebuilds kilobytes.
+# the runtime's dependencies, a model made at build time (cpu), build facts, our code. A change to
+# runtime/ rebuilds kilobytes.
 # Classic Dockerfile syntax only: the Docker SDK, BuildKit, buildah and Hugging Face all build it.
 
 ARG BASE_IMAGE=nvidia/cuda:13.0.2-devel-ubuntu24.04

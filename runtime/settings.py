@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import argparse
 import enum
+import keyword
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from runtime.models import recipe_names
 
 
 class Scope(enum.StrEnum):
@@ -68,6 +71,10 @@ def switch(raw: str) -> bool:
     raise ValueError
 
 
+def optional_switch(raw: str) -> bool | None:
+    return switch(raw) if raw.strip() else None
+
+
 def words(raw: str) -> tuple[str, ...]:
     """A list written with commas and/or spaces: `a,b c` → ('a', 'b', 'c')."""
     return tuple(w for w in re.split(r"[\s,]+", raw.strip()) if w)
@@ -112,44 +119,61 @@ def one_of(*options: str) -> str:
 
 
 def _var(env: str, default: str, parse: Parser, allowed: str, scope: Scope, doc: str, secret: bool = False) -> Variable:
-    return Variable(env, env.removeprefix("VL_").lower(), default, parse, allowed, scope, doc, secret)
+    attr = env.removeprefix("VL_").lower()
+    attr += "_" if keyword.iskeyword(attr) else ""  # VL_ASYNC → .async_
+    return Variable(env, attr, default, parse, allowed, scope, doc, secret)
 
 
 E, B, P = Scope.ENGINE, Scope.BRIDGE, Scope.POD
-SPEC_MODES = ("off", "auto", "ngram", "mtp")
+SPEC_MODES = ("auto", "off", "ngram", "mtp")
+RECIPES = recipe_names()
 
 VARIABLES: tuple[Variable, ...] = (
     # --- the engine ---
-    _var("VL_MODEL", "nemotron", text, "a recipe name (see runtime/models/)", E,
-         "Model recipe to serve (the cpu image sets `tiny`)."),
+    _var("VL_MODEL", "nemotron", choice(*RECIPES), one_of(*RECIPES), E,
+         "Model recipe to serve (runtime/models/; the cpu image sets `tiny`)."),
+    _var("VL_REPO", "", optional_text, "a Hub repository id or a local directory, or empty", E,
+         "Serve another checkpoint of the recipe's model (e.g. another quantization); empty = the recipe's."),
     _var("VL_CTX", "", integer(256, optional=True), "a whole number >= 256, or empty", E,
-         "Context window (`--max-model-len`); empty = the recipe's."),
+         "Context window (`--max-model-len`); empty = the recipe's. Above the native window needs YaRN in the recipe."),
     _var("VL_UTIL", "", decimal(0.05, 0.99, optional=True), "a number in 0.05..0.99, or empty", E,
-         "GPU memory fraction; empty = the recipe's (never 0.93 with MTP: OOM in the rejection sampler)."),
+         "GPU memory fraction; empty = the recipe's (never above 0.90 with speculation: OOM in the rejection sampler)."),
     _var("VL_KVBYTES", "", integer(1, optional=True), "a whole number of bytes, or empty", E,
-         "`--kv-cache-memory-bytes`: fixes the KV cache and skips profiling; overrides VL_UTIL."),
+         "`--kv-cache-memory-bytes`: fixes the KV cache and skips profiling (+22% KV on Flash-Next); "
+         "too high kills the engine under load, not at start."),
     _var("VL_KV", "", optional_text, "a vLLM KV cache dtype (auto, fp8, ...), or empty", E,
          "KV cache dtype; empty = the recipe's (fp8 buys capacity, not speed)."),
     _var("VL_BATCHED", "", integer(64, optional=True), "a whole number >= 64, or empty", E,
          "`--max-num-batched-tokens`; empty = the recipe's (8192 measured +10% aggregate over 4096)."),
     _var("VL_SEQS", "", integer(1, optional=True), "a whole number >= 1, or empty", E,
          "`--max-num-seqs`; empty = the recipe's or vLLM's."),
-    _var("VL_SPEC", "off", choice(*SPEC_MODES), one_of(*SPEC_MODES), E,
-         "Speculative decoding; off by default: it lost 62-73% solo throughput on every model measured."),
-    _var("VL_SPEC_N", "3", integer(1, 16), "a whole number in 1..16", E,
-         "Draft tokens per step when speculation is on."),
-    _var("VL_TP", "1", integer(1, 8), "a whole number in 1..8", E, "Tensor parallelism (GPUs per replica)."),
+    _var("VL_SPEC", "auto", choice(*SPEC_MODES), one_of(*SPEC_MODES), E,
+         "Speculative decoding; auto = the recipe's measured choice (off on most: MTP/DSpark cost Nemotron "
+         "62-73% solo; n-gram on qwen: +86% on code edits; MTP k=3 on qwen38)."),
+    _var("VL_SPEC_N", "", integer(1, 32, optional=True), "a whole number in 1..32, or empty", E,
+         "Draft tokens per step; empty = the recipe's for the method (n-gram 12, MTP 1-3)."),
+    _var("VL_LOOK_MIN", "", integer(1, 64, optional=True), "a whole number in 1..64, or empty", E,
+         "n-gram speculation: shortest match looked up in the prompt; empty = the recipe's (3)."),
+    _var("VL_LOOK_MAX", "", integer(1, 64, optional=True), "a whole number in 1..64, or empty", E,
+         "n-gram speculation: longest match looked up in the prompt; empty = the recipe's (8)."),
+    _var("VL_TP", "", integer(1, 8, optional=True), "a whole number in 1..8, or empty", E,
+         "Tensor parallelism (GPUs per replica); empty = the recipe's. Above 1 sets NCCL_P2P_DISABLE=1 "
+         "(NCCL init never returned on RunPod A40 pairs)."),
     _var("VL_DP", "1", integer(1, 8), "a whole number in 1..8", E,
          "Data parallelism (one replica per GPU): +15% at 32 sessions, loses solo speed and half the KV."),
     _var("VL_MM_IMAGES", "4", integer(0, 64), "a whole number in 0..64", E,
          "Images per prompt for vision models; 0 makes vLLM refuse every screenshot with a 400."),
-    _var("VL_ASYNC", "on", switch, one_of("on", "off"), E, "`--async-scheduling` (+9% aggregate, measured)."),
+    _var("VL_ASYNC", "", optional_switch, "on, off, or empty", E,
+         "`--async-scheduling` (+9% aggregate on Nemotron); empty = the recipe's, else vLLM's own choice."),
     _var("VL_FASTOK", "on", switch, one_of("on", "off"), E,
          "fastokens Rust tokenizer when installed (-12% median TTFT)."),
+    _var("VL_FLASHINFER", "off", switch, one_of("on", "off"), E,
+         "FlashInfer's sampler (`VLLM_USE_FLASHINFER_SAMPLER`); off: it raised a CUDA fault on a 580 host."),
     _var("VL_ATTN", "", optional_text, "a vLLM attention backend name, or empty", E,
          "Force an attention backend; empty = vLLM's choice (forcing TRITON_ATTN cost 32% prefill)."),
     _var("VL_ALIASES", "", words, "model names separated by commas or spaces", B,
-         "Extra names the bridge answers to (any unknown name still falls back to the served model)."),
+         "Extra names the bridge answers to (any unknown name still falls back to the served model); "
+         "with VL_BRIDGE=off vLLM serves them itself (a change then restarts it)."),
     _var("VL_EXTRA_ARGS", "", text, "extra vLLM arguments, shell-quoted", E, "Appended verbatim to the vLLM command."),
     # --- the bridge ---
     _var("VL_BRIDGE", "on", switch, one_of("on", "off"), E,
@@ -176,6 +200,9 @@ VARIABLES: tuple[Variable, ...] = (
          "Remote settings file (`VL_NAME=value` lines) in VL_CONFIG_REPO."),
     _var("VL_CONFIG_POLL_S", "30", decimal(5.0, 3600.0), "a number of seconds in 5..3600", P,
          "How often the remote settings file is checked."),
+    _var("VL_CUDA_COMPAT", "auto", choice("auto", "on", "off"), one_of("auto", "on", "off"), P,
+         "CUDA forward compatibility (`/usr/local/cuda/compat`): auto = only when the host driver is older "
+         "than the image's CUDA and the GPU is data-center class (elsewhere error 804; over a newer driver, 803)."),
     _var("VL_STATE_DIR", "/var/lib/vlpod", text, "a directory path", P, "Where the runtime keeps its logs and state."),
     _var("VL_VENV", "/opt/venv", text, "a directory path", P, "The engine's virtual environment."),
     _var("VL_PREBAKED_MARKER", "/opt/.image_prebaked", text, "a file path", P,
@@ -237,25 +264,45 @@ def load_settings(environ: Mapping[str, str], remote: Mapping[str, str] | None =
     return Settings(values, sources)
 
 
+README_BEGIN = "<!-- settings table: generated by `python -m runtime settings --update-readme`; do not edit -->"
+README_END = "<!-- end of settings table -->"
+
+
 def markdown_table() -> str:
     """The README's settings table, generated so that code and documentation cannot drift."""
-    rows = ["| variable | default | applies by restarting | effect |", "|---|---|---|---|"]
+    rows = ["| variable | default | allowed | a change restarts | effect |", "|---|---|---|---|---|"]
     for v in VARIABLES:
         default = f"`{v.default}`" if v.default else "(empty)"
-        rows.append(f"| `{v.env}` | {default} | {v.scope.value} | {v.doc} |")
+        rows.append(f"| `{v.env}` | {default} | {v.allowed} | {v.scope.value} | {v.doc} |")
     return "\n".join(rows)
+
+
+def readme_with_table(readme: str) -> str:
+    """`readme` with the text between its settings markers replaced by the current table."""
+    head, begin, rest = readme.partition(README_BEGIN)
+    _, end, tail = rest.partition(README_END)
+    if not begin or not end:
+        raise ValueError(f"the README lacks the markers {README_BEGIN!r} ... {README_END!r}")
+    return f"{head}{README_BEGIN}\n{markdown_table()}\n{README_END}{tail}"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--markdown", action="store_true", help="print the README's settings table")
+    parser.add_argument("--update-readme", metavar="PATH", nargs="?", const="README.md",
+                        help="rewrite the settings table of the README (default: ./README.md)")
 
 
 def run(args: argparse.Namespace) -> int:
     import os
     import sys
+    from pathlib import Path
 
     if args.markdown:
         print(markdown_table())
+        return 0
+    if args.update_readme:
+        readme = Path(args.update_readme)
+        readme.write_text(readme_with_table(readme.read_text()))
         return 0
     try:
         settings = load_settings(os.environ)

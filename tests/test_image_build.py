@@ -23,6 +23,7 @@ import docker
 import pytest
 
 import build
+from runtime.tinymodel import ANSWER, MARK_TEXT
 from tests.support.docker_engine import PrivateEngine, host_pip_build_options, import_debian_base, private_engine
 from tests.support.repo_copy import ROOT, copy_repo
 
@@ -30,6 +31,8 @@ pytestmark = [pytest.mark.docker, pytest.mark.timeout(2400)]
 
 TAG = "vllm-pod-test:cpu"
 VERSIONS = build.load_versions()
+TINY_DIR = build.tiny_recipe()["repo"]
+ENGINE_START_TIMEOUT_S = 300  # ~30 s on two idle cores; the machine is shared
 # What no layer may hold: package lists, downloaded packages, pip caches, SSH host keys.
 FORBIDDEN = re.compile(r"^(var/lib/apt/lists/.|var/cache/apt/.*\.(deb|bin)$|root/\.cache/.|etc/ssh/ssh_host_)")
 
@@ -137,6 +140,46 @@ def test_the_image_config_runs_the_runtime_under_tini(engine: tuple[PrivateEngin
     assert set(config["ExposedPorts"]) == {"8080/tcp", "22/tcp"}
     assert "/health" in " ".join(config["Healthcheck"]["Test"])
     assert "VL_MODEL=tiny" in config["Env"]
+
+
+def test_the_tiny_model_is_baked_where_its_recipe_looks(engine: tuple[PrivateEngine, docker.DockerClient],
+                                                        cpu_image: str) -> None:
+    command = run_in(engine[1], cpu_image, "python", "-m", "runtime", "engine-args")
+    assert f" serve {TINY_DIR} " in command
+    assert set(run_in(engine[1], cpu_image, "ls", TINY_DIR).split()) == {
+        "config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"}
+
+
+def test_vllm_serves_the_baked_model_inside_the_image(engine: tuple[PrivateEngine, docker.DockerClient],
+                                                      cpu_image: str) -> None:
+    """The command `runtime engine-args` prints, run in the image: real kernels, real libraries."""
+    script = 'eval "$(python -m runtime engine-args | grep -v "^#")"'
+    container = engine[1].containers.run(cpu_image, ["sh", "-c", script], detach=True, network_mode="none",
+                                         shm_size="1g")  # the default 64 MiB kills the engine
+    try:
+        wait_for_engine(container)
+        ask = ("import json, urllib.request; body = json.dumps({'model': 'tiny', 'max_tokens': 16, 'messages': "
+               f"[{{'role': 'user', 'content': '{MARK_TEXT} hi'}}]}}).encode(); "
+               "request = urllib.request.Request('http://127.0.0.1:18081/v1/chat/completions', body, "
+               "{'Content-Type': 'application/json'}); "
+               "print(json.load(urllib.request.urlopen(request))['choices'][0]['message']['content'])")
+        code, output = container.exec_run(["python", "-c", ask])
+        assert (code, output.decode().strip()) == (0, ANSWER)
+    finally:
+        container.remove(force=True)
+
+
+def wait_for_engine(container: docker.models.containers.Container) -> None:
+    probe = ["python", "-c", "import urllib.request as r; r.urlopen('http://127.0.0.1:18081/health', timeout=5)"]
+    deadline = time.monotonic() + ENGINE_START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        container.reload()
+        assert container.status == "running", container.logs(tail=30).decode(errors="replace")
+        if container.exec_run(probe).exit_code == 0:
+            return
+        time.sleep(1)  # polling /health: the engine offers nothing else to wait on from outside
+    logs = container.logs(tail=30).decode(errors="replace")
+    pytest.fail(f"vLLM not healthy after {ENGINE_START_TIMEOUT_S} s:\n{logs}")
 
 
 class ChunkReader(io.RawIOBase):

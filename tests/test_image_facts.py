@@ -27,12 +27,13 @@ def run_facts(output: Path, *pins: str, env: dict[str, str] | None = None) -> su
 
 def test_it_writes_the_facts_when_every_pin_is_installed(tmp_path: Path) -> None:
     output = tmp_path / "prebaked"
-    result = run_facts(output, f"pytest=={PYTEST}")
+    result = run_facts(output, f"pytest=={PYTEST}", env={"CUDA_VERSION": "13.0.2"})
     assert result.returncode == 0, result.stderr
     facts = json.loads(output.read_text())
     assert facts == {
         "target": "cpu", "cuda_arch": None, "base_image": "debian:bookworm-slim", "revision": "abc123",
-        "date": "2026-01-02T03:04:05+00:00", "python": facts["python"], "versions": {"pytest": PYTEST},
+        "date": "2026-01-02T03:04:05+00:00", "python": facts["python"], "cuda": "13.0.2",
+        "versions": {"pytest": PYTEST},
     }
     assert facts["python"] == ".".join(map(str, sys.version_info[:3]))
 

