@@ -16,12 +16,12 @@ import difflib
 import functools
 import http.server
 import os
+import random
 import re
 import subprocess
 import sys
 import threading
 import tomllib
-import zlib
 from collections.abc import Iterator, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
@@ -37,6 +37,7 @@ TARGET_KEYS = {"aliases", "kind", "description", "cuda-arch", "dockerfile", "com
 BRIDGE_PORT, SSH_PORT = 8080, 22
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"  # Debian's and Ubuntu's, with docker/certs/ added
 EXTRA_CA_IN_CONTEXT = "docker/certs/build-py-extra.crt"
+WHEELS_PORT = 8765  # of a --find-links directory served to the build (see served_directory)
 HEALTH_PROBE = (
     "import os, urllib.request; "
     "urllib.request.urlopen('http://127.0.0.1:%s/health' % os.environ.get('VL_PORT', '8080'), timeout=5)"
@@ -276,20 +277,38 @@ class QuietHandler(http.server.SimpleHTTPRequestHandler):
         pass
 
 
+@dataclasses.dataclass(frozen=True)
+class WheelServer:
+    """A local wheel directory served to the build: pip reads `url`, the build resolves `name` to `address`."""
+
+    name: str
+    address: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.name}:{self.port}/"
+
+
 @contextlib.contextmanager
-def served_directory(directory: Path) -> Iterator[str]:
-    """Serve a wheel directory on loopback for pip's find-links while the build runs."""
+def served_directory(directory: Path, name: str) -> Iterator[WheelServer]:
+    """Serve a wheel directory on a loopback address while the build runs.
+
+    The URL (a fixed name and port) is the same on every run, so PIP_FIND_LINKS and every cached layer
+    above it stay valid; the name resolves (the build's extra hosts) to a random address of 127/8.
+    """
     handler = functools.partial(QuietHandler, directory=str(directory))
-    # A port derived from the path keeps PIP_FIND_LINKS, hence the layer cache, the same across runs.
-    preferred = 20000 + zlib.crc32(str(directory).encode()) % 20000
-    try:
-        server = http.server.ThreadingHTTPServer(("127.0.0.1", preferred), handler)
-    except OSError:
+    for _ in range(8):
+        address = f"127.{random.randrange(1, 255)}.{random.randrange(256)}.{random.randrange(1, 255)}"
+        with contextlib.suppress(OSError):
+            server = http.server.ThreadingHTTPServer((address, WHEELS_PORT), handler)
+            break
+    else:  # no 127/8 beyond 127.0.0.1 (not Linux): any port, at the cost of the layer cache
         server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/"
+        yield WheelServer(name, *server.server_address[:2])
     finally:
         server.shutdown()
         server.server_close()
@@ -332,7 +351,8 @@ def default_build_args() -> dict[str, str]:
     return {"GIT_REVISION": git_revision(), "BUILD_DATE": datetime.now(timezone.utc).isoformat(timespec="seconds")}
 
 
-def stream_build(client: Any, target: Target, options: BuildOptions, build_args: dict[str, str]) -> str:
+def stream_build(client: Any, target: Target, options: BuildOptions, build_args: dict[str, str],
+                 extra_hosts: dict[str, str]) -> str:
     """Run the build through the classic build API, printing its progress; returns the image id."""
     from docker.errors import APIError
 
@@ -341,7 +361,7 @@ def stream_build(client: Any, target: Target, options: BuildOptions, build_args:
         for chunk in client.api.build(
             fileobj=build_context(target.dockerfile, options.ca_cert), custom_context=True,
             dockerfile=str(target.dockerfile.relative_to(ROOT)), tag=options.tag, buildargs=build_args,
-            network_mode=options.network, rm=True, forcerm=True, decode=True,
+            network_mode=options.network, extra_hosts=extra_hosts or None, rm=True, forcerm=True, decode=True,
         ):
             if "stream" in chunk:
                 print(chunk["stream"], end="", flush=True)
@@ -364,10 +384,12 @@ def build(target: Target, options: BuildOptions) -> int:
         options = dataclasses.replace(options, network="host")
     client = docker_client()
     with contextlib.ExitStack() as stack:
-        served = {location: stack.enter_context(served_directory(Path(location))) for location in local}
-        links = [served.get(location, location) for location in options.find_links]
+        served = {location: stack.enter_context(served_directory(Path(location), f"vllm-pod-wheels-{index}"))
+                  for index, location in enumerate(local)}
+        links = [served[location].url if location in served else location for location in options.find_links]
         build_args = default_build_args() | ({"PIP_FIND_LINKS": " ".join(links)} if links else {}) | options.build_args
-        image_id = stream_build(client, target, options, build_args)
+        hosts = {server.name: server.address for server in served.values()}
+        image_id = stream_build(client, target, options, build_args, hosts)
     size = client.api.inspect_image(image_id)["Size"]
     print(f"build.py: built {options.tag} ({image_id.removeprefix('sha256:')[:12]}, {size / 1e9:.2f} GB)")
     return 0

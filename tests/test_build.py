@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 import build
@@ -134,3 +135,12 @@ def test_build_needs_a_target() -> None:
     result = run_build_py("--all", "--build")
     assert result.returncode == 2
     assert "--build and --push need --arch" in result.stderr
+
+
+def test_a_wheel_directory_is_served_at_the_same_url_on_every_run(tmp_path: Path) -> None:
+    (tmp_path / "torch-2.13.0+cpu-cp311-cp311-linux_x86_64.whl").write_bytes(b"wheel")
+    with build.served_directory(tmp_path, "wheels-0") as first, build.served_directory(tmp_path, "wheels-0") as second:
+        assert first.url == second.url == f"http://wheels-0:{build.WHEELS_PORT}/"
+        assert first.address != second.address and first.address.startswith("127.")
+        listing = httpx.get(f"http://{first.address}:{first.port}/", timeout=10)
+    assert "torch-2.13.0%2Bcpu-cp311-cp311-linux_x86_64.whl" in listing.text

@@ -14,7 +14,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import docker
@@ -109,21 +109,13 @@ class PrivateEngine:
             except subprocess.TimeoutExpired:
                 pass
         if self.process:
-            with _ignored(ProcessLookupError):
+            with suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signal.SIGKILL)  # the group we started: dockerd's containerd
             self.process.wait()
         unmount_under(self.root)
         shutil.rmtree(self.root, ignore_errors=True)
         if self.creates_bridge:  # dockerd leaves the docker0 it made behind
             subprocess.run(["ip", "link", "delete", DEFAULT_BRIDGE.name], check=False, capture_output=True)
-
-
-@contextmanager
-def _ignored(*errors: type[BaseException]) -> Iterator[None]:
-    try:
-        yield
-    except errors:
-        pass
 
 
 def dockerd_path() -> str:
