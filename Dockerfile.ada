@@ -52,9 +52,11 @@ RUN update-ca-certificates
 # Python: the distribution's own interpreter, in a venv that holds everything else.
 RUN python3.12 -m venv /opt/venv
 
-# torch, from PyTorch's index for this target; PIP_FIND_LINKS adds wheel locations (a local mirror).
+# torch, from PyTorch's index for this target. PIP_FIND_LINKS adds wheel locations (a local mirror),
+# PIP_TRUSTED_HOST the plain-http ones among them (build.py sets both for a local directory).
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu130
 ARG PIP_FIND_LINKS=
+ARG PIP_TRUSTED_HOST=
 RUN pip install --no-cache-dir --cert /etc/ssl/certs/ca-certificates.crt --index-url "${TORCH_INDEX_URL}" \
       torch==2.13.0+cu130 \
       torchvision==0.28.0+cu130 \

@@ -387,8 +387,10 @@ def build(target: Target, options: BuildOptions) -> int:
         served = {location: stack.enter_context(served_directory(Path(location), f"vllm-pod-wheels-{index}"))
                   for index, location in enumerate(local)}
         links = [served[location].url if location in served else location for location in options.find_links]
-        build_args = default_build_args() | ({"PIP_FIND_LINKS": " ".join(links)} if links else {}) | options.build_args
         hosts = {server.name: server.address for server in served.values()}
+        pip = {"PIP_FIND_LINKS": " ".join(links)} if links else {}
+        pip |= {"PIP_TRUSTED_HOST": " ".join(hosts)} if hosts else {}  # plain http on loopback: no TLS to check
+        build_args = default_build_args() | pip | options.build_args
         image_id = stream_build(client, target, options, build_args, hosts)
     size = client.api.inspect_image(image_id)["Size"]
     print(f"build.py: built {options.tag} ({image_id.removeprefix('sha256:')[:12]}, {size / 1e9:.2f} GB)")

