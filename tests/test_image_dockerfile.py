@@ -198,7 +198,7 @@ def test_gpu_images_carry_cuda_tooling_for_their_arch(name: str) -> None:
         "1", arch, arch)
     assert {"sm89": "8.9", "sm120": "12.0"}[image.target.name] == arch
     install = image.layer("apt-get install")
-    assert "cuda-compat-13-0" in install and "python3.12-dev" in install
+    assert all(package in install for package in ("cuda-compat-13-0", "g++", "python3.12-dev"))
     assert VERSIONS["base"]["gpu"].startswith("nvidia/cuda:13.") and "-devel-" in VERSIONS["base"]["gpu"]
     torch = image.layer(r"pip install .*torch==")
     assert "torch==2.13.0+cu130" in torch and '--index-url "${TORCH_INDEX_URL}"' in torch
