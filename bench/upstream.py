@@ -5,7 +5,7 @@ and by the keepalive test (an upstream that stays silent before its first token)
 enough HTTP/1.1 on raw asyncio for that: `GET /v1/models`, `POST /tokenize`, and streamed
 `POST /v1/chat/completions` whose chunks have the shape and size of vLLM 0.32's.
 
-    python bench/upstream.py --port 0 [--tokens 200] [--pace-ms 0] [--first-token-delay-s 0]
+    python bench/upstream.py --port 0 [--tokens 200] [--pace-ms 0] [--first-token-delay-s 0] [--no-reasoning]
 """
 
 from __future__ import annotations
@@ -15,10 +15,15 @@ import asyncio
 import json
 import sys
 import time
+from http import HTTPStatus
 
 SERVED = "fake"
 WINDOW = 65536
 TOKEN = "tok "  # what every content delta carries; the bench client spots the first one by it
+# vLLM's words for a thinking budget when it runs without a reasoning parser (vllm/v1/engine/input_processor.py).
+NO_REASONING = (b'{"error":{"message":"thinking_token_budget is set but reasoning_config is not configured. Please set '
+                b'--reasoning-parser and/or --reasoning-config to use thinking_token_budget.","type":"BadRequestError",'
+                b'"param":null,"code":400}}')  # fmt: skip
 
 
 def chunk(request_id: str, delta: dict, completion_tokens: int, finish: str | None = None) -> bytes:
@@ -53,14 +58,15 @@ def final_chunks(request_id: str, tokens: int) -> bytes:
 
 
 def response(status: int, body: bytes, content_type: bytes = b"application/json") -> bytes:
-    return b"HTTP/1.1 %d OK\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n%s" % (status, content_type, len(body), body)
+    head = b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n"
+    return head % (status, HTTPStatus(status).phrase.encode(), content_type, len(body)) + body
 
 
 class Upstream(asyncio.Protocol):
     """One client connection; requests on it are served one after the other (HTTP/1.1 keep-alive)."""
 
-    def __init__(self, tokens: int, pace_s: float, first_token_delay_s: float) -> None:
-        self.tokens, self.pace_s, self.first_token_delay_s = tokens, pace_s, first_token_delay_s
+    def __init__(self, tokens: int, pace_s: float, first_token_delay_s: float, reasoning: bool) -> None:
+        self.tokens, self.pace_s, self.first_token_delay_s, self.reasoning = tokens, pace_s, first_token_delay_s, reasoning
         self.buffer = b""
         self.transport: asyncio.Transport | None = None
         self.streaming: asyncio.Task[None] | None = None
@@ -92,7 +98,11 @@ class Upstream(asyncio.Protocol):
         elif path == b"/tokenize":
             self.transport.write(response(200, json.dumps({"count": len(body) // 4, "max_model_len": WINDOW, "tokens": []}).encode()))
         elif path == b"/v1/chat/completions":
-            tokens = json.loads(body).get("max_tokens") or self.tokens
+            request = json.loads(body)
+            if "thinking_token_budget" in request and not self.reasoning:
+                self.transport.write(response(400, NO_REASONING))
+                return
+            tokens = request.get("max_tokens") or self.tokens
             self.streaming = asyncio.ensure_future(self.stream(min(tokens, self.tokens)))
         elif path == b"/health":
             self.transport.write(response(200, b""))
@@ -118,10 +128,13 @@ class Upstream(asyncio.Protocol):
         transport.write(final_chunks(request_id, tokens))
 
 
-async def serve(host: str, port: int, tokens: int, pace_ms: float, first_token_delay_s: float) -> None:
+async def serve(args: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: Upstream(tokens, pace_ms / 1000, first_token_delay_s), host, port, backlog=4096)
-    print(f"listening on http://{host}:{server.sockets[0].getsockname()[1]}", flush=True)
+    server = await loop.create_server(
+        lambda: Upstream(args.tokens, args.pace_ms / 1000, args.first_token_delay_s, not args.no_reasoning),
+        args.host, args.port, backlog=4096,
+    )  # fmt: skip
+    print(f"listening on http://{args.host}:{server.sockets[0].getsockname()[1]}", flush=True)
     async with server:
         await server.serve_forever()
 
@@ -133,6 +146,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tokens", type=int, default=200, help="content tokens per answer (capped by max_tokens)")
     parser.add_argument("--pace-ms", type=float, default=0.0, help="time between tokens; 0 = as fast as possible")
     parser.add_argument("--first-token-delay-s", type=float, default=0.0, help="silence before the first token")
+    parser.add_argument("--no-reasoning", action="store_true", help="refuse thinking_token_budget, as vLLM does "
+                        "without a reasoning parser")  # fmt: skip
     args = parser.parse_args(argv)
     try:
         import uvloop
@@ -141,7 +156,7 @@ def main(argv: list[str] | None = None) -> None:
     except ImportError:
         pass
     try:
-        asyncio.run(serve(args.host, args.port, args.tokens, args.pace_ms, args.first_token_delay_s))
+        asyncio.run(serve(args))
     except KeyboardInterrupt:
         sys.exit(0)
 

@@ -137,8 +137,8 @@ def test_client_gone_aborts_the_generation(bridge: Process, vllm_server: VllmSer
             if n == 20:
                 break
     assert message_id is not None
-    vllm_server.wait_for_log(f"Request chatcmpl-{message_id}\\S* aborted")
     assert "stop=client_gone" in bridge.wait_for_log(f"trace id={message_id} ")
+    vllm_server.wait_for_log(f"Request chatcmpl-{message_id}\\S* aborted")
 
 
 def test_pool_saturation_is_a_fast_error_and_health_still_answers(vllm_server: VllmServer, tmp_path: Path) -> None:
@@ -189,6 +189,16 @@ def test_pings_keep_a_silent_stream_alive(tmp_path: Path) -> None:
     assert "ping" not in names[first_token:]  # tokens flowing: no ping needed
     comments = [line for line in relayed[: relayed.index(next(line for line in relayed if line.startswith("data:")))] if line]
     assert len(comments) >= 3 and set(comments) == {": ping"}  # OpenAI clients get SSE comments
+
+
+def test_an_engine_without_reasoning_parser_answers_without_a_budget(tmp_path: Path) -> None:
+    """Such a vLLM refuses `thinking_token_budget`: the bridge retries without it, then stops sending it."""
+    with start_stand_in(tmp_path / "upstream.log", "--tokens", "2", "--no-reasoning") as upstream:
+        with start_bridge(upstream.url, tmp_path / "bridge.log") as bridge:
+            client = anthropic.Anthropic(base_url=bridge.url, api_key="x", max_retries=0)
+            for effort in ("low", "high"):
+                message = client.messages.create(**VALID | {"output_config": {"effort": effort}})
+                assert [block.text for block in message.content] == ["tok tok "]
 
 
 def test_body_over_the_limit_is_a_413(vllm_server: VllmServer, tmp_path: Path) -> None:

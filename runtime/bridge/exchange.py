@@ -7,6 +7,7 @@ accepted, `message_start` goes out at once and `ping` events cover the silence o
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 import uuid
@@ -27,6 +28,8 @@ from runtime.bridge.upstream import BROKEN
 
 if TYPE_CHECKING:
     from runtime.bridge.app import Bridge
+
+log = logging.getLogger("runtime.bridge")
 
 SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
                (b"x-accel-buffering", b"no")]  # fmt: skip
@@ -70,6 +73,7 @@ class MessagesExchange:
         self.trace = trace
         self.id = "msg_" + uuid.uuid4().hex[:24]
         self.started = time.monotonic()
+        self.window = 0  # the served model's context window, once known
         trace.update(id=self.id, model=request.model, stream=request.stream)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -79,25 +83,22 @@ class MessagesExchange:
             self.trace["stop"] = "client_gone"
 
     async def serve(self, send: Send) -> None:
-        started_stream = False
+        """Errors up to the upstream's acceptance are HTTP errors; `stream` handles the later ones."""
         try:
             translation = await self.translate()
             input_tokens = await self.guard_window(translation)
             async with self.open_chat(translation) as response:
                 if self.request.stream:
-                    started_stream = True
                     await self.stream(response, send, input_tokens)
                 else:
                     await self.answer(response, send, input_tokens)
         except BridgeError as error:
             self.trace["error_type"] = error.type
-            if not started_stream:
-                await error.send(send)
+            await error.send(send)
 
     async def translate(self) -> Translation:
         bridge = self.bridge
-        model = await bridge.catalog.current(bridge.upstream)
-        self.trace["window"] = model.context_window
+        self.window = (await bridge.catalog.current(bridge.upstream)).context_window
         translator = Translator(inline_system=bridge.catalog.inline_system)
         translation = translator.translate(
             self.request, bridge.catalog.upstream_name(self.request.model), bridge.catalog.accepts_thinking_budget
@@ -108,8 +109,7 @@ class MessagesExchange:
 
     async def guard_window(self, translation: Translation) -> int:
         """Refuse a prompt that cannot fit before the engine sees it; the count when it was needed."""
-        window = self.trace["window"]
-        if window and not translation.has_images and 2 * self.body_size + TEMPLATE_MARGIN_TOKENS < window:
+        if self.window and not translation.has_images and 2 * self.body_size + TEMPLATE_MARGIN_TOKENS < self.window:
             return 0
         count, window = await count_prompt(self.bridge, translation)
         if count >= window:
@@ -145,6 +145,10 @@ class MessagesExchange:
         except BridgeError as error:  # after the stream began: an `event: error`
             self.trace["error_type"] = error.type
             await writer.end(sink.take() + error.event())
+        except Exception:
+            log.exception("internal error in stream %s", self.id)
+            self.trace["error_type"] = "api_error"
+            await writer.end(sink.take() + BridgeError(500, "internal error in the bridge (see its log)").event())
         else:
             await writer.end(sink.take())
         finally:

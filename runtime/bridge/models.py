@@ -28,8 +28,8 @@ ONE_MILLION = "[1m]"  # Claude Code assumes a 1M window for ids ending so (the s
 class ServedModel:
     name: str  # the first id the upstream lists: the model vLLM serves by default
     context_window: int
-    created: int
     upstream_ids: frozenset[str] = field(default_factory=frozenset)
+    created: int = field(default=0, compare=False)  # vLLM stamps its listing with the time of asking
 
 
 class Catalog:
