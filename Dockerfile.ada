@@ -76,7 +76,9 @@ RUN pip install --no-cache-dir --cert /etc/ssl/certs/ca-certificates.crt \
       httpx==0.28.1 \
       pydantic==2.14.4 \
       prometheus-client==0.26.0 \
-      huggingface_hub==2.4.0
+      huggingface_hub==2.4.0 \
+      aiohttp==3.14.5 \
+      msgspec==0.23.0
 
 # Build facts, checked against the pins: /opt/.image_prebaked tells the runtime nothing needs installing.
 COPY docker/image_facts.py /opt/app/image_facts.py
@@ -97,7 +99,9 @@ RUN python /opt/app/image_facts.py --output /opt/.image_prebaked \
       --pin httpx==0.28.1 \
       --pin pydantic==2.14.4 \
       --pin prometheus-client==0.26.0 \
-      --pin huggingface_hub==2.4.0
+      --pin huggingface_hub==2.4.0 \
+      --pin aiohttp==3.14.5 \
+      --pin msgspec==0.23.0
 
 # Our code, last.
 COPY runtime/ /opt/app/runtime/

@@ -1,0 +1,165 @@
+"""A stand-in for vLLM's OpenAI server that streams scripted chunks fast, or at a set pace.
+
+Used by `bench/bridge.py` (an upstream that costs next to nothing, so the bridge's own cost shows)
+and by the keepalive test (an upstream that stays silent before its first token). It speaks just
+enough HTTP/1.1 on raw asyncio for that: `GET /v1/models`, `POST /tokenize`, and streamed
+`POST /v1/chat/completions` whose chunks have the shape and size of vLLM 0.32's.
+
+    python bench/upstream.py --port 0 [--tokens 200] [--pace-ms 0] [--first-token-delay-s 0] [--no-reasoning]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from http import HTTPStatus
+
+SERVED = "fake"
+WINDOW = 65536
+TOKEN = "tok "  # what every content delta carries; the bench client spots the first one by it
+# vLLM's words for a thinking budget when it runs without a reasoning parser (vllm/v1/engine/input_processor.py).
+NO_REASONING = (b'{"error":{"message":"thinking_token_budget is set but reasoning_config is not configured. Please set '
+                b'--reasoning-parser and/or --reasoning-config to use thinking_token_budget.","type":"BadRequestError",'
+                b'"param":null,"code":400}}')  # fmt: skip
+
+
+def chunk(request_id: str, delta: dict, completion_tokens: int, finish: str | None = None) -> bytes:
+    """One vLLM-shaped streaming chunk with continuous usage, framed as SSE and HTTP chunked."""
+    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish, "token_ids": None}
+    if finish:
+        choice["stop_reason"] = None
+    body = {
+        "id": request_id, "object": "chat.completion.chunk", "created": int(time.time()), "model": SERVED,
+        "choices": [choice],
+        "usage": {"prompt_tokens": 20, "total_tokens": 20 + completion_tokens, "completion_tokens": completion_tokens,
+                  "completion_tokens_details": {"reasoning_tokens": 0}},
+    }  # fmt: skip
+    return http_chunk(b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n")
+
+
+def http_chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+def final_chunks(request_id: str, tokens: int) -> bytes:
+    usage = {"prompt_tokens": 20, "total_tokens": 20 + tokens, "completion_tokens": tokens,
+             "prompt_tokens_details": {"cached_tokens": 0}}  # fmt: skip
+    body = {"id": request_id, "object": "chat.completion.chunk", "created": int(time.time()), "model": SERVED,
+            "choices": [], "usage": usage}  # fmt: skip
+    return (
+        chunk(request_id, {}, tokens, "stop" if tokens else "length")
+        + http_chunk(b"data: " + json.dumps(body).encode() + b"\n\n")
+        + http_chunk(b"data: [DONE]\n\n")
+        + b"0\r\n\r\n"
+    )
+
+
+def response(status: int, body: bytes, content_type: bytes = b"application/json") -> bytes:
+    head = b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n"
+    return head % (status, HTTPStatus(status).phrase.encode(), content_type, len(body)) + body
+
+
+class Upstream(asyncio.Protocol):
+    """One client connection; requests on it are served one after the other (HTTP/1.1 keep-alive)."""
+
+    def __init__(self, tokens: int, pace_s: float, first_token_delay_s: float, reasoning: bool) -> None:
+        self.tokens, self.pace_s, self.first_token_delay_s, self.reasoning = tokens, pace_s, first_token_delay_s, reasoning
+        self.buffer = b""
+        self.transport: asyncio.Transport | None = None
+        self.streaming: asyncio.Task[None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's transports are not asyncio's classes
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.streaming is not None:
+            self.streaming.cancel()
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        while b"\r\n\r\n" in self.buffer:
+            head, _, rest = self.buffer.partition(b"\r\n\r\n")
+            lines = head.split(b"\r\n")
+            length = next((int(line.split(b":")[1]) for line in lines[1:] if line.lower().startswith(b"content-length:")), 0)
+            if len(rest) < length:
+                return
+            body, self.buffer = rest[:length], rest[length:]
+            method, path = lines[0].split(b" ")[:2]
+            self.serve(method, path.split(b"?")[0], body)
+
+    def serve(self, method: bytes, path: bytes, body: bytes) -> None:
+        assert self.transport is not None
+        if path == b"/v1/models":
+            listing = {"object": "list", "data": [{"id": SERVED, "object": "model", "created": 0, "max_model_len": WINDOW}]}
+            self.transport.write(response(200, json.dumps(listing).encode()))
+        elif path == b"/tokenize":
+            self.transport.write(response(200, json.dumps({"count": len(body) // 4, "max_model_len": WINDOW, "tokens": []}).encode()))
+        elif path == b"/v1/chat/completions":
+            request = json.loads(body)
+            if "thinking_token_budget" in request and not self.reasoning:
+                self.transport.write(response(400, NO_REASONING))
+                return
+            tokens = request.get("max_tokens") or self.tokens
+            self.streaming = asyncio.ensure_future(self.stream(min(tokens, self.tokens)))
+        elif path == b"/health":
+            self.transport.write(response(200, b""))
+        else:
+            self.transport.write(response(404, b'{"error":{"message":"no such route","code":404}}'))
+
+    async def stream(self, tokens: int) -> None:
+        transport = self.transport
+        assert transport is not None
+        request_id = f"chatcmpl-{id(self):x}{time.monotonic_ns():x}"
+        transport.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        if self.first_token_delay_s:
+            await asyncio.sleep(self.first_token_delay_s)
+        transport.write(chunk(request_id, {"role": "assistant", "content": ""}, 0))
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        for n in range(1, tokens + 1):
+            transport.write(chunk(request_id, {"content": TOKEN}, n))
+            if self.pace_s:  # on a schedule, like an engine's steps, not drifting with our own delays
+                await asyncio.sleep(max(0.0, start + n * self.pace_s - loop.time()))
+            else:
+                await asyncio.sleep(0)  # one write per token, as an engine emits them
+        transport.write(final_chunks(request_id, tokens))
+
+
+async def serve(args: argparse.Namespace) -> None:
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(
+        lambda: Upstream(args.tokens, args.pace_ms / 1000, args.first_token_delay_s, not args.no_reasoning),
+        args.host, args.port, backlog=4096,
+    )  # fmt: skip
+    print(f"listening on http://{args.host}:{server.sockets[0].getsockname()[1]}", flush=True)
+    async with server:
+        await server.serve_forever()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--tokens", type=int, default=200, help="content tokens per answer (capped by max_tokens)")
+    parser.add_argument("--pace-ms", type=float, default=0.0, help="time between tokens; 0 = as fast as possible")
+    parser.add_argument("--first-token-delay-s", type=float, default=0.0, help="silence before the first token")
+    parser.add_argument("--no-reasoning", action="store_true", help="refuse thinking_token_budget, as vLLM does "
+                        "without a reasoning parser")  # fmt: skip
+    args = parser.parse_args(argv)
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    try:
+        asyncio.run(serve(args))
+    except KeyboardInterrupt:
+        sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

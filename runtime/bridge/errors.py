@@ -1,0 +1,86 @@
+"""Anthropic's error envelope, its status → type map, and how upstream failures map onto it.
+
+Every error the bridge answers, before or during a stream, goes through `BridgeError`, so a client
+always gets `{"type": "error", "error": {"type", "message"}}` and never a traceback.
+"""
+
+from __future__ import annotations
+
+import msgspec
+from starlette.responses import Response
+from starlette.types import Send
+
+ERROR_TYPES: dict[int, str] = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    529: "overloaded_error",
+}
+
+
+def error_type(status: int) -> str:
+    """The Anthropic error type for a status; statuses outside the map fall into their class."""
+    return ERROR_TYPES.get(status) or ("invalid_request_error" if status < 500 else "api_error")
+
+
+def envelope(status: int, message: str) -> bytes:
+    return msgspec.json.encode({"type": "error", "error": {"type": error_type(status), "message": message}})
+
+
+class BridgeError(Exception):
+    """An error answered to the client: an HTTP status and a message for the envelope."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+    @property
+    def type(self) -> str:
+        return error_type(self.status)
+
+    def response(self, headers: dict[str, str] | None = None) -> Response:
+        return Response(envelope(self.status, self.message), self.status, headers, "application/json")
+
+    async def send(self, send: Send) -> None:
+        """Answer with this error through a raw ASGI `send` (from inside a streaming response)."""
+        await send({"type": "http.response.start", "status": self.status, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": envelope(self.status, self.message)})
+
+    def event(self) -> bytes:
+        """The error as an SSE `event: error`, for failures after the stream began."""
+        return b"event: error\ndata: " + envelope(self.status, self.message) + b"\n\n"
+
+
+def status_from_upstream(status: int) -> int:
+    """Our status for an upstream one: mapped ones pass, 502-504 mean overloaded, others by class."""
+    if status in ERROR_TYPES:
+        return status
+    if status in (502, 503, 504):
+        return 529
+    return 400 if status < 500 else 500
+
+
+def upstream_message(body: bytes) -> str:
+    """The message of an upstream error body (vLLM's `{"error": {"message"}}` or older flat shape)."""
+    try:
+        data = msgspec.json.decode(body)
+    except msgspec.DecodeError:
+        return body.decode("utf-8", "replace").strip()[:2000] or "upstream error"
+    if isinstance(data, dict):
+        inner = data.get("error")
+        if isinstance(inner, dict) and isinstance(inner.get("message"), str):
+            return inner["message"]
+        if isinstance(inner, str):
+            return inner
+        if isinstance(data.get("message"), str):
+            return data["message"]
+    return str(data)[:2000]
+
+
+def from_upstream(status: int, body: bytes) -> BridgeError:
+    return BridgeError(status_from_upstream(status), upstream_message(body))

@@ -1,0 +1,207 @@
+"""One `/v1/messages` request, from its validated body to its last byte.
+
+Order matters: the window check and the upstream's own refusals come before any byte is sent,
+so they are real HTTP errors (Claude Code compacts on a 400 "prompt is too long"); once the upstream
+accepted, `message_start` goes out at once and `ping` events cover the silence of a long prefill.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+import msgspec
+from starlette.types import Receive, Scope, Send
+
+from runtime.bridge.connection import ClientGone, Writer, unless_client_leaves
+from runtime.bridge.errors import BridgeError, from_upstream
+from runtime.bridge.requests import MessagesRequest, Translation, Translator
+from runtime.bridge.sse import PING, AnthropicSse, SseParser
+from runtime.bridge.stream import MessageAssembler, StreamTranslator
+from runtime.bridge.upstream import BROKEN
+
+if TYPE_CHECKING:
+    from runtime.bridge.app import Bridge
+
+log = logging.getLogger("runtime.bridge")
+
+SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
+               (b"x-accel-buffering", b"no")]  # fmt: skip
+JSON_HEADERS = [(b"content-type", b"application/json")]
+# A prompt whose upper bound of tokens (one per byte, doubled for the template) fits the window with
+# this margin cannot be too long: the /tokenize round trip is skipped (images are always counted).
+TEMPLATE_MARGIN_TOKENS = 16384
+VLLM_TOO_LONG = re.compile(r"maximum context length is (\d+) tokens.*?(\d+) input tokens", re.S)
+
+
+def too_long(count: int, window: int) -> BridgeError:
+    """The wording Claude Code reacts to by compacting the conversation."""
+    return BridgeError(400, f"prompt is too long: {count} tokens > {window - 1} maximum")
+
+
+def upstream_refusal(error: BridgeError) -> BridgeError:
+    """vLLM's own context-length refusal, reworded so that Claude Code compacts on it too."""
+    found = VLLM_TOO_LONG.search(error.message)
+    if error.status == 400 and found:
+        return too_long(int(found.group(2)), int(found.group(1)))
+    return error
+
+
+async def count_prompt(bridge: Bridge, translation: Translation) -> tuple[int, int]:
+    """(tokens, window) of the exact prompt vLLM would build, through its /tokenize in chat form."""
+    body = msgspec.json.encode(translation.tokenize_payload())
+    status, content, _ = await bridge.upstream.fetch("POST", "/tokenize", body, {"content-type": "application/json"})
+    if status != 200:
+        raise from_upstream(status, content)
+    answer = msgspec.json.decode(content)
+    return int(answer["count"]), int(answer["max_model_len"])
+
+
+class MessagesExchange:
+    """The ASGI response for one `/v1/messages` request; records its outcome in `trace`."""
+
+    def __init__(self, bridge: Bridge, request: MessagesRequest, body_size: int, trace: dict[str, Any]) -> None:
+        self.bridge = bridge
+        self.request = request
+        self.body_size = body_size
+        self.trace = trace
+        self.id = "msg_" + uuid.uuid4().hex[:24]
+        self.started = time.monotonic()
+        self.window = 0  # the served model's context window, once known
+        trace.update(id=self.id, model=request.model, stream=request.stream)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await unless_client_leaves(receive, self.serve(send))
+        except ClientGone:
+            self.trace["stop"] = "client_gone"
+
+    async def serve(self, send: Send) -> None:
+        """Errors up to the upstream's acceptance are HTTP errors; `stream` handles the later ones."""
+        try:
+            translation = await self.translate()
+            input_tokens = await self.guard_window(translation)
+            async with self.open_chat(translation) as response:
+                if self.request.stream:
+                    await self.stream(response, send, input_tokens)
+                else:
+                    await self.answer(response, send, input_tokens)
+        except BridgeError as error:
+            self.trace["error_type"] = error.type
+            await error.send(send)
+
+    async def translate(self) -> Translation:
+        bridge = self.bridge
+        self.window = (await bridge.catalog.current(bridge.upstream)).context_window
+        translator = Translator(inline_system=bridge.catalog.inline_system)
+        translation = translator.translate(
+            self.request, bridge.catalog.upstream_name(self.request.model), bridge.catalog.accepts_thinking_budget
+        )
+        if self.bridge.log_prompts:
+            self.trace["prompt"] = last_user_text(translation.payload["messages"])
+        return translation
+
+    async def guard_window(self, translation: Translation) -> int:
+        """Refuse a prompt that cannot fit before the engine sees it; the count when it was needed."""
+        if self.window and not translation.has_images and 2 * self.body_size + TEMPLATE_MARGIN_TOKENS < self.window:
+            return 0
+        count, window = await count_prompt(self.bridge, translation)
+        if count >= window:
+            raise too_long(count, window)
+        return count
+
+    @asynccontextmanager
+    async def open_chat(self, translation: Translation) -> AsyncIterator[aiohttp.ClientResponse]:
+        """The upstream's streamed answer, once it accepted the request; its refusal as a BridgeError."""
+        payload, catalog = translation.payload, self.bridge.catalog
+        headers = {"content-type": "application/json", "x-request-id": self.id}
+        while True:
+            async with self.bridge.upstream.open("POST", "/v1/chat/completions", msgspec.json.encode(payload), headers) as response:
+                if response.status == 200:
+                    yield response
+                    return
+                error = from_upstream(response.status, await response.read())
+            if "thinking_token_budget" in payload and "thinking_token_budget" in error.message:
+                # This engine has no reasoning parser: forget the budget for this model and retry.
+                catalog.accepts_thinking_budget = False
+                del payload["thinking_token_budget"]
+                continue
+            raise upstream_refusal(error)
+
+    async def stream(self, response: aiohttp.ClientResponse, send: Send, input_tokens: int) -> None:
+        sink = AnthropicSse()
+        translator = StreamTranslator(sink, self.id, self.request.model, input_tokens)
+        writer = Writer(send, PING, self.bridge.ping_s)
+        await writer.start(200, SSE_HEADERS, sink.take())
+        self.bridge.metrics.open_streams.inc()
+        try:
+            await self.pump(response, translator, sink, writer)
+        except BridgeError as error:  # after the stream began: an `event: error`
+            self.trace["error_type"] = error.type
+            await writer.end(sink.take() + error.event())
+        except Exception:
+            log.exception("internal error in stream %s", self.id)
+            self.trace["error_type"] = "api_error"
+            await writer.end(sink.take() + BridgeError(500, "internal error in the bridge (see its log)").event())
+        else:
+            await writer.end(sink.take())
+        finally:
+            writer.stop()
+            self.bridge.metrics.open_streams.dec()
+            self.record(translator)
+
+    async def answer(self, response: aiohttp.ClientResponse, send: Send, input_tokens: int) -> None:
+        sink = MessageAssembler()
+        translator = StreamTranslator(sink, self.id, self.request.model, input_tokens)
+        try:
+            await self.pump(response, translator)
+        finally:
+            self.record(translator)
+        body = msgspec.json.encode(sink.message)
+        await send({"type": "http.response.start", "status": 200, "headers": JSON_HEADERS})
+        await send({"type": "http.response.body", "body": body})
+
+    async def pump(
+        self, response: aiohttp.ClientResponse, translator: StreamTranslator,
+        sink: AnthropicSse | None = None, writer: Writer | None = None,
+    ) -> None:  # fmt: skip
+        """Upstream bytes → translator; when streaming, one write per network read (many events, one write)."""
+        parser, read = SseParser(), response.content.readany
+        try:
+            while data := await read():
+                for payload in parser.feed(data):
+                    translator.feed(payload)
+                translator.report_usage()
+                if translator.done:
+                    return
+                if writer is not None and sink is not None and sink.out:
+                    await writer.write(sink.take())
+        except BROKEN as error:
+            raise BridgeError(500, f"the model server broke the stream off ({type(error).__name__})") from None
+        raise BridgeError(500, "the model server ended the stream before its end")
+
+    def record(self, translator: StreamTranslator) -> None:
+        trace = self.trace
+        trace.update(
+            input=translator.input_tokens, cached=translator.cached_tokens, output=translator.output_tokens,
+            stop=translator.stop_reason or trace.get("stop"),
+        )  # fmt: skip
+        if translator.first_token_at is not None:
+            trace["ttft_s"] = translator.first_token_at - self.started
+
+
+def last_user_text(messages: list[dict[str, Any]]) -> str:
+    """The last user message's text, for VL_LOG_PROMPTS traces."""
+    for message in reversed(messages):
+        if message["role"] == "user":
+            content = message["content"]
+            if isinstance(content, str):
+                return content
+            return "\n".join(part["text"] for part in content if part["type"] == "text")
+    return ""

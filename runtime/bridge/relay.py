@@ -1,0 +1,107 @@
+"""OpenAI-style routes passed through to vLLM (`/v1/chat/completions`, `/v1/completions`, `/tokenize`…).
+
+What the bridge adds on the way: the model-name fallback, SSE comment pings while the engine is
+silent (OpenAI SDKs ignore comments, and RunPod's proxy cuts a silent connection), closing the
+upstream when the client leaves, and per-key usage from the response's `usage`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+import msgspec
+from starlette.types import Receive, Scope, Send
+
+from runtime.bridge.connection import ClientGone, Writer, unless_client_leaves
+from runtime.bridge.errors import BridgeError
+from runtime.bridge.sse import COMMENT_PING, SseParser
+from runtime.bridge.upstream import BROKEN
+
+if TYPE_CHECKING:
+    from runtime.bridge.app import Bridge
+
+PASSED_HEADERS = (b"content-type", b"cache-control")
+
+
+def rewrite_model(bridge: Bridge, body: bytes) -> tuple[bytes, bool]:
+    """The body with an unknown `model` dropped (vLLM then uses its own), and whether it streams."""
+    try:
+        payload = msgspec.json.decode(body)
+    except msgspec.DecodeError as error:
+        raise BridgeError(400, f"the request body is not valid JSON: {error}") from None
+    if not isinstance(payload, dict):
+        raise BridgeError(400, "the request body must be a JSON object")
+    model = payload.get("model")
+    if model is not None and (not isinstance(model, str) or bridge.catalog.upstream_name(model) is None):
+        del payload["model"]
+    return msgspec.json.encode(payload), payload.get("stream") is True
+
+
+class Relay:
+    """The ASGI response relaying one request to `path` upstream; records usage in `trace`."""
+
+    def __init__(self, bridge: Bridge, method: str, path: str, body: bytes | None, stream: bool, trace: dict[str, Any]) -> None:
+        self.bridge, self.method, self.path, self.body, self.stream, self.trace = bridge, method, path, body, stream, trace
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await unless_client_leaves(receive, self.serve(send))
+        except ClientGone:
+            self.trace["stop"] = "client_gone"
+
+    async def serve(self, send: Send) -> None:
+        headers = {"content-type": "application/json"} if self.body is not None else None
+        try:
+            async with self.bridge.upstream.open(self.method, self.path, self.body, headers) as response:
+                kept = [(name.lower(), value) for name, value in response.raw_headers if name.lower() in PASSED_HEADERS]
+                if self.stream and response.status == 200:
+                    await self.relay_stream(response, send, kept)
+                    return
+                try:
+                    content = await response.read()
+                except BROKEN as error:
+                    raise BridgeError(500, f"the model server closed the connection ({type(error).__name__})") from None
+        except BridgeError as error:
+            self.trace["error_type"] = error.type
+            await error.send(send)
+            return
+        self.count_usage(content)
+        await send({"type": "http.response.start", "status": response.status, "headers": kept})
+        await send({"type": "http.response.body", "body": content})
+
+    async def relay_stream(self, response: aiohttp.ClientResponse, send: Send, headers: list[tuple[bytes, bytes]]) -> None:
+        writer = Writer(send, COMMENT_PING, self.bridge.ping_s)
+        await writer.start(200, headers)
+        self.bridge.metrics.open_streams.inc()
+        previous = last = b""  # the usage chunk is among the last bytes
+        try:
+            async for data in response.content.iter_any():
+                await writer.write(data)
+                previous, last = last, data
+        except BROKEN as error:
+            self.trace["error_type"] = "api_error"
+            message = f"the model server broke the stream off ({type(error).__name__})"
+            await writer.end(b"data: " + msgspec.json.encode({"error": {"message": message, "type": "api_error"}}) + b"\n\n")
+            return
+        finally:
+            writer.stop()
+            self.bridge.metrics.open_streams.dec()
+        for payload in reversed(SseParser().feed(previous + last)):
+            if self.count_usage(payload):
+                break
+        await writer.end()
+
+    def count_usage(self, content: bytes) -> bool:
+        """Take `usage` from an OpenAI response or chunk, if it has one."""
+        try:
+            usage = msgspec.json.decode(content).get("usage")
+        except (msgspec.DecodeError, AttributeError):
+            return False
+        if not isinstance(usage, dict):
+            return False
+        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+        self.trace.update(
+            input=(usage.get("prompt_tokens") or 0) - cached, cached=cached, output=usage.get("completion_tokens") or 0
+        )
+        return True

@@ -1,0 +1,383 @@
+"""Anthropic Messages requests: their schema (validated on decode) and their OpenAI chat translation.
+
+Unknown fields are ignored (Claude Code sends `context_management`, `metadata`, `cache_control`, …);
+unknown content block types are refused with a 400 that names them, rather than dropped silently.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, TypeVar
+
+import msgspec
+from msgspec import Meta, Struct
+
+from runtime.bridge.errors import BridgeError
+
+BILLING_HEADER = "x-anthropic-billing-header"  # changes on every request: kept, it defeats prefix caching
+# output_config.effort → vLLM's thinking_token_budget (the seeds' thresholds; "max" is unlimited).
+EFFORT_BUDGETS: dict[str, int | None] = {"low": 1024, "medium": 4096, "high": 16384, "xhigh": 32768, "max": None}
+
+
+class Block(Struct, tag_field="type", kw_only=True):
+    """A content block; the subclass is chosen by its `type`."""
+
+
+class Text(Block, tag="text"):
+    text: str
+
+
+class Base64Source(Struct, tag_field="type", tag="base64"):
+    media_type: str
+    data: str
+
+
+class UrlSource(Struct, tag_field="type", tag="url"):
+    url: str
+
+
+class TextSource(Struct, tag_field="type", tag="text"):
+    data: str
+
+
+class Image(Block, tag="image"):
+    source: Base64Source | UrlSource
+
+
+class Document(Block, tag="document"):
+    source: TextSource | Base64Source | UrlSource
+    title: str | None = None
+
+
+class Thinking(Block, tag="thinking"):
+    thinking: str
+    signature: str | None = None
+
+
+class RedactedThinking(Block, tag="redacted_thinking"):
+    data: str = ""
+
+
+class ToolUse(Block, tag="tool_use"):
+    id: str
+    name: str
+    input: dict[str, Any]
+
+
+class ToolResult(Block, tag="tool_result"):
+    tool_use_id: str
+    content: str | list[Text | Image | Document] | None = None
+    is_error: bool = False
+
+
+ContentBlock = Text | Image | Document | Thinking | RedactedThinking | ToolUse | ToolResult
+
+
+class Message(Struct):
+    role: Literal["user", "assistant", "system"]
+    content: str | list[ContentBlock]
+
+
+ToolName = Annotated[str, Meta(pattern=r"^[a-zA-Z0-9_.:-]{1,128}$")]
+
+
+class Tool(Struct, kw_only=True):
+    name: ToolName
+    input_schema: dict[str, Any] | None = None
+    description: str | None = None
+    type: str | None = None  # Anthropic's own tools (web_search_…) have a type and no schema
+
+
+class ChoiceAuto(Struct, tag_field="type", tag="auto", kw_only=True):
+    disable_parallel_tool_use: bool = False
+
+
+class ChoiceAny(Struct, tag_field="type", tag="any", kw_only=True):
+    disable_parallel_tool_use: bool = False
+
+
+class ChoiceTool(Struct, tag_field="type", tag="tool", kw_only=True):
+    name: ToolName
+    disable_parallel_tool_use: bool = False
+
+
+class ChoiceNone(Struct, tag_field="type", tag="none"):
+    pass
+
+
+class ThinkingEnabled(Struct, tag_field="type", tag="enabled", kw_only=True):
+    budget_tokens: Annotated[int, Meta(ge=1)]
+
+
+class ThinkingDisabled(Struct, tag_field="type", tag="disabled"):
+    pass
+
+
+class ThinkingAdaptive(Struct, tag_field="type", tag="adaptive"):
+    pass
+
+
+class JsonFormat(Struct, tag_field="type", tag="json_schema"):
+    schema: dict[str, Any]
+
+
+class OutputConfig(Struct, kw_only=True):
+    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
+    format: JsonFormat | None = None
+
+
+class CountTokensRequest(Struct, kw_only=True):
+    """What `count_tokens` reads; `MessagesRequest` adds the generation fields."""
+
+    model: Annotated[str, Meta(min_length=1)]
+    messages: Annotated[list[Message], Meta(min_length=1)]
+    system: str | list[Text] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ChoiceAuto | ChoiceAny | ChoiceTool | ChoiceNone | None = None
+    thinking: ThinkingEnabled | ThinkingDisabled | ThinkingAdaptive | None = None
+    output_config: OutputConfig | None = None
+
+
+class MessagesRequest(CountTokensRequest, kw_only=True):
+    max_tokens: Annotated[int, Meta(ge=1)]
+    stream: bool = False
+    stop_sequences: list[Annotated[str, Meta(min_length=1)]] | None = None
+    temperature: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
+    top_p: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
+    top_k: Annotated[int, Meta(ge=0)] | None = None
+
+
+R = TypeVar("R", CountTokensRequest, MessagesRequest)
+
+
+def decode(body: bytes, kind: type[R]) -> R:
+    """The validated request, or a 400 that says what is wrong and where."""
+    try:
+        return msgspec.json.decode(body, type=kind)
+    except msgspec.ValidationError as error:
+        raise BridgeError(400, f"invalid request: {error}") from None
+    except msgspec.DecodeError as error:
+        raise BridgeError(400, f"the request body is not valid JSON: {error}") from None
+
+
+@dataclass
+class Translation:
+    """The OpenAI chat request for an Anthropic one, and what the bridge must remember about it."""
+
+    payload: dict[str, Any]
+    has_images: bool
+
+    def tokenize_payload(self) -> dict[str, Any]:
+        """The same conversation for vLLM's `/tokenize` (chat form, tools included): an exact count."""
+        keys = ("model", "messages", "tools", "chat_template_kwargs", "add_generation_prompt", "continue_final_message")
+        return {key: self.payload[key] for key in keys if key in self.payload}
+
+
+class Translator:
+    """Anthropic → OpenAI for one request; `inline_system` says whether the chat template accepts
+    system messages after the first (if not, they become user messages: the prefix stays cacheable)."""
+
+    def __init__(self, inline_system: bool = True) -> None:
+        self.inline_system = inline_system
+        self.has_images = False
+
+    def translate(
+        self, request: CountTokensRequest, model: str | None, thinking_budget: bool = True
+    ) -> Translation:
+        messages = self.system_messages(request.system)
+        for message in request.messages:
+            messages += self.message(message)
+        payload: dict[str, Any] = {"messages": messages}
+        if model is not None:
+            payload["model"] = model
+        if self.is_prefill(request.messages[-1]):
+            payload["add_generation_prompt"], payload["continue_final_message"] = False, True
+        self.add_tools(payload, request)
+        self.add_thinking(payload, request, thinking_budget)
+        if request.output_config and request.output_config.format:
+            schema = request.output_config.format.schema
+            payload["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}
+        if isinstance(request, MessagesRequest):
+            self.add_sampling(payload, request)
+        return Translation(payload, self.has_images)
+
+    # --- messages ---
+
+    def system_messages(self, system: str | list[Text] | None) -> list[dict[str, Any]]:
+        text = system if isinstance(system, str) else join_texts(system or [])
+        return [{"role": "system", "content": text}] if text else []
+
+    def message(self, message: Message) -> list[dict[str, Any]]:
+        if message.role == "system":
+            text = message.content if isinstance(message.content, str) else join_texts(message.content)
+            return [{"role": "system" if self.inline_system else "user", "content": text}] if text else []
+        if isinstance(message.content, str):
+            return [{"role": message.role, "content": message.content}]
+        if message.role == "user":
+            return self.user_message(message.content)
+        return [self.assistant_message(message.content)]
+
+    def user_message(self, blocks: list[ContentBlock]) -> list[dict[str, Any]]:
+        """Tool results first (as tool messages, right after the assistant's calls), then the rest."""
+        results: list[dict[str, Any]] = []
+        parts: list[dict[str, Any]] = []
+        for block in blocks:
+            if isinstance(block, ToolResult):
+                results.append(self.tool_result(block, parts))
+            elif isinstance(block, (Thinking, RedactedThinking, ToolUse)):
+                raise BridgeError(400, f"invalid request: a user message cannot contain a {block_type(block)} block")
+            else:
+                self.add_part(block, parts)
+        return results + ([{"role": "user", "content": simplify(parts)}] if parts else [])
+
+    def tool_result(self, block: ToolResult, parts: list[dict[str, Any]]) -> dict[str, Any]:
+        """A tool message; its images go to the user turn that follows (chat templates take none here)."""
+        if isinstance(block.content, list):
+            texts = []
+            for item in block.content:
+                if isinstance(item, Image):
+                    self.add_part(item, parts)
+                else:
+                    texts.append(item.text if isinstance(item, Text) else document_text(item))
+            text = "\n".join(texts)
+        else:
+            text = block.content or ""
+        if block.is_error:
+            text = f"Error: {text}"
+        return {"role": "tool", "tool_call_id": block.tool_use_id, "content": text}
+
+    def add_part(self, block: ContentBlock, parts: list[dict[str, Any]]) -> None:
+        if isinstance(block, Text):
+            if block.text:
+                parts.append({"type": "text", "text": block.text})
+        elif isinstance(block, Image):
+            self.has_images = True
+            parts.append({"type": "image_url", "image_url": {"url": image_url(block.source)}})
+        elif isinstance(block, Document):
+            parts.append({"type": "text", "text": document_text(block)})
+
+    def assistant_message(self, blocks: list[ContentBlock]) -> dict[str, Any]:
+        """Text → content, thinking → reasoning (the model keeps its plan across tool calls), tool_use → calls."""
+        texts, reasoning, calls = [], [], []
+        for block in blocks:
+            if isinstance(block, Text):
+                texts.append(block.text)
+            elif isinstance(block, Thinking):
+                reasoning.append(block.thinking)
+            elif isinstance(block, ToolUse):
+                arguments = msgspec.json.encode(block.input).decode()
+                calls.append({"id": block.id, "type": "function", "function": {"name": block.name, "arguments": arguments}})
+            elif not isinstance(block, RedactedThinking):  # opaque by design: accepted, not forwarded
+                raise BridgeError(400, f"invalid request: an assistant message cannot contain a {block_type(block)} block")
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
+        if reasoning:
+            message["reasoning"] = "".join(reasoning)
+        if calls:
+            message["tool_calls"] = calls
+        return message
+
+    @staticmethod
+    def is_prefill(last: Message) -> bool:
+        """A final assistant message with text is a prefill: the model continues it."""
+        if last.role != "assistant":
+            return False
+        if isinstance(last.content, str):
+            return bool(last.content)
+        return any(isinstance(b, Text) and b.text for b in last.content) and not any(
+            isinstance(b, ToolUse) for b in last.content
+        )
+
+    # --- tools, thinking, sampling ---
+
+    @staticmethod
+    def add_tools(payload: dict[str, Any], request: CountTokensRequest) -> None:
+        tools = []
+        for index, tool in enumerate(request.tools or []):
+            if tool.input_schema is None:
+                if tool.type not in (None, "custom"):
+                    continue  # Anthropic's server-side tools: nothing here can run them
+                raise BridgeError(400, f"invalid request: tools[{index}].input_schema is required")
+            function = {"name": tool.name, "parameters": tool.input_schema}
+            if tool.description:
+                function["description"] = tool.description
+            tools.append({"type": "function", "function": function})
+        choice = request.tool_choice
+        if tools:
+            payload["tools"] = tools
+            payload["tool_choice"] = openai_tool_choice(choice)
+        if choice is not None and not isinstance(choice, ChoiceNone) and choice.disable_parallel_tool_use:
+            payload["parallel_tool_calls"] = False
+
+    @staticmethod
+    def add_thinking(payload: dict[str, Any], request: CountTokensRequest, thinking_budget: bool) -> None:
+        thinking = request.thinking
+        if isinstance(thinking, ThinkingDisabled):
+            payload["chat_template_kwargs"] = {"enable_thinking": False}
+            return
+        budget = thinking_budget_of(request)
+        if budget is not None and thinking_budget:
+            payload["thinking_token_budget"] = budget
+
+    @staticmethod
+    def add_sampling(payload: dict[str, Any], request: MessagesRequest) -> None:
+        payload["max_tokens"] = request.max_tokens
+        for name in ("temperature", "top_p", "top_k"):
+            value = getattr(request, name)
+            if value is not None:
+                payload[name] = value
+        if request.stop_sequences:
+            payload["stop"] = request.stop_sequences
+        # Always streamed upstream, with usage on every chunk: the non-streamed answer is assembled
+        # from the same events, so both modes share one translation and can notice a client leaving.
+        payload["stream"] = True
+        payload["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+
+
+def thinking_budget_of(request: CountTokensRequest) -> int | None:
+    """An explicit `thinking.budget_tokens` wins; else `output_config.effort`'s threshold; else none."""
+    if isinstance(request.thinking, ThinkingEnabled):
+        return request.thinking.budget_tokens
+    effort = request.output_config.effort if request.output_config else None
+    return EFFORT_BUDGETS[effort] if effort else None
+
+
+def openai_tool_choice(choice: ChoiceAuto | ChoiceAny | ChoiceTool | ChoiceNone | None) -> Any:
+    if isinstance(choice, ChoiceAny):
+        return "required"
+    if isinstance(choice, ChoiceTool):
+        return {"type": "function", "function": {"name": choice.name}}
+    if isinstance(choice, ChoiceNone):
+        return "none"
+    return "auto"
+
+
+def join_texts(blocks: list[Text] | list[ContentBlock]) -> str:
+    """System text blocks joined, without Claude Code's per-request billing header."""
+    texts = []
+    for block in blocks:
+        if not isinstance(block, Text):
+            raise BridgeError(400, f"invalid request: system content takes text blocks, not {block_type(block)}")
+        if block.text and not block.text.startswith(BILLING_HEADER):
+            texts.append(block.text)
+    return "\n\n".join(texts)
+
+
+def simplify(parts: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
+    """A lone text part as a plain string: the form every chat template understands."""
+    return parts[0]["text"] if len(parts) == 1 and parts[0]["type"] == "text" else parts
+
+
+def image_url(source: Base64Source | UrlSource) -> str:
+    if isinstance(source, UrlSource):
+        return source.url
+    return f"data:{source.media_type};base64,{source.data}"
+
+
+def document_text(block: Document) -> str:
+    if not isinstance(block.source, TextSource):
+        raise BridgeError(400, "invalid request: only plain-text documents are supported (no PDF reader behind this model)")
+    return f"{block.title}\n\n{block.source.data}" if block.title else block.source.data
+
+
+def block_type(block: Struct) -> str:
+    return block.__struct_config__.tag

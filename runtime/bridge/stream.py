@@ -1,0 +1,275 @@
+"""vLLM's OpenAI chat chunks → Anthropic's message events, streamed or assembled into one message.
+
+One translator serves both modes: it calls an event sink, either `sse.AnthropicSse` (bytes for a
+stream) or `MessageAssembler` (the non-streamed response). Reasoning is read from `delta.reasoning`
+and `delta.reasoning_content` (vLLM versions differ; the seeds' first bridge read only one and
+showed no thinking at all).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from typing import Any, Protocol
+
+import msgspec
+from msgspec import Struct
+
+from runtime.bridge.errors import BridgeError, status_from_upstream
+
+log = logging.getLogger("runtime.bridge")
+
+USAGE_EVERY_S = 0.5  # cumulative usage while generating, as Anthropic's API does (Claude Code's token counter)
+
+
+class FunctionDelta(Struct):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallDelta(Struct):
+    index: int = 0
+    id: str | None = None
+    function: FunctionDelta | None = None
+
+
+class Delta(Struct):
+    content: str | None = None
+    reasoning: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
+
+
+class Choice(Struct):
+    delta: Delta | None = None
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+
+
+class PromptDetails(Struct):
+    cached_tokens: int | None = None
+
+
+class Usage(Struct):
+    prompt_tokens: int = 0
+    completion_tokens: int | None = None
+    prompt_tokens_details: PromptDetails | None = None
+
+
+class UpstreamError(Struct):
+    message: str = "the model server reported an error"
+    code: int | None = None
+
+
+class Chunk(Struct):
+    choices: list[Choice] = []
+    usage: Usage | None = None
+    error: UpstreamError | None = None
+
+
+DECODE_CHUNK = msgspec.json.Decoder(Chunk).decode
+
+
+class Sink(Protocol):
+    def message_start(self, message: dict[str, Any]) -> None: ...
+    def block_start(self, index: int, block: dict[str, Any]) -> None: ...
+    def delta(self, piece: str) -> None: ...
+    def signature(self, index: int, signature: str) -> None: ...
+    def block_stop(self, index: int) -> None: ...
+    def message_delta(self, stop_reason: str | None, stop_sequence: str | None, usage: dict[str, int]) -> None: ...
+    def message_stop(self) -> None: ...
+
+
+class StreamTranslator:
+    """Feeds on upstream `data:` payloads and drives a sink with Anthropic's events, in order."""
+
+    def __init__(self, sink: Sink, message_id: str, model: str, input_tokens: int = 0) -> None:
+        self.sink = sink
+        self.index = -1
+        self.open: str | None = None  # "thinking", "text", "tool_use" or None
+        self.tool_index: int | None = None
+        self.tools_started: set[int] = set()
+        self.answered = False  # some text or a tool call: else the reasoning is repeated as text
+        self.tool_used = False
+        self.reasoning: list[str] = []
+        self.finish_reason: str | None = None
+        self.matched_stop: str | int | None = None
+        self.stop_reason: str | None = None
+        self.input_tokens, self.cached_tokens, self.output_tokens = input_tokens, 0, 0
+        self.reported_output = 0
+        self.next_report = 0.0
+        self.first_token_at: float | None = None
+        self.done = False
+        sink.message_start({
+            "id": message_id, "type": "message", "role": "assistant", "model": model, "content": [],
+            "stop_reason": None, "stop_sequence": None,
+            "usage": {"input_tokens": input_tokens, "output_tokens": 0},
+        })  # fmt: skip
+
+    def feed(self, payload: bytes) -> None:
+        if payload == b"[DONE]":
+            self.finish()
+            return
+        try:
+            chunk = DECODE_CHUNK(payload)
+        except msgspec.DecodeError as error:
+            raise BridgeError(500, f"the model server sent an unreadable event: {error}") from None
+        if chunk.error is not None:
+            raise BridgeError(status_from_upstream(chunk.error.code or 500), chunk.error.message)
+        if chunk.usage is not None:
+            self.take_usage(chunk.usage)
+        for choice in chunk.choices:
+            delta = choice.delta
+            if delta is not None:
+                reasoning = delta.reasoning or delta.reasoning_content
+                if reasoning:
+                    self.thinking(reasoning)
+                if delta.content:
+                    self.text(delta.content)
+                if delta.tool_calls:
+                    self.tool_calls(delta.tool_calls)
+            if choice.finish_reason is not None:
+                self.finish_reason, self.matched_stop = choice.finish_reason, choice.stop_reason
+
+    def report_usage(self) -> None:
+        """A cumulative-usage `message_delta`, at most every USAGE_EVERY_S while tokens come."""
+        if self.output_tokens != self.reported_output and not self.done:
+            now = time.monotonic()
+            if now >= self.next_report:
+                self.next_report = now + USAGE_EVERY_S
+                self.reported_output = self.output_tokens
+                self.sink.message_delta(None, None, self.usage())
+
+    def usage(self) -> dict[str, int]:
+        return {
+            "input_tokens": self.input_tokens,
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": self.cached_tokens,
+            "output_tokens": self.output_tokens,
+        }
+
+    # --- blocks ---
+
+    def thinking(self, piece: str) -> None:
+        if self.open != "thinking":
+            self.start_block({"type": "thinking", "thinking": "", "signature": ""}, "thinking")
+        self.reasoning.append(piece)
+        self.sink.delta(piece)
+
+    def text(self, piece: str) -> None:
+        if self.open != "text":
+            piece = piece.lstrip()  # the template's newlines between reasoning and answer: not a block
+            if not piece:
+                return
+            self.start_block({"type": "text", "text": ""}, "text")
+            self.answered = True
+        self.sink.delta(piece)
+
+    def tool_calls(self, calls: list[ToolCallDelta]) -> None:
+        for call in calls:
+            function = call.function
+            if function is None:
+                continue
+            if call.index not in self.tools_started and call.id and function.name:
+                self.tools_started.add(call.index)
+                self.start_block({"type": "tool_use", "id": call.id, "name": function.name, "input": {}}, "tool_use")
+                self.tool_index, self.answered, self.tool_used = call.index, True, True
+            if function.arguments and self.open == "tool_use" and call.index == self.tool_index:
+                self.sink.delta(function.arguments)
+
+    def start_block(self, block: dict[str, Any], kind: str) -> None:
+        self.close_block()
+        if self.first_token_at is None:
+            self.first_token_at = time.monotonic()
+        self.index += 1
+        self.open = kind
+        self.sink.block_start(self.index, block)
+
+    def close_block(self) -> None:
+        if self.open is None:
+            return
+        if self.open == "thinking":  # clients expect a signature before a thinking block closes
+            self.sink.signature(self.index, uuid.uuid4().hex)
+        self.sink.block_stop(self.index)
+        self.open = None
+
+    # --- the end ---
+
+    def take_usage(self, usage: Usage) -> None:
+        cached = usage.prompt_tokens_details.cached_tokens if usage.prompt_tokens_details else None
+        self.cached_tokens = cached or 0
+        self.input_tokens = max(0, usage.prompt_tokens - self.cached_tokens)  # Anthropic's excludes cached
+        if usage.completion_tokens is not None:
+            self.output_tokens = usage.completion_tokens
+
+    def finish(self) -> None:
+        """Close the last block, repeat reasoning as text if nothing else came, then the stop events."""
+        if self.done:
+            return
+        self.close_block()
+        if not self.answered and self.reasoning:  # the seeds' empty-compaction bug: all in reasoning
+            self.start_block({"type": "text", "text": ""}, "text")
+            self.sink.delta("".join(self.reasoning))
+            self.close_block()
+        self.done = True
+        self.stop_reason, stop_sequence = anthropic_stop(self.finish_reason, self.matched_stop, self.tool_used)
+        self.sink.message_delta(self.stop_reason, stop_sequence, self.usage())
+        self.sink.message_stop()
+
+
+def anthropic_stop(finish_reason: str | None, matched: str | int | None, tool_used: bool) -> tuple[str, str | None]:
+    """(stop_reason, stop_sequence) from vLLM's finish_reason and stop_reason (the matched string)."""
+    if finish_reason == "length":
+        return "max_tokens", None
+    if tool_used or finish_reason == "tool_calls":
+        return "tool_use", None
+    if isinstance(matched, str):
+        return "stop_sequence", matched
+    return "end_turn", None
+
+
+class MessageAssembler:
+    """A sink that builds the non-streamed Anthropic message from the same events."""
+
+    def __init__(self) -> None:
+        self.message: dict[str, Any] = {}
+        self.pieces: list[str] = []
+
+    def message_start(self, message: dict[str, Any]) -> None:
+        self.message = message
+
+    def block_start(self, index: int, block: dict[str, Any]) -> None:
+        self.message["content"].append(dict(block))
+        self.pieces = []
+
+    def delta(self, piece: str) -> None:
+        self.pieces.append(piece)
+
+    def signature(self, index: int, signature: str) -> None:
+        self.message["content"][index]["signature"] = signature
+
+    def block_stop(self, index: int) -> None:
+        block = self.message["content"][index]
+        joined = "".join(self.pieces)
+        if block["type"] == "tool_use":
+            block["input"] = tool_input(joined)
+        else:
+            block[block["type"]] = joined
+
+    def message_delta(self, stop_reason: str | None, stop_sequence: str | None, usage: dict[str, int]) -> None:
+        self.message.update(stop_reason=stop_reason, stop_sequence=stop_sequence, usage=usage)
+
+    def message_stop(self) -> None:
+        if not self.message["content"]:  # Anthropic's shape for an empty answer: one empty text block
+            self.message["content"].append({"type": "text", "text": ""})
+
+
+def tool_input(arguments: str) -> dict[str, Any]:
+    """The parsed arguments; `{}` when the model's JSON was cut short (e.g. by max_tokens)."""
+    try:
+        value = msgspec.json.decode(arguments) if arguments else {}
+    except msgspec.DecodeError:
+        log.warning("tool call arguments are not valid JSON (%d chars); sent as {}", len(arguments))
+        return {}
+    return value if isinstance(value, dict) else {}

@@ -1,0 +1,82 @@
+"""The one bounded HTTP connection pool to vLLM, and how its failures become Anthropic errors.
+
+Bounded on purpose (the seeds' first bridge hung when httpx's default 100 connections filled up
+with streams that nobody read any more): a full pool answers a fast 529 after `pool_timeout`.
+aiohttp rather than httpx here: reading a streamed chunk costs ~10 µs of CPU with aiohttp's C
+parser against ~45 µs through httpx/httpcore/h11/anyio (measured on this project's machine), and
+the bridge's whole budget is 20 µs per relayed token (`bench/bridge.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import aiohttp
+
+from runtime.bridge.errors import BridgeError
+
+JSON = {"content-type": "application/json"}
+# What a broken upstream raises once its answer began (reset, truncated body, …).
+BROKEN = (aiohttp.ClientError,)
+
+
+class Upstream:
+    """vLLM's OpenAI server at `base_url`: streamed requests, plain requests, and the pool's use."""
+
+    def __init__(self, base_url: str, max_connections: int = 512, pool_timeout: float = 10.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.max_connections = max_connections
+        self.pool_timeout = pool_timeout
+        self.in_use = 0
+        self.session: aiohttp.ClientSession | None = None  # made in the serving event loop, on first use
+
+    def client(self) -> aiohttp.ClientSession:
+        if self.session is None:
+            self.session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0),
+                # `connect` bounds the wait for a pooled connection; no read timeout: a cold prefill
+                # of a long prompt is silent for minutes (pings cover the client meanwhile).
+                timeout=aiohttp.ClientTimeout(total=None, connect=self.pool_timeout, sock_connect=10, sock_read=None),
+                auto_decompress=False,
+                trust_env=False,  # never route loopback traffic through an HTTP(S)_PROXY from the environment
+            )
+        return self.session
+
+    @asynccontextmanager
+    async def open(
+        self, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None
+    ) -> AsyncIterator[aiohttp.ClientResponse]:
+        """Send a request and yield the response with its body unread; leaving early aborts it upstream."""
+        try:
+            response = await self.client().request(method, self.base_url + path, data=body, headers=headers)
+        except aiohttp.ConnectionTimeoutError:
+            if self.in_use >= self.max_connections:
+                raise BridgeError(529, "the bridge is at its limit of concurrent upstream requests; retry shortly") from None
+            raise BridgeError(529, "the model server does not accept connections in time") from None
+        except aiohttp.ClientError as error:
+            raise BridgeError(529, f"the model server is unreachable ({type(error).__name__}); it may be starting") from None
+        self.in_use += 1
+        try:
+            yield response
+        finally:
+            self.in_use -= 1
+            if response.content.is_eof():
+                response.release()
+            else:
+                response.close()  # drops the connection: vLLM sees the client gone and aborts the request
+
+    async def fetch(
+        self, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None
+    ) -> tuple[int, bytes, str]:
+        """A whole request: (status, body, content type)."""
+        async with self.open(method, path, body, headers) as response:
+            try:
+                content = await response.read()
+            except BROKEN as error:
+                raise BridgeError(500, f"the model server closed the connection ({type(error).__name__})") from None
+        return response.status, content, response.headers.get("content-type", "application/json")
+
+    async def aclose(self) -> None:
+        if self.session is not None:
+            await self.session.close()

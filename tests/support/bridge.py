@@ -1,0 +1,96 @@
+"""The bridge as users run it (`python -m runtime bridge …`, a subprocess on a free port), and the
+stand-in upstream (`bench/upstream.py`) for the few faults that a shared vLLM cannot play.
+
+`bridge`: one bridge per session in front of the session's vLLM. `start_bridge(...)`: one with
+its own settings or upstream, for a test that needs them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.support.vllm_server import VllmServer
+
+ROOT = Path(__file__).resolve().parents[2]
+START_TIMEOUT_S = 60.0
+LISTENING = re.compile(r"(?:Uvicorn running on|listening on) http://127\.0\.0\.1:(\d+)")
+ALIASES = "sonnet-for-tests haiku-for-tests[1m]"
+
+
+@dataclass
+class Process:
+    """A server started by a test: its URL, its process and its log."""
+
+    url: str
+    process: subprocess.Popen
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_for_log(self, pattern: str, timeout_s: float = 30.0) -> str:
+        deadline = time.monotonic() + timeout_s
+        while not (found := re.search(f".*(?:{pattern}).*", self.log())):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"nothing matching {pattern!r} in {timeout_s:g} s; the log ends:\n{self.log()[-4000:]}")
+            time.sleep(0.05)
+        return found.group(0)
+
+
+@contextmanager
+def started(argv: list[str], log_path: Path, env: dict[str, str]) -> Iterator[Process]:
+    """Run `argv` until the `with` ends; ready once it logs the address it listens on."""
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(argv, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not (found := LISTENING.search(log_path.read_text(errors="replace"))):
+            if process.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"{argv[1:4]} did not start; its log:\n{log_path.read_text(errors='replace')[-4000:]}")
+            time.sleep(0.05)
+        yield Process(f"http://127.0.0.1:{found.group(1)}", process, log_path)
+    finally:
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def clean_environment(settings: dict[str, str]) -> dict[str, str]:
+    """This process's environment without any VL_* of the developer's, plus `settings`."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("VL_")} | settings
+
+
+@contextmanager
+def start_bridge(upstream: str, log_path: Path, settings: dict[str, str] | None = None, *options: str) -> Iterator[Process]:
+    argv = [sys.executable, "-m", "runtime", "bridge", "--upstream", upstream, "--host", "127.0.0.1", "--port", "0", *options]
+    with started(argv, log_path, clean_environment(settings or {})) as bridge:
+        yield bridge
+
+
+@contextmanager
+def start_stand_in(log_path: Path, *options: str) -> Iterator[Process]:
+    """`bench/upstream.py`: a scripted OpenAI-style streaming server (pace, silence, length)."""
+    with started([sys.executable, "bench/upstream.py", "--port", "0", *options], log_path, clean_environment({})) as upstream:
+        yield upstream
+
+
+@pytest.fixture(scope="session")
+def bridge(vllm_server: VllmServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
+    """The bridge in front of the session's vLLM, with a short ping interval and two aliases."""
+    log_path = tmp_path_factory.mktemp("bridge") / "bridge.log"
+    with start_bridge(vllm_server.url, log_path, {"VL_ALIASES": ALIASES, "VL_BRIDGE_PING_S": "1"}) as running:
+        yield running

@@ -1,0 +1,75 @@
+"""API keys (VL_API_KEYS): who gets in, and usage counted per key name or hash, never per key."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import anthropic
+import httpx
+import pytest
+
+from runtime import tinymodel as tiny
+from tests.support.bridge import Process, start_bridge
+from tests.support.vllm_server import VllmServer
+
+ALICE, ANONYMOUS = "sk-alice-0123456789", "sk-anon-9876543210"
+ANONYMOUS_LABEL = "sha256:" + hashlib.sha256(ANONYMOUS.encode()).hexdigest()[:12]
+ASK = {"model": "claude-tiny", "max_tokens": 20, "messages": [{"role": "user", "content": tiny.MARK_TEXT}]}
+
+
+@pytest.fixture(scope="module")
+def guarded(vllm_server: VllmServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
+    log = tmp_path_factory.mktemp("guarded") / "bridge.log"
+    with start_bridge(vllm_server.url, log, {"VL_API_KEYS": f"alice:{ALICE}, {ANONYMOUS}"}) as bridge:
+        yield bridge
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [{}, {"x-api-key": "sk-wrong"}, {"authorization": "Bearer sk-wrong"}, {"authorization": f"Basic {ALICE}"},
+     {"authorization": f"Bearer {ALICE}", "x-api-key": ANONYMOUS}],
+    ids=["none", "wrong-x-api-key", "wrong-bearer", "not-bearer", "two-different-keys"],
+)  # fmt: skip
+def test_refused_without_a_valid_key(guarded: Process, headers: dict[str, str]) -> None:
+    for method, path in (("POST", "/v1/messages"), ("GET", "/v1/models"), ("POST", "/v1/chat/completions"), ("GET", "/metrics")):
+        response = httpx.request(method, guarded.url + path, json=ASK, headers=headers)
+        assert response.status_code == 401
+        assert response.json()["error"]["type"] == "authentication_error"
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [{"x-api-key": ALICE}, {"authorization": f"Bearer {ANONYMOUS}"}, {"authorization": f"bearer {ALICE}", "x-api-key": ALICE}],
+    ids=["x-api-key", "bearer", "both-agree"],
+)
+def test_accepted_with_a_valid_key(guarded: Process, headers: dict[str, str]) -> None:
+    response = httpx.post(f"{guarded.url}/v1/messages", json=ASK, headers=headers)
+    assert response.status_code == 200 and response.json()["content"][0]["text"] == tiny.ANSWER
+
+
+def test_sdk_clients_with_api_key_or_auth_token(guarded: Process) -> None:
+    """ANTHROPIC_API_KEY travels as x-api-key, ANTHROPIC_AUTH_TOKEN as a Bearer token."""
+    for client in (anthropic.Anthropic(base_url=guarded.url, api_key=ALICE, max_retries=0),
+                   anthropic.Anthropic(base_url=guarded.url, auth_token=ANONYMOUS, max_retries=0)):  # fmt: skip
+        assert client.messages.create(**ASK).content[0].text == tiny.ANSWER
+
+
+def test_health_and_warm_up_stay_open(guarded: Process) -> None:
+    assert httpx.get(f"{guarded.url}/health").status_code == 200
+    assert httpx.head(f"{guarded.url}/").status_code == 200
+
+
+def test_usage_is_counted_per_key_name_never_per_key(guarded: Process) -> None:
+    httpx.post(f"{guarded.url}/v1/messages", json=ASK, headers={"x-api-key": ALICE})
+    httpx.post(f"{guarded.url}/v1/messages", json=ASK, headers={"x-api-key": ANONYMOUS})
+    metrics = httpx.get(f"{guarded.url}/metrics", headers={"x-api-key": ALICE}).text
+    for label in ("alice", ANONYMOUS_LABEL):
+        assert re.search(rf'bridge_requests_total\{{error_type="",key="{re.escape(label)}",route="/v1/messages",status="200"\}} [1-9]', metrics)
+        assert re.search(rf'bridge_tokens_total\{{key="{re.escape(label)}",kind="output"\}} [1-9]', metrics)
+    assert re.search(r'bridge_requests_total\{error_type="authentication_error",key="-",route="/v1/messages",status="401"\}', metrics)
+    for secret in (ALICE, ANONYMOUS):
+        assert secret not in metrics and secret not in guarded.log()
+    assert "API keys required (2 configured)" in guarded.log()
