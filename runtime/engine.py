@@ -76,7 +76,7 @@ def engine_command(settings: Settings, extra_env: Mapping[str, str] | None = Non
         options |= {"tool-call-parser": recipe.tool_parser, "enable-auto-tool-choice": True}
     options |= {
         # Behind the bridge vLLM stays on loopback; without it, vLLM is the public server.
-        "host": "127.0.0.1" if settings.bridge else "0.0.0.0",
+        "host": "127.0.0.1" if settings.bridge else settings.listen,
         "port": port,
         "served-model-name": list(names),
         "enable-prompt-tokens-details": True,  # the bridge's cache_read_input_tokens comes from it

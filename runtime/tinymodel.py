@@ -134,12 +134,12 @@ MODE_TOKENS = (
 )
 
 NUM_LAYERS = 1
-HIDDEN_SIZE = 128  # one dimension per token that some token leads to (about 40), plus the modes
+HIDDEN_SIZE = 128  # one dimension per token that some token leads to (26), plus 4 mode groups
 HEAD_DIM = 32  # the smallest head vLLM's CPU attention backend supports
 INTERMEDIATE_SIZE = 64
 MAX_POSITIONS = 131072  # Claude Code's own prompts are 15-25k tokens
 ROPE_THETA = 1000000.0
-BPE_VOCAB_SIZE = 8000
+BPE_VOCAB_SIZE = 8000  # a ceiling: the corpus runs out of merges at about 3,000 tokens
 LOGIT_MARGIN = 200.0  # e^-200: the scripted token wins whatever temperature a client samples at
 MODE_LOGIT_SHARE = 0.05  # how much of the residual the copied mode holds: it decides only after `</think>`
 DEFAULT_LOGIT_SHARE = 0.01  # `</think>` with no mode in sight (raw completions) still leads to ANSWER
@@ -255,7 +255,8 @@ def weights(script: Script, vocab_size: int) -> dict[str, torch.Tensor]:
         "mlp.down_proj.weight": torch.zeros(HIDDEN_SIZE, INTERMEDIATE_SIZE),  # zero: the MLP adds nothing
     }
     tensors = {f"model.layers.0.{name}": tensor for name, tensor in layer.items()}
-    tensors |= {"model.embed_tokens.weight": embed, "model.norm.weight": torch.ones(HIDDEN_SIZE), "lm_head.weight": lm_head}
+    tensors |= {"model.embed_tokens.weight": embed, "lm_head.weight": lm_head}
+    tensors["model.norm.weight"] = torch.ones(HIDDEN_SIZE)
     return {name: tensors[name].to(torch.bfloat16) for name in sorted(tensors)}
 
 
@@ -412,6 +413,20 @@ absolute relative current working safe unsafe permission permissions allow allow
 user's model models claude token tokens limit limits timeout seconds milliseconds background
 notebook cell cells web fetch url urls http https json yaml markdown html python javascript
 typescript node npm pip docs documentation example examples note notes warning warnings
+session conversation already review changes local skill skills draft notification notifications deploy
+autonomous filter memory summary findings job jobs unless something available recurring script minutes scheduled
+events event replace log otherwise remove confirmed reminder automatically dynamic cache via into include invoked
+blocked occurrence previous subscription asks security block previously medium sleep durable launch success subscribe
+immediately domains names ignored level month chart external target invoke writing yourself fresh conclusion notified
+arrives stopped attribution resume switch teammates control finishes polling interval verify runs effort max remote
+cloud exits bare agents per judgment authorized feedback pasted without dedicated approval skipped guidance reference
+preferences explicitly workflow loop worktree worktrees subagent subagents monitor anthropic org grep sending receive
+received provide provided provides following within across could information relevant related multiple single however
+because therefore especially including contains returned call calls called calling making tool's given exact exactly
+whether either neither others understand understanding consider considered choose chosen prefer preferred avoid
+avoided ensure needed needs necessary possibly appropriate appropriately specified specify specific specifically
+similar simply currently completed completion correctly different directly describe described implementation
+implement implemented exists original originally separate separately parallel sequential
 """
 
 CORPUS_JSON = json.dumps(

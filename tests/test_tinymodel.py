@@ -27,10 +27,12 @@ from runtime.tinymodel import (
     MARK_TEXT,
     MARK_TOOL,
     PONDER_CYCLE,
+    THINK_START,
     THINKING,
     TOOL_ARGUMENTS,
     TOOL_COMMAND,
     TOOL_NAME,
+    mode_token,
 )
 
 BASH_TOOL = {
@@ -89,8 +91,13 @@ def user(text: str) -> list[dict]:
     return [{"role": "user", "content": text}]
 
 
+def text_block(text: str) -> dict:
+    return {"type": "text", "text": text}
+
+
 def after_a_tool_call() -> list[dict]:
-    call = {"id": "call_1", "type": "function", "function": {"name": TOOL_NAME, "arguments": json.dumps(TOOL_ARGUMENTS)}}
+    function = {"name": TOOL_NAME, "arguments": json.dumps(TOOL_ARGUMENTS)}
+    call = {"id": "call_1", "type": "function", "function": function}
     return [
         {"role": "user", "content": f"{MARK_TOOL} write the proof"},
         {"role": "assistant", "content": None, "tool_calls": [call]},
@@ -118,7 +125,7 @@ def test_no_marker_reasons_then_answers(client, stream):
     [
         (user(f"{MARK_TEXT} Say hello."), {}),
         (user("Say hello."), {"extra_body": THINKING_OFF}),
-        ([{"role": "user", "content": [{"type": "text", "text": "Say"}, {"type": "text", "text": f"hello {MARK_TEXT}"}]}], {}),
+        ([{"role": "user", "content": [text_block("Say"), text_block(f"hello {MARK_TEXT}")]}], {}),
     ],
     ids=["text-marker", "thinking-off", "text-blocks"],
 )
@@ -130,7 +137,7 @@ def test_text_mode_answers_without_reasoning(client, stream, messages, params):
 @streamed
 @pytest.mark.parametrize("params", [{}, {"extra_body": THINKING_OFF}], ids=["thinking-on", "thinking-off"])
 def test_tool_marker_calls_bash(client, stream, params):
-    messages = [{"role": "user", "content": [{"type": "text", "text": f"{MARK_TOOL} write the proof"}]}]
+    messages = [{"role": "user", "content": [text_block(f"{MARK_TOOL} write the proof")]}]
     reply = ask(client, messages, stream=stream, tools=[BASH_TOOL], **params)
     assert reply.tool_calls == [(TOOL_NAME, json.dumps({"command": TOOL_COMMAND}))]
     assert json.loads(reply.tool_calls[0][1]) == TOOL_ARGUMENTS
@@ -170,7 +177,8 @@ def test_ponder_mode_reasons_until_max_tokens(client, stream):
 @streamed
 @pytest.mark.parametrize("budget", [0, 1, 7, 20])
 def test_thinking_token_budget_closes_ponder_reasoning_then_answers(client, stream, budget):
-    reply = ask(client, user(f"{MARK_PONDER} think hard"), stream=stream, max_tokens=100, extra_body={"thinking_token_budget": budget})
+    budgeted = {"thinking_token_budget": budget}  # a top-level field of vLLM's request
+    reply = ask(client, user(f"{MARK_PONDER} think hard"), stream=stream, max_tokens=100, extra_body=budgeted)
     assert (reply.content, reply.finish_reason) == (ANSWER, "stop")
     assert is_cycle_prefix(reply.reasoning or "", PONDER_CYCLE)
     # vLLM counts the prompt's mode token, after <think>, as the first token of thought.
@@ -191,10 +199,8 @@ def test_stop_sequence_cuts_the_answer(client, stream):
     assert (reply.content, reply.finish_reason) == (ANSWER[: ANSWER.index("tiny")], "stop")
 
 
-def test_a_raw_completion_prompt_gets_the_answer(vllm_server):
-    completion = openai.OpenAI(base_url=vllm_server.openai_url, api_key="unused", max_retries=0).completions.create(
-        model=vllm_server.model, prompt="Hello there", max_tokens=20
-    )
+def test_a_raw_completion_prompt_gets_the_answer(client, vllm_server):
+    completion = client.completions.create(model=vllm_server.model, prompt="Hello there", max_tokens=20)
     assert (completion.choices[0].text, completion.choices[0].finish_reason) == (ANSWER, "stop")
 
 
@@ -214,9 +220,10 @@ def test_a_client_gone_mid_stream_is_aborted_in_the_log(client, vllm_server):
 
 def test_tokenize_counts_a_chat_like_the_completion_does(client, vllm_server):
     messages = [{"role": "system", "content": "Be brief."}, *user("Say hello.")]
+    request = {"model": vllm_server.model, "messages": messages}
     with httpx.Client(base_url=vllm_server.url, timeout=60) as http:
-        bare = http.post("/tokenize", json={"model": vllm_server.model, "messages": messages}).json()
-        with_tools = http.post("/tokenize", json={"model": vllm_server.model, "messages": messages, "tools": [BASH_TOOL]}).json()
+        bare = http.post("/tokenize", json=request).json()
+        with_tools = http.post("/tokenize", json=request | {"tools": [BASH_TOOL]}).json()
     assert bare["count"] == len(bare["tokens"]) > 0
     assert bare["max_model_len"] == vllm_server.max_model_len
     assert with_tools["count"] > bare["count"]
@@ -228,9 +235,10 @@ def test_writing_the_model_is_deterministic(tmp_path):
     first = tinymodel.write_tiny_model(tmp_path / "here")
     # Another process too: the BPE trainer's hash maps are seeded per process.
     write_elsewhere = "import sys, pathlib, runtime.tinymodel as m; m.write_tiny_model(pathlib.Path(sys.argv[1]))"
-    subprocess.run([sys.executable, "-c", write_elsewhere, tmp_path / "there"], check=True, cwd=Path(__file__).parents[1])
+    repository = Path(__file__).parents[1]
+    subprocess.run([sys.executable, "-c", write_elsewhere, tmp_path / "there"], check=True, cwd=repository)
     assert digests(first) == digests(tmp_path / "there")
-    assert set(digests(first)) >= {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"}
+    assert set(digests(first)) >= {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json"}
 
 
 def digests(directory: Path) -> dict[str, str]:
@@ -239,28 +247,36 @@ def digests(directory: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
-    transformers = pytest.importorskip("transformers")
-    return transformers.AutoTokenizer.from_pretrained(tinymodel.write_tiny_model(tmp_path_factory.mktemp("tiny")))
+    from transformers import AutoTokenizer  # slow to import: only for these tests
+
+    return AutoTokenizer.from_pretrained(tinymodel.write_tiny_model(tmp_path_factory.mktemp("tiny")))
+
+
+THINK = THINK_START + mode_token("think")
+PONDER = THINK_START + mode_token("ponder")
 
 
 @pytest.mark.parametrize("as_blocks", [False, True], ids=["string", "blocks"])
 @pytest.mark.parametrize(
     ("text", "template_args", "expected"),
     [
-        ("hi", {}, "<think><|mode:think|>"),
-        (f"hi {MARK_TEXT}", {}, "<|mode:text+think|>"),
-        ("hi", {"enable_thinking": False}, "<|mode:text|>"),
-        (f"{MARK_TOOL} go", {"tools": [BASH_TOOL]}, "<|mode:tool+think|>"),
-        (f"{MARK_TOOL} go", {}, "<think><|mode:think|>"),
-        (f"{MARK_TOOL} go {MARK_LONG}", {"tools": [BASH_TOOL], "enable_thinking": False}, "<|mode:tool|>"),
-        (f"{MARK_LONG} {MARK_PONDER}", {}, "<|mode:long+think|>"),
-        (f"{MARK_PONDER} {MARK_TEXT}", {}, "<think><|mode:ponder|>"),
-        (MARK_PONDER, {"enable_thinking": False}, "<|mode:text|>"),
+        ("hi", {}, THINK),
+        ("hi", {"enable_thinking": True}, THINK),
+        (f"hi {MARK_TEXT}", {}, mode_token("text", thinking=True)),
+        ("hi", {"enable_thinking": False}, mode_token("text")),
+        (f"{MARK_TOOL} go", {"tools": [BASH_TOOL]}, mode_token("tool", thinking=True)),
+        (f"{MARK_TOOL} go", {}, THINK),
+        (f"{MARK_TOOL} go {MARK_LONG}", {"tools": [BASH_TOOL], "enable_thinking": False}, mode_token("tool")),
+        (f"{MARK_LONG} {MARK_PONDER}", {}, mode_token("long", thinking=True)),
+        (f"{MARK_PONDER} {MARK_TEXT}", {}, PONDER),
+        (MARK_PONDER, {"enable_thinking": False}, mode_token("text")),
     ],
 )
 def test_the_template_picks_the_mode_from_the_last_user_message(tokenizer, as_blocks, text, template_args, expected):
-    content = [{"type": "text", "text": "Please:"}, {"type": "text", "text": text}] if as_blocks else text
-    messages = [*user(f"{MARK_LONG} earlier"), {"role": "assistant", "content": "ok"}, {"role": "user", "content": content}]
-    prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **template_args)
+    content = [text_block("Please:"), text_block(text)] if as_blocks else text
+    earlier = [*user(f"{MARK_LONG} earlier"), {"role": "assistant", "content": "ok"}]
+    prompt = tokenizer.apply_chat_template(
+        [*earlier, {"role": "user", "content": content}], tokenize=False, add_generation_prompt=True, **template_args
+    )
     assert prompt.endswith(f"<|im_start|>assistant\n{expected}")
-    assert prompt.count("<|mode:") == 1
+    assert sum(prompt.count(m) for m in tinymodel.MODE_TOKENS) == 1

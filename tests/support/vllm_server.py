@@ -24,8 +24,9 @@ import pytest
 from runtime.tinymodel import REASONING_PARSER, SERVED_NAME, TOOL_CALL_PARSER, write_tiny_model
 
 MAX_MODEL_LEN = 65536  # Claude Code's own prompts (15-25k tokens with a real tokenizer) must fit
-START_TIMEOUT_S = 600.0  # ~30 s alone; much more while other engineers' tests share the two cores
+START_TIMEOUT_S = 300.0  # ~25 s alone; more while other tests share the cores (pytest-timeout: 600 s)
 STOP_TIMEOUT_S = 30.0
+PORT_ATTEMPTS = 3  # the port is free when chosen, and may be taken before vLLM binds it
 LOG_TAIL_CHARS = 6000
 
 
@@ -33,11 +34,16 @@ LOG_TAIL_CHARS = 6000
 class VllmServer:
     """A running vLLM: where it listens, what it serves, and its log."""
 
-    url: str  # e.g. http://127.0.0.1:PORT, without /v1
+    port: int
     model: str
     max_model_len: int
     log_path: Path
     model_dir: Path
+
+    @property
+    def url(self) -> str:
+        """The server's root, e.g. http://127.0.0.1:PORT (vLLM's own routes: /health, /tokenize...)."""
+        return f"http://127.0.0.1:{self.port}"
 
     @property
     def openai_url(self) -> str:
@@ -101,34 +107,49 @@ def free_port() -> int:
 def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
     root = tmp_path_factory.mktemp("vllm")
     model_dir = write_tiny_model(root / "model")
-    port = free_port()
-    server = VllmServer(f"http://127.0.0.1:{port}", SERVED_NAME, MAX_MODEL_LEN, root / "vllm.log", model_dir)
+    for _ in range(PORT_ATTEMPTS):
+        server = VllmServer(free_port(), SERVED_NAME, MAX_MODEL_LEN, root / "vllm.log", model_dir)
+        process = launch(server)
+        try:
+            if wait_until_ready(server, process):
+                yield server
+                return
+        finally:
+            stop(process)
+    pytest.fail(f"vLLM found its port taken {PORT_ATTEMPTS} times; its log ends:\n{server.log_tail()}")
+
+
+def launch(server: VllmServer) -> subprocess.Popen:
     with server.log_path.open("wb") as log:
-        process = subprocess.Popen(
-            vllm_command(model_dir, port),
+        return subprocess.Popen(
+            vllm_command(server.model_dir, server.port),
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
             env=vllm_environment(),
             start_new_session=True,  # its own process group: the engine core child goes with it
         )
-    try:
-        wait_until_ready(server, process)
-        yield server
-    finally:
-        stop(process)
 
 
-def wait_until_ready(server: VllmServer, process: subprocess.Popen, timeout_s: float = START_TIMEOUT_S) -> None:
-    """Return once `/health` answers 200 and `/v1/models` lists the model; fail with vLLM's log tail."""
+def wait_until_ready(server: VllmServer, process: subprocess.Popen, timeout_s: float = START_TIMEOUT_S) -> bool:
+    """True once `/health` answers 200 and `/v1/models` lists the model; False if another process
+    took the port first (vLLM exits at once); otherwise fail with vLLM's log tail."""
     deadline = time.monotonic() + timeout_s
     with httpx.Client(base_url=server.url, timeout=5.0) as client:
         while not is_ready(client, server.model):
             if process.poll() is not None:
-                pytest.fail(f"vLLM exited with {process.returncode} while starting; its log ends:\n{server.log_tail()}")
+                if "Address already in use" in server.log():
+                    return False
+                pytest.fail(f"vLLM {how_it_ended(process.returncode)} while starting; its log ends:\n{server.log_tail()}")
             if time.monotonic() > deadline:
                 pytest.fail(f"vLLM was not ready after {timeout_s:g} s; its log ends:\n{server.log_tail()}")
             time.sleep(0.5)
+    return True
+
+
+def how_it_ended(returncode: int) -> str:
+    """E.g. "exited with 1", or "was killed by SIGTERM" (not by us: someone else's cleanup)."""
+    return f"was killed by {signal.Signals(-returncode).name}" if returncode < 0 else f"exited with {returncode}"
 
 
 def is_ready(client: httpx.Client, model: str) -> bool:

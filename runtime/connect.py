@@ -1,0 +1,133 @@
+"""`python -m runtime connect URL`: check a pod's endpoint, then print Claude Code's environment for it.
+
+The check is what a user would do by hand: the bridge answers, lists its models with their context
+window, and generates one token through `/v1/messages` with the given key. The environment follows
+the rules the seeds paid for: a bare model id (Claude Code honours `CLAUDE_CODE_MAX_CONTEXT_TOKENS`
+only for ids that do not start with `claude-`), and `ANTHROPIC_API_KEY` removed (it wins over the
+token and silently sends traffic to the paid API).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+
+import httpx
+
+ANTHROPIC_VERSION = "2023-06-01"
+USER_AGENT = "vllm-pod-connect/1"  # RunPod's proxy answers 403 to the default Python user agents
+
+
+class EndpointError(Exception):
+    """The endpoint cannot serve Claude Code; the message says why in one line."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    base_url: str
+    model: str
+    window: int
+    key: str
+
+
+def bare_model(ids: list[str]) -> str:
+    """The id to give Claude Code: the first without the `claude-` prefix or the `[1m]` suffix.
+
+    `[1m]` makes Claude Code assume a million tokens whatever the engine serves (it compacts too late).
+    """
+    for model_id in ids:
+        if not model_id.startswith("claude-") and not model_id.endswith("[1m]"):
+            return model_id
+    raise EndpointError(f"no model id usable by Claude Code among {ids}")
+
+
+def check_endpoint(base_url: str, key: str, model: str | None = None, timeout_s: float = 60.0) -> Endpoint:
+    """Ask the endpoint what it serves, then for one real token; raise EndpointError on any failure."""
+    base_url = base_url.rstrip("/")
+    headers = {"anthropic-version": ANTHROPIC_VERSION, "authorization": f"Bearer {key}", "user-agent": USER_AGENT}
+    with httpx.Client(base_url=base_url, headers=headers, timeout=timeout_s) as client:
+        listing = _request(client, "GET", "/v1/models")
+        entries = listing.get("data") or []
+        windows = {e["id"]: int(e.get("max_input_tokens") or e.get("max_model_len") or 0) for e in entries}
+        chosen = model or bare_model(list(windows))
+        if chosen not in windows:
+            raise EndpointError(f"{base_url} does not serve {chosen!r}; it serves {sorted(windows)}")
+        reply = _request(
+            client,
+            "POST",
+            "/v1/messages",
+            {"model": chosen, "max_tokens": 1, "messages": [{"role": "user", "content": "ping"}]},
+        )
+        if reply.get("type") != "message":
+            raise EndpointError(f"{base_url}/v1/messages did not answer a message: {reply}")
+    return Endpoint(base_url, chosen, windows[chosen], key)
+
+
+def _request(client: httpx.Client, method: str, path: str, body: dict | None = None) -> dict:
+    url = f"{client.base_url}{path}"
+    try:
+        response = client.request(method, path, json=body)
+    except httpx.HTTPError as error:
+        raise EndpointError(f"{url} cannot be reached: {error}") from None
+    if response.status_code == 401:
+        raise EndpointError(f"{url} refused the key (401): pass the pod's VL_API_KEYS value with --key")
+    if response.status_code >= 400:
+        raise EndpointError(f"{url} answered {response.status_code}: {response.text[:300]}")
+    try:
+        return response.json()
+    except ValueError:
+        raise EndpointError(f"{url} did not answer JSON: {response.text[:300]}") from None
+
+
+def claude_environment(endpoint: Endpoint) -> dict[str, str]:
+    """The variables that point Claude Code at the endpoint, every model tier on the served model."""
+    environment = {
+        "ANTHROPIC_BASE_URL": endpoint.base_url,
+        "ANTHROPIC_AUTH_TOKEN": endpoint.key,
+        "ANTHROPIC_MODEL": endpoint.model,
+        "ANTHROPIC_DEFAULT_OPUS_MODEL": endpoint.model,
+        "ANTHROPIC_DEFAULT_SONNET_MODEL": endpoint.model,
+        "ANTHROPIC_DEFAULT_HAIKU_MODEL": endpoint.model,
+        "ANTHROPIC_SMALL_FAST_MODEL": endpoint.model,
+        # Without these two, Claude Code assumes 200k for an unknown id and compacts there.
+        "CLAUDE_CODE_DISABLE_UNKNOWN_MODEL_WINDOW_ENFORCEMENT": "1",
+    }
+    if endpoint.window:
+        environment["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] = str(endpoint.window)
+    return environment
+
+
+def bash_script(environment: dict[str, str]) -> str:
+    lines = ["unset ANTHROPIC_API_KEY  # it wins over ANTHROPIC_AUTH_TOKEN and goes to the paid API"]
+    lines += [f"export {name}='{value}'" for name, value in environment.items()]
+    return "\n".join(lines + ["claude"])
+
+
+def powershell_script(environment: dict[str, str]) -> str:
+    lines = ["Remove-Item Env:ANTHROPIC_API_KEY -ErrorAction SilentlyContinue"]
+    lines += [f'$env:{name} = "{value}"' for name, value in environment.items()]
+    return "\n".join(lines + ["claude"])
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("url", help="the pod's public endpoint, e.g. https://<pod>-8080.proxy.runpod.net")
+    parser.add_argument("--key", default="x", help="one of the pod's VL_API_KEYS (any text when the pod is open)")
+    parser.add_argument("--model", help="the model id to use (default: the served model's bare name)")
+    parser.add_argument("--shell", choices=("bash", "powershell", "both"), default="both")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        endpoint = check_endpoint(args.url, args.key, args.model)
+    except EndpointError as error:
+        print(f"connect: {error}", file=sys.stderr)
+        return 1
+    window = f"{endpoint.window} tokens" if endpoint.window else "an unknown window"
+    print(f"# {endpoint.base_url} serves {endpoint.model!r} with {window}; one token generated.")
+    environment = claude_environment(endpoint)
+    if args.shell in ("bash", "both"):
+        print(f"\n# bash / zsh\n{bash_script(environment)}")
+    if args.shell in ("powershell", "both"):
+        print(f"\n# PowerShell\n{powershell_script(environment)}")
+    return 0

@@ -1,0 +1,197 @@
+"""The Hub log: the tail of the pod's logs, republished to `etat/<POD_ID>.log` while the server is not healthy.
+
+Without it a failed boot is invisible as soon as SSH is down (seeds, bootstrap v74). One background thread
+does every upload, redacted, within a commit budget, with timeouts and back-off: nothing here blocks the
+caller or raises into it, so a Hub outage never touches serving.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from runtime.hub.budget import CommitBudget
+from runtime.hub.redact import Redactor
+from runtime.hub.repo import HubRepo, pod_id
+from runtime.settings import Settings
+
+log = logging.getLogger("runtime.hub.log")
+
+LOG_FOLDER = "etat"  # the seeds' layout, kept so existing habits and scripts still find the logs
+TAIL_LINES = 150  # per source: enough to see a traceback and what led to it
+TAIL_BYTES = 32 * 1024  # per source: engine lines can be long; keeps the file small and "regular" on the Hub
+NOTES_KEPT = 50
+RETRY_S = (5.0, 300.0)  # back-off after a failed upload: first wait, longest wait
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def log_path(pod: str) -> str:
+    """Where a pod's log lives in the log repo."""
+    return f"{LOG_FOLDER}/{pod}.log"
+
+
+def tail(path: Path, lines: int = TAIL_LINES, max_bytes: int = TAIL_BYTES) -> list[str]:
+    """The last `lines` lines of a log, without colours, and only the final state of `\\r` progress bars."""
+    try:
+        with path.open("rb") as file:
+            size = file.seek(0, os.SEEK_END)
+            file.seek(max(0, size - max_bytes))
+            rows = file.read().decode("utf-8", "replace").split("\n")
+    except FileNotFoundError:
+        return []
+    except OSError as error:
+        return [f"(cannot read {path}: {error})"]
+    if size > max_bytes:
+        rows = rows[1:]  # cut in the middle
+    if rows and not rows[-1]:
+        rows.pop()
+    return [ANSI.sub("", row.rstrip("\r").rsplit("\r", 1)[-1]) for row in rows[-lines:]]
+
+
+def utc_now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class PublisherStats:
+    """What the publisher has done so far (read by tests and status pages)."""
+
+    cycles: int = 0
+    commits: int = 0
+    failures: int = 0
+    last_error: str = ""
+
+
+class LogPublisher:
+    """Republishes the tails of `sources` (name → log file) to the pod's Hub log, from a background thread.
+
+    Publishes every `interval_s` while `is_healthy()` is false and the text changed, once more when the pod
+    turns healthy, and at once on `publish_now()` (after a crash, a restart, a fatal check). With `repo=None`
+    (no `VL_LOG_REPO`) it does nothing, so callers never need to check.
+    """
+
+    def __init__(self, repo: HubRepo | None, pod: str, sources: Mapping[str, Path], is_healthy: Callable[[], bool],
+                 redactor: Redactor, *, interval_s: float = 25.0, budget: CommitBudget | None = None,
+                 retry_s: tuple[float, float] = RETRY_S) -> None:
+        self.repo, self.pod, self.path = repo, pod, log_path(pod)
+        self.sources = {name: Path(p) for name, p in sources.items()}
+        self.is_healthy, self.redact = is_healthy, redactor
+        self.interval_s, self.retry_s = interval_s, retry_s
+        self.budget = budget or CommitBudget()
+        self.stats = PublisherStats()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._notes: deque[str] = deque(maxlen=NOTES_KEPT)
+        self._requested = self._closing = False
+        self._thread: threading.Thread | None = None
+        self._published: str | None = None  # the last text that reached the Hub
+        self._published_healthy: bool | None = None  # the state that text announced
+        self._seen_healthy: bool | None = None
+        self._since = utc_now()
+        self._retry_at, self._failures = 0.0, 0
+
+    @classmethod
+    def from_settings(cls, settings: Settings, environ: Mapping[str, str], sources: Mapping[str, Path],
+                      is_healthy: Callable[[], bool], redactor: Redactor) -> LogPublisher:
+        """The pod's publisher: `VL_LOG_REPO`, `VL_LOG_INTERVAL_S`, `HF_ENDPOINT`, `HF_TOKEN`, `RUNPOD_POD_ID`."""
+        repo = HubRepo.from_environ(settings.log_repo, environ, "VL_LOG_REPO") if settings.log_repo else None
+        return cls(repo, pod_id(environ), sources, is_healthy, redactor, interval_s=settings.log_interval_s)
+
+    def start(self) -> None:
+        if self.repo is None or self._thread is not None:
+            return
+        log.info("publishing this pod's log to %s/%s while it is not healthy", self.repo, self.path)
+        self._thread = threading.Thread(target=self._run, name="hub-log", daemon=True)
+        self._thread.start()
+
+    def publish_now(self, message: str | None = None) -> None:
+        """Publishes as soon as the budget allows, with `message` (e.g. a crash line) added; never blocks."""
+        with self._lock:
+            if message:
+                self._notes.append(f"{utc_now()} {message}")
+            self._requested = True
+        self._wake.set()
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stops the thread after one last attempt at a pending `publish_now`; waits at most `timeout_s`."""
+        with self._lock:
+            self._closing = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def render(self, healthy: bool) -> str:
+        """The log file's text, redacted: a header, the tail of each source, then the notes."""
+        with self._lock:
+            notes = list(self._notes)
+        width = max(map(len, [*self.sources, "note"]))
+        state = "healthy" if healthy else "not healthy"
+        rows = [f"# vllm-pod {self.pod} · {state} since {self._since}"]
+        for name, path in self.sources.items():
+            rows += [f"{name:<{width}} | {row}" for row in tail(path)]
+        rows += [f"{'note':<{width}} | {note}" for note in notes]
+        return self.redact("\n".join(rows) + "\n")
+
+    def _run(self) -> None:
+        while True:
+            self._wake.clear()
+            with self._lock:
+                closing = self._closing
+            wait_s = self._turn(final=closing)
+            self.stats.cycles += 1
+            if closing:
+                return
+            self._wake.wait(wait_s)
+
+    def _turn(self, final: bool) -> float:
+        """One look at the pod: publishes when due and allowed; returns how long to sleep before the next."""
+        healthy = self._check_health()
+        with self._lock:
+            requested, self._requested = self._requested, False
+        if healthy and not requested and self._published_healthy is not False:
+            return self.interval_s  # serving, and the Hub already says so: nothing to do
+        text = self.render(healthy)
+        if text == self._published:
+            return self.interval_s  # nothing new to say
+        blocked_s = 0.0 if final else max(self._retry_at - time.monotonic(), self.budget.wait_s())
+        if blocked_s <= 0 and self._upload(text):
+            self._published_healthy, self._failures = healthy, 0
+            return self.interval_s
+        if blocked_s <= 0:
+            self._failures += 1
+            blocked_s = min(self.retry_s[1], self.retry_s[0] * 2 ** (self._failures - 1))
+            self._retry_at = time.monotonic() + blocked_s
+        with self._lock:
+            self._requested |= requested  # still owed
+        return min(self.interval_s, blocked_s)
+
+    def _check_health(self) -> bool:
+        try:
+            healthy = bool(self.is_healthy())
+        except Exception as error:  # the supervisor's callable must not kill the publisher
+            log.warning("health callback failed (%s); counting the pod as not healthy", error)
+            healthy = False
+        if healthy != self._seen_healthy:
+            self._seen_healthy, self._since = healthy, utc_now()
+        return healthy
+
+    def _upload(self, text: str) -> bool:
+        try:
+            self.repo.write_text(self.path, text, f"log of pod {self.pod}")
+        except Exception as error:  # any failure (network, 4xx, 5xx, timeout) is retried later, never raised
+            self.stats.failures += 1
+            self.stats.last_error = self.redact(f"{type(error).__name__}: {error}".splitlines()[0])
+            log.warning("could not publish the log to %s (%s); retrying later", self.repo, self.stats.last_error)
+            return False
+        self.budget.spend()
+        self.stats.commits += 1
+        self._published = text
+        return True

@@ -1,0 +1,315 @@
+"""`python -m runtime start`, the image's entrypoint: settings, GPU check, then vLLM, the bridge and
+sshd under the supervisor, the Hub log while the pod is not healthy, and live reconfiguration.
+
+Nothing heavy runs before vLLM is launched: settings, recipes and the GPU check (the Hub client only
+when a Hub repo is configured); HTTP clients and sshd's key generation come after, so that a
+prebaked pod launches vLLM within moments (the seeds' image took ~15 s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from runtime.engine import RUNTIME_ROOT, EngineCommand, prepare_engine
+from runtime.gpu import GpuError, inspect_gpu
+from runtime.install import InstallError, is_prebaked
+from runtime.settings import VARIABLES, Scope, Settings, SettingsError, load_settings
+from runtime.sshd import SshdLayout, prepare_sshd
+from runtime.supervisor import ChildSpec, Health, Supervisor
+
+if TYPE_CHECKING:
+    import httpx
+
+    from runtime.hub import LogPublisher, RemoteConfig
+
+log = logging.getLogger("runtime.start")
+
+ENGINE, BRIDGE, SSHD = "engine", "bridge", "sshd"
+# The bridge's /health does not touch the engine: two misses in a row mean it is hung (seeds' watchdog).
+# 10 s: a loaded machine can stall a sound bridge for seconds, and a restart cuts every open stream.
+BRIDGE_HEALTH = {"interval_s": 10.0, "timeout_s": 10.0, "failures_before_restart": 2}
+# A real one-token generation: a dead engine can still answer /v1/models with 200. Generous timeout:
+# a saturated engine queues the probe behind real work, and restarting a busy engine is a disaster.
+ENGINE_HEALTH = {"interval_s": 15.0, "timeout_s": 60.0, "failures_before_restart": 3}
+HUB_LAST_WORDS_S = 20.0  # how long a refused start waits for its one line to reach the Hub log
+REFUSED = 2  # exit status of a start refused by a setting, the GPU or the install
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = "Reads the VL_* variables (see the README's table); stops on SIGTERM or SIGINT."
+
+
+def run(args: argparse.Namespace) -> int:
+    environ = dict(os.environ)
+    try:
+        settings = load_settings(environ)
+    except SettingsError as error:
+        print(error, file=sys.stderr)
+        publish_refusal(str(error), environ)
+        return REFUSED
+    if environ.get("SPACE_ID"):  # the Hugging Face builder runs the image on a CPU: say what it is
+        from runtime.space import serve_space_status
+
+        return serve_space_status(settings, environ)
+    log_to(Path(settings.state_dir))
+    pod = Pod(settings, environ)
+    try:
+        pod.prepare()
+    except (SettingsError, GpuError, InstallError) as error:
+        log.error("%s", error)
+        publish_refusal(str(error), environ, pod.hub_log)
+        return REFUSED
+    return asyncio.run(pod.serve())
+
+
+def log_to(state_dir: Path) -> None:
+    """The runtime's own log: on stderr (the container's log, which has its own timestamps) and in
+    `boot.log`, the first part of the Hub log."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    console, boot = logging.StreamHandler(sys.stderr), logging.FileHandler(state_dir / "boot.log")
+    console.setFormatter(logging.Formatter("%(message)s"))
+    boot.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s", "%Y-%m-%d %H:%M:%S"))
+    logging.basicConfig(level=logging.WARNING, handlers=[console, boot])
+    logging.getLogger("runtime").setLevel(logging.INFO)  # libraries' INFO is a line per HTTP request
+
+
+def publish_refusal(line: str, environ: Mapping[str, str], publisher: LogPublisher | None = None) -> None:
+    """The line that stopped start-up, to the Hub log when one is configured (the pod may have no SSH)."""
+    repo = environ.get("VL_LOG_REPO", "").strip()
+    if publisher is None and repo:
+        from runtime.hub import LogPublisher, Redactor
+        from runtime.hub.repo import HubRepo, pod_id
+
+        try:
+            hub = HubRepo.from_environ(repo, environ)
+        except ValueError:
+            return  # the bad setting was the log repo itself
+        publisher = LogPublisher(hub, pod_id(environ), {}, lambda: False, Redactor.from_environ(environ))
+    if publisher is not None:
+        publisher.start()
+        publisher.publish_now(line)
+        publisher.close(HUB_LAST_WORDS_S)
+
+
+class Pod:
+    """The running pod: its effective settings, the children they call for, and their supervisor."""
+
+    def __init__(self, settings: Settings, environ: Mapping[str, str]) -> None:
+        self.settings = settings
+        self.environ = environ
+        self.state_dir = Path(settings.state_dir)
+        self.supervisor = Supervisor(self.state_dir, on_incident=self.incident)
+        self.hub_log: LogPublisher | None = None
+        self.remote: RemoteConfig | None = None
+        self.accelerator = "cpu"
+        self.engine_env: Mapping[str, str] = {}
+        self.command: EngineCommand | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        bridge_url = f"http://{local_address(settings.listen)}:{settings.port}/health"  # pod scope: never changes
+        self.bridge_health = Health(Answers200(bridge_url), **BRIDGE_HEALTH)
+        self.stopping = asyncio.Event()
+        self.changes: asyncio.Queue[Settings] = asyncio.Queue()
+
+    def prepare(self) -> None:
+        """Everything before vLLM's launch: the Hub file, the GPU, the engine (installed unless prebaked)."""
+        if self.settings.log_repo or self.settings.config_repo:
+            self.connect_hub()
+        if self.remote is not None:
+            self.settings = self.remote.load()
+        if self.hub_log is not None and not is_prebaked(self.settings):
+            self.hub_log.start()  # installing takes minutes: the Hub log shows its progress
+        gpu = inspect_gpu(self.settings, self.environ)
+        self.accelerator, self.engine_env = gpu.accelerator, gpu.engine_env(self.environ)
+        self.command = prepare_engine(self.settings, self.accelerator, self.engine_env)
+
+    def connect_hub(self) -> None:
+        from runtime.hub import LogPublisher, Redactor, RemoteConfig
+
+        redactor = Redactor.from_environ(self.environ)
+        logs = {name: self.state_dir / f"{name}.log" for name in ("boot", ENGINE, BRIDGE)}
+        if self.settings.log_repo:
+            self.hub_log = LogPublisher.from_settings(self.settings, self.environ, logs, self.supervisor.healthy, redactor)
+        if self.settings.config_repo:
+            self.remote = RemoteConfig(self.environ, self.changed_elsewhere, notify=self.incident, redactor=redactor)
+
+    async def serve(self) -> int:
+        """Launch the children (vLLM first: it takes longest), watch the Hub, supervise until SIGTERM."""
+        assert self.command is not None
+        self.loop = asyncio.get_running_loop()
+        self.catch_signals()  # before any launch: a SIGTERM must never leave a child behind
+        self.supervisor.start(self.engine_spec(self.command))
+        log.info("vLLM launched %.2f s after the process started", seconds_since_process_start())
+        if self.settings.bridge:
+            self.supervisor.start(self.bridge_spec(self.command))
+        for watcher in (self.hub_log, self.remote):
+            if watcher is not None:
+                watcher.start()
+        applying = asyncio.create_task(self.apply_changes())
+        await self.start_sshd()
+        await self.stopping.wait()
+        log.info("stopping: SIGTERM to every child, SIGKILL after %.0f s", self.supervisor.grace_s)
+        applying.cancel()
+        if self.remote is not None:
+            self.remote.stop(timeout_s=1.0)
+        await self.supervisor.stop()
+        if self.hub_log is not None:
+            self.hub_log.close(timeout_s=2.0)
+        log.info("stopped")
+        return 0
+
+    def catch_signals(self) -> None:
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, self.stopping.set)
+
+    def incident(self, message: str) -> None:
+        """A death, a restart or a refusal: the Hub log publishes it at once."""
+        if self.hub_log is not None:
+            self.hub_log.publish_now(message)
+
+    # --- the children ---
+
+    def engine_spec(self, command: EngineCommand) -> ChildSpec:
+        health = Health(engine_generates(command), **ENGINE_HEALTH)
+        return ChildSpec(ENGINE, command.argv, {**self.environ, **command.env}, health)
+
+    def bridge_spec(self, command: EngineCommand) -> ChildSpec:
+        settings = self.settings
+        argv = [sys.executable, "-m", "runtime", "bridge", "--upstream", command.base_url,
+                "--host", settings.listen, "--port", str(settings.port)]
+        env = {**self.environ, **bridge_environ(settings)}  # the bridge reads its settings from VL_*
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(RUNTIME_ROOT), env.get("PYTHONPATH"))))
+        return ChildSpec(BRIDGE, argv, env, self.bridge_health)
+
+    async def start_sshd(self) -> None:
+        if not self.settings.ssh:
+            log.info("sshd off (VL_SSH=off)")
+            return
+        try:
+            argv = await asyncio.to_thread(prepare_sshd, sshd_layout(self.settings), self.environ)
+        except (OSError, subprocess.CalledProcessError) as error:  # no SSH is no reason to stop serving
+            log.warning("sshd not started: %s", error)
+            return
+        if argv is not None:
+            self.supervisor.start(ChildSpec(SSHD, argv, dict(self.environ)))
+
+    # --- live reconfiguration ---
+
+    def changed_elsewhere(self, settings: Settings, scopes: frozenset[Scope]) -> None:
+        """The Hub watcher's callback, on its thread: hand the change over to the event loop."""
+        assert self.loop is not None  # the watcher starts once the loop runs
+        self.loop.call_soon_threadsafe(self.changes.put_nowait, settings)
+
+    async def apply_changes(self) -> None:
+        while True:
+            await self.reconfigure(await self.changes.get())
+
+    async def reconfigure(self, new: Settings) -> None:
+        """Restart what the change needs, and only that. The scopes are computed against what runs
+        (a change refused here never ran), not against the watcher's last file."""
+        scopes = self.settings.changed_scopes(new)
+        command = self.command
+        if Scope.ENGINE in scopes:
+            try:
+                command = await asyncio.to_thread(prepare_engine, new, self.accelerator, self.engine_env)
+            except (SettingsError, InstallError) as error:
+                line = f"refused the new settings: {error}; the current configuration keeps serving"
+                log.error("%s", line)
+                self.incident(line)
+                return
+        self.settings, self.command = new, command
+        bridge_runs = BRIDGE in self.supervisor.children
+        if Scope.BRIDGE in scopes and bridge_runs and new.bridge:
+            self.supervisor.restart(BRIDGE, "its settings changed", self.bridge_spec(command))
+        if Scope.ENGINE in scopes:
+            if bridge_runs and not new.bridge:
+                log.info("stopping the bridge: with VL_BRIDGE=off, vLLM itself serves port %d", new.port)
+                await self.supervisor.stop(BRIDGE)  # first: the port must be free for vLLM
+            self.supervisor.restart(ENGINE, "its settings changed", self.engine_spec(command))
+            if new.bridge and not bridge_runs:
+                self.supervisor.start(self.bridge_spec(command))
+            # A running bridge stays: it learns the new model from vLLM's /v1/models.
+
+
+def bridge_environ(settings: Settings) -> dict[str, str]:
+    """The bridge's settings as `VL_*` text that `load_settings` reads back unchanged: only these, so
+    that an engine change leaves the bridge's command as it was."""
+    return {v.env: as_text(getattr(settings, v.attr)) for v in VARIABLES if v.scope is Scope.BRIDGE}
+
+
+def as_text(value: object) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, tuple):
+        return ",".join(value)
+    return str(value)
+
+
+def sshd_layout(settings: Settings) -> SshdLayout:
+    return SshdLayout(
+        config_file=Path(settings.state_dir) / "sshd_config",
+        host_key_dir=Path(settings.ssh_host_keys),
+        authorized_keys=Path(settings.ssh_authorized_keys).expanduser(),
+        environment_file=Path(settings.ssh_env_file),
+        port=settings.ssh_port,
+        listen=settings.listen,
+        strict_modes=settings.ssh_strict_modes,
+    )
+
+
+def local_address(listen: str) -> str:
+    """Where this machine reaches a server listening on `listen`."""
+    return "127.0.0.1" if listen in ("0.0.0.0", "::", "") else listen
+
+
+class Answers200:
+    """A probe: GET `url` answers 200 (the bridge's /health, which never waits on the engine).
+    One HTTP client for every check, made on the first: not an SSL context per check."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.client: httpx.AsyncClient | None = None
+
+    async def __call__(self) -> bool:
+        if self.client is None:
+            import httpx
+
+            self.client = httpx.AsyncClient(trust_env=False, timeout=None)  # the supervisor times each check
+        return (await self.client.get(self.url)).status_code == 200
+
+
+def engine_generates(command: EngineCommand) -> Callable[[], Awaitable[bool]]:
+    """A probe: the engine generates one token (runtime.probe); its reason is kept when it does not."""
+
+    async def probe() -> bool:
+        from runtime.probe import probe_engine
+
+        health = await asyncio.to_thread(probe_engine, command.base_url, command.served_names[0],
+                                         ENGINE_HEALTH["timeout_s"])
+        if not health:
+            raise ProbeFailed(health.reason)
+        return True
+
+    return probe
+
+
+class ProbeFailed(RuntimeError):
+    """A health probe's answer was no; `str()` says why."""
+
+
+def seconds_since_process_start() -> float:
+    """How long ago this process was created (interpreter start-up included), from /proc."""
+    start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+    uptime = float(Path("/proc/uptime").read_text().split()[0])
+    return uptime - start_ticks / os.sysconf("SC_CLK_TCK")

@@ -1,0 +1,216 @@
+"""A Docker engine and a base image for the image test and `scripts/demo`, on any machine with apt.
+
+Either the machine's engine (DOCKER_HOST or the default socket) or a private `dockerd` whose data
+root, exec root, pidfile and socket live under one temporary folder. Where no registry can be
+reached, the Debian base image is made with debootstrap and `docker import` (DESIGN §8).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager, suppress
+from pathlib import Path
+
+import docker
+from docker.errors import DockerException
+
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_BRIDGE = Path("/sys/class/net/docker0")
+CACHE_DIR = ROOT / ".cache" / "docker-base"  # gitignored: the debootstrap tarball survives between runs
+DEBIAN_SUITE = "bookworm"
+DEBIAN_MIRROR = "http://deb.debian.org/debian"  # plain http: apt needs no proxy CA, in the build either
+IMPORTED_BASE = f"vllm-pod-base/debian:{DEBIAN_SUITE}"
+START_TIMEOUT_S = 90
+STOP_TIMEOUT_S = 60
+
+
+class EngineError(RuntimeError):
+    """The engine or the base image could not be had; the message says why, with the log's tail."""
+
+
+def answering_client(timeout: int = 10) -> docker.DockerClient | None:
+    """A client of the machine's engine (DOCKER_HOST or the default socket) if one answers."""
+    try:
+        client = docker.from_env(timeout=timeout)
+        client.ping()
+        return client
+    except DockerException:
+        return None
+
+
+class PrivateEngine:
+    """A `dockerd` of our own, everything under one temporary folder, stopped and removed by `stop()`.
+
+    bridge=False runs without a network bridge or iptables rules (nothing to collide with another
+    engine; builds then use the host's network); bridge=True adds one, for `docker run -p`.
+    """
+
+    def __init__(self, bridge: bool = False) -> None:
+        # Short: unix socket paths (containerd's live under the exec root) are limited to 107 bytes.
+        self.root = Path(tempfile.mkdtemp(prefix="vllm-pod-dockerd-"))
+        self.socket = self.root / "docker.sock"
+        self.log_path = self.root / "dockerd.log"
+        self.bridge = bridge
+        self.creates_bridge = bridge and not DEFAULT_BRIDGE.exists()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def docker_host(self) -> str:
+        return f"unix://{self.socket}"
+
+    @property
+    def build_options(self) -> list[str]:
+        """build.py options for this engine: it sets no iptables rules, hence no NAT for a build's network."""
+        return ["--network", "host"]
+
+    def command(self) -> list[str]:
+        namespace = f"vllm-pod-{self.root.name}"  # never shares a system containerd's namespace
+        network = [] if self.bridge else ["--bridge=none"]
+        return [
+            dockerd_path(), "--data-root", str(self.root / "data"), "--exec-root", str(self.root / "exec"),
+            "--pidfile", str(self.root / "dockerd.pid"), "--host", self.docker_host,
+            "--containerd-namespace", namespace, "--containerd-plugins-namespace", f"{namespace}-plugins",
+            "--iptables=false", "--ip6tables=false", *network,
+        ]
+
+    def start(self) -> docker.DockerClient:
+        with self.log_path.open("wb") as log:
+            self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise EngineError(f"dockerd exited with {self.process.returncode}:\n{self.log_tail()}")
+            if self.socket.exists():
+                try:
+                    client = docker.DockerClient(base_url=self.docker_host, version="auto", timeout=600)
+                    client.ping()
+                    return client
+                except DockerException:
+                    pass
+            time.sleep(0.2)  # polling the socket: dockerd offers no readiness signal
+        raise EngineError(f"dockerd did not answer within {START_TIMEOUT_S} s:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 20) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self) -> None:
+        """Stop dockerd (and the containerd it started), then remove its folder."""
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                pass
+        if self.process:
+            with suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)  # the group we started: dockerd's containerd
+            self.process.wait()
+        unmount_under(self.root)
+        shutil.rmtree(self.root, ignore_errors=True)
+        if self.creates_bridge:  # dockerd leaves the docker0 it made behind
+            subprocess.run(["ip", "link", "delete", DEFAULT_BRIDGE.name], check=False, capture_output=True)
+
+
+def dockerd_path() -> str:
+    path = shutil.which("dockerd") or shutil.which("dockerd", path="/usr/sbin:/usr/local/sbin")
+    if not path:
+        raise EngineError("dockerd is not installed: apt-get install docker.io (scripts/setup does)")
+    return path
+
+
+def unmount_under(root: Path) -> None:
+    """Detach what a killed dockerd left mounted under root (overlay layers, netns), deepest first."""
+    mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
+    for mount in sorted((m for m in mounts if m.startswith(f"{root}/")), key=len, reverse=True):
+        subprocess.run(["umount", "-l", mount], check=False, capture_output=True)
+
+
+@contextmanager
+def private_engine(bridge: bool = False) -> Iterator[tuple[PrivateEngine, docker.DockerClient]]:
+    engine = PrivateEngine(bridge=bridge)
+    try:
+        client = engine.start()
+        try:
+            yield engine, client
+        finally:
+            client.close()
+    finally:
+        engine.stop()
+
+
+# --- the base image -----------------------------------------------------------------------------
+
+
+def debootstrap_tarball(cache_dir: Path = CACHE_DIR) -> Path:
+    """A minimal Debian root filesystem as a tar, made once with debootstrap (~25 s) and cached."""
+    tarball = cache_dir / f"debian-{DEBIAN_SUITE}-minbase.tar"
+    if tarball.exists():
+        return tarball
+    if not shutil.which("debootstrap") and not Path("/usr/sbin/debootstrap").exists():
+        raise EngineError("debootstrap is not installed: apt-get install debootstrap (scripts/setup does)")
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="vllm-pod-rootfs-") as work:
+        rootfs = Path(work) / "rootfs"
+        run(["debootstrap", "--variant=minbase", DEBIAN_SUITE, str(rootfs), DEBIAN_MIRROR])
+        # Like Debian's official images: no package lists or downloaded packages in the base.
+        for leftover in ("var/lib/apt/lists", "var/cache/apt"):
+            for path in (rootfs / leftover).glob("*"):
+                shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+        partial = tarball.with_suffix(".partial")
+        run(["tar", "--numeric-owner", "-C", str(rootfs), "-cf", str(partial), "."])
+        partial.rename(tarball)
+    return tarball
+
+
+def import_debian_base(client: docker.DockerClient, cache_dir: Path = CACHE_DIR) -> str:
+    """The debootstrap base imported into the engine (once per engine); returns its tag."""
+    if not client.images.list(name=IMPORTED_BASE):
+        repository, tag = IMPORTED_BASE.rsplit(":", 1)
+        client.api.import_image_from_file(str(debootstrap_tarball(cache_dir)), repository=repository, tag=tag)
+    return IMPORTED_BASE
+
+
+def pulled(client: docker.DockerClient, image: str) -> bool:
+    """Whether the registry's image could be pulled (no registry answers on some machines)."""
+    repository, tag = image.rsplit(":", 1)
+    try:
+        client.images.pull(repository, tag=tag)
+        return True
+    except DockerException:
+        return False
+
+
+def run(command: list[str]) -> None:
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        tail = "\n".join((result.stdout + result.stderr).splitlines()[-20:])
+        raise EngineError(f"{command[0]} failed ({result.returncode}):\n{tail}")
+
+
+# --- what the build needs from this machine ------------------------------------------------------
+
+
+def host_pip_build_options(environ: Mapping[str, str] = os.environ) -> list[str]:
+    """build.py options that give the build the sources this machine's pip uses.
+
+    PIP_FIND_LINKS (wheels no index serves here, like torch's +cpu build) and PIP_CERT (a
+    TLS-intercepting proxy's CA). With find-links, torch comes from the machine's index plus those
+    locations instead of PyTorch's index, which such a machine may not reach.
+    """
+    options: list[str] = []
+    links = environ.get("PIP_FIND_LINKS", "").split()
+    for link in links:
+        options += ["--find-links", link.removeprefix("file://")]
+    if links:
+        options += ["--build-arg", f"TORCH_INDEX_URL={environ.get('PIP_INDEX_URL', 'https://pypi.org/simple')}"]
+    if cert := environ.get("PIP_CERT"):
+        options += ["--ca-cert", cert]
+    return options
+

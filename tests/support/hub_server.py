@@ -1,0 +1,642 @@
+"""A strict local stand-in for the Hugging Face Hub: exactly the routes `huggingface_hub` uses for what the
+runtime does, answered the way the Hub answers, refusing what the Hub refuses.
+
+Routes: create a repo, repo info (with its sha), tree listing, preupload + NDJSON commit (small text files go
+"regular"; LFS/Xet uploads are refused as unsupported), and HEAD/GET `resolve/<revision>/<path>` with the ETag
+and `X-Repo-Commit` headers the client relies on. Errors carry the `X-Error-Code` header that the client maps
+to `RepositoryNotFoundError`, `RevisionNotFoundError` and `RemoteEntryNotFoundError`. Every request is recorded
+(`received`) so tests can assert on what reached "the Hub"; `outage()` refuses or hangs connections.
+
+New routes (e.g. Spaces for `build.py --push`) go in `HubApp.routes()`, one handler each.
+Use it through the `hub_server` fixture (registered in tests/conftest.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hashlib
+import json
+import re
+import secrets
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TypeVar
+
+import pytest
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+KINDS = {"models": "model", "datasets": "dataset", "spaces": "space"}
+URL_PREFIX = {"model": "", "dataset": "datasets/", "space": "spaces/"}
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
+LFS_THRESHOLD = 10 * 1024 * 1024  # the Hub sends bigger (or binary) files to LFS
+HUB_COMMITS_PER_HOUR = 128  # the Hub's limit for a free account ("rate limit for repository commits")
+GITATTRIBUTES = b"*.safetensors filter=lfs diff=lfs merge=lfs -text\n"
+T = TypeVar("T")
+
+
+def git_hash(content: bytes) -> str:
+    """The git blob id: what the Hub serves as a regular file's ETag and preupload `oid`."""
+    return hashlib.sha1(b"blob %d\0" % len(content) + content).hexdigest()
+
+
+class Refusal(Exception):
+    """An error answer, shaped like the Hub's: JSON `{"error": …}` plus `X-Error-Code`/`X-Error-Message`."""
+
+    def __init__(self, status: int, message: str, code: str | None = None, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.code, self.headers = status, message, code, headers or {}
+
+    def response(self) -> JSONResponse:
+        headers = {"X-Error-Message": self.message, **self.headers}
+        if self.code:
+            headers["X-Error-Code"] = self.code
+        return JSONResponse({"error": self.message}, self.status, headers=headers)
+
+
+@dataclass(frozen=True)
+class User:
+    name: str
+    write: bool
+
+
+@dataclass(frozen=True)
+class Commit:
+    oid: str
+    message: str
+    files: dict[str, bytes]
+    at: float
+
+
+@dataclass
+class Repo:
+    repo_id: str
+    repo_type: str
+    owner: str
+    private: bool
+    commits: list[Commit] = field(default_factory=list)
+
+    @property
+    def head(self) -> Commit:
+        return self.commits[-1]
+
+    def at(self, revision: str) -> Commit:
+        if revision == "main":
+            return self.head
+        for commit in self.commits:
+            if commit.oid == revision:
+                return commit
+        raise Refusal(404, f"Invalid rev id: {revision}", "RevisionNotFound")
+
+    def add_commit(self, message: str, files: dict[str, bytes]) -> Commit:
+        seed = f"{self.repo_id}\n{len(self.commits)}\n{message}\n{sorted((p, git_hash(c)) for p, c in files.items())}"
+        commit = Commit(hashlib.sha1(seed.encode()).hexdigest(), message, files, time.time())
+        self.commits.append(commit)
+        return commit
+
+
+@dataclass(frozen=True)
+class Received:
+    """One request as the server saw it (the body read in full)."""
+
+    method: str
+    path: str
+    query: str
+    headers: dict[str, str]
+    body: bytes
+    status: int
+
+    def payload(self) -> bytes:
+        """The body, plus the file contents that JSON/NDJSON bodies carry base64-encoded (commits, preuploads)."""
+        decoded = [self.body]
+        for line in self.body.splitlines():
+            with contextlib.suppress(ValueError):
+                decoded += [base64.b64decode(v) for v in json_strings(json.loads(line), ("content", "sample"))]
+        return b"\n".join(decoded)
+
+    def carries(self, text: str) -> bool:
+        """Whether `text` is anywhere in what was sent, except the Authorization header (where a token belongs)."""
+        others = " ".join(v for k, v in self.headers.items() if k != "authorization")
+        return any(text in part for part in (self.path, self.query, others)) or text.encode() in self.payload()
+
+
+def json_strings(value: object, keys: tuple[str, ...]) -> Iterator[str]:
+    """Every string under one of `keys`, anywhere in a parsed JSON document."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if key in keys and isinstance(item, str):
+                yield item
+            else:
+                yield from json_strings(item, keys)
+    elif isinstance(value, list):
+        for item in value:
+            yield from json_strings(item, keys)
+
+
+def valid_path(path: object) -> str:
+    """A repo path as the Hub accepts it: relative, no empty/`.`/`..` segment, nothing under `.git/`."""
+    if not isinstance(path, str) or not path or len(path) > 1000 or path.startswith("/") or "\\" in path:
+        raise Refusal(400, f"Invalid path: {path!r}")
+    parts = path.split("/")
+    if any(p in ("", ".", "..", ".git") or "\0" in p for p in parts):
+        raise Refusal(400, f"Invalid path: {path!r}")
+    return path
+
+
+class HubState:
+    """Users, repos and commits, shared by the app (server thread) and the test (main thread)."""
+
+    def __init__(self, users: dict[str, User], commits_per_hour: int) -> None:
+        self.lock = threading.RLock()
+        self.users = users
+        self.repos: dict[tuple[str, str], Repo] = {}
+        self.received: list[Received] = []
+        self.commits_per_hour = commits_per_hour
+
+    def user(self, request: Request) -> User | None:
+        """The caller: None when anonymous; a token the Hub does not know is refused outright."""
+        header = request.headers.get("authorization")
+        if header is None:
+            return None
+        scheme, _, token = header.partition(" ")
+        user = self.users.get(token.strip()) if scheme.lower() == "bearer" else None
+        if user is None:
+            raise Refusal(401, "Invalid credentials in Authorization header")
+        return user
+
+    def readable(self, request: Request, repo_type: str, repo_id: str) -> Repo:
+        user = self.user(request)
+        repo = self.repos.get((repo_type, repo_id))
+        if repo is None or (repo.private and (user is None or user.name != repo.owner)):
+            # Like the Hub: a private repo is indistinguishable from a missing one; 401 when anonymous.
+            raise Refusal(401 if user is None else 404, "Repository not found", "RepoNotFound")
+        return repo
+
+    def writable(self, request: Request, repo_type: str, repo_id: str, revision: str) -> Repo:
+        user = self.user(request)
+        if user is None:
+            raise Refusal(401, "You must be authenticated to write to a repository")
+        repo = self.readable(request, repo_type, repo_id)
+        if not user.write:
+            raise Refusal(403, "This token is read-only: writing needs a token with write access")
+        if user.name != repo.owner:
+            raise Refusal(403, f"You don't have the rights to write to {repo_id}")
+        if revision != "main":
+            raise Refusal(404, f"Invalid rev id: {revision}", "RevisionNotFound")
+        return repo
+
+    def create(self, repo_id: str, repo_type: str, owner: str, private: bool) -> Repo:
+        repo = Repo(repo_id, repo_type, owner, private)
+        repo.add_commit("initial commit", {".gitattributes": GITATTRIBUTES})
+        self.repos[(repo_type, repo_id)] = repo
+        return repo
+
+
+def repo_ref(request: Request) -> tuple[str, str]:
+    """(repo type, repo id) from the route's `kind`/`namespace`/`name`; 404 for an unknown kind."""
+    params = request.path_params
+    kind = params.get("kind", "models")
+    if kind not in KINDS:
+        raise Refusal(404, "Not Found")
+    return KINDS[kind], f"{params['namespace']}/{params['name']}"
+
+
+def decode_base64(text: str) -> bytes:
+    try:
+        return base64.b64decode(text, validate=True)
+    except ValueError:
+        raise Refusal(400, "Invalid base64 content") from None
+
+
+async def json_body(request: Request) -> dict:
+    try:
+        body = json.loads(await request.body())
+    except ValueError:
+        raise Refusal(400, "Invalid JSON body") from None
+    if not isinstance(body, dict):
+        raise Refusal(400, "Expected a JSON object")
+    return body
+
+
+def iso(at: float) -> str:
+    return datetime.fromtimestamp(at, UTC).isoformat().replace("+00:00", "Z")
+
+
+class HubApp:
+    """The Starlette app: one handler per Hub route."""
+
+    def __init__(self, state: HubState) -> None:
+        self.state = state
+        self.endpoint = ""  # set once the server listens; used in the URLs it returns
+
+    def routes(self) -> list[Route]:
+        api = "/api/{kind}/{namespace}/{name}"
+        resolve = "/{namespace}/{name}/resolve/{revision}/{path:path}"
+        return [
+            Route("/api/repos/create", self.create_repo, methods=["POST"]),
+            Route(api, self.repo_info, methods=["GET"]),
+            Route(api + "/revision/{revision}", self.repo_info, methods=["GET"]),
+            Route(api + "/preupload/{revision}", self.preupload, methods=["POST"]),
+            Route(api + "/commit/{revision}", self.commit, methods=["POST"]),
+            Route(api + "/tree/{revision}", self.tree, methods=["GET"]),
+            Route(api + "/tree/{revision}/{path:path}", self.tree, methods=["GET"]),
+            Route("/datasets" + resolve, self.resolve, methods=["GET", "HEAD"]),
+            Route("/spaces" + resolve, self.resolve, methods=["GET", "HEAD"]),
+            Route(resolve, self.resolve, methods=["GET", "HEAD"]),
+        ]
+
+    def asgi(self) -> Starlette:
+        async def refusal(request: Request, exc: Exception) -> Response:
+            assert isinstance(exc, Refusal)
+            return exc.response()
+
+        return Starlette(routes=self.routes(), exception_handlers={Refusal: refusal})
+
+    def repo_url(self, repo: Repo) -> str:
+        return f"{self.endpoint}/{URL_PREFIX[repo.repo_type]}{repo.repo_id}"
+
+    async def create_repo(self, request: Request) -> Response:
+        body = await json_body(request)
+        with self.state.lock:
+            user = self.state.user(request)
+            if user is None:
+                raise Refusal(401, "You must be authenticated to create a repository")
+            name, owner = body.get("name"), body.get("organization") or user.name
+            repo_type = body.get("type") or "model"
+            if not isinstance(name, str) or not NAME.fullmatch(name) or not NAME.fullmatch(owner):
+                raise Refusal(400, f"Invalid repo name: {owner}/{name}")
+            if repo_type not in URL_PREFIX:
+                raise Refusal(400, f"Invalid repo type: {repo_type!r}")
+            if repo_type == "space":
+                raise Refusal(501, "Spaces are not implemented by this test server")
+            if not user.write or owner != user.name:
+                raise Refusal(403, f"You don't have the rights to create a {repo_type} under the namespace {owner}")
+            existing = self.state.repos.get((repo_type, f"{owner}/{name}"))
+            if existing is not None:
+                return JSONResponse({"error": "You already created this repo", "url": self.repo_url(existing)}, 409)
+            private = body.get("visibility", "public") == "private"
+            repo = self.state.create(f"{owner}/{name}", repo_type, owner, private)
+            return JSONResponse({"url": self.repo_url(repo), "name": repo.repo_id, "id": repo.repo_id})
+
+    async def repo_info(self, request: Request) -> Response:
+        with self.state.lock:
+            repo = self.state.readable(request, *repo_ref(request))
+            commit = repo.at(request.path_params.get("revision", "main"))
+            return JSONResponse({
+                "_id": hashlib.md5(repo.repo_id.encode()).hexdigest()[:24], "id": repo.repo_id,
+                "author": repo.owner, "sha": commit.oid, "private": repo.private, "disabled": False,
+                "gated": False, "lastModified": iso(commit.at), "createdAt": iso(repo.commits[0].at),
+                "tags": [], "downloads": 0, "likes": 0,
+                "siblings": [{"rfilename": path} for path in sorted(commit.files)],
+            })
+
+    async def preupload(self, request: Request) -> Response:
+        body = await json_body(request)
+        with self.state.lock:
+            repo = self.state.writable(request, *repo_ref(request), request.path_params["revision"])
+            files = body.get("files")
+            if not isinstance(files, list) or not files:
+                raise Refusal(400, "Expected a non-empty list of files")
+            answers = []
+            for entry in files:
+                if not isinstance(entry, dict):
+                    raise Refusal(400, f"Invalid file entry: {entry!r}")
+                path, size, sample = entry.get("path"), entry.get("size"), entry.get("sample")
+                if not isinstance(size, int) or size < 0 or not isinstance(sample, str):
+                    raise Refusal(400, f"Invalid file entry: {entry!r}")
+                binary = b"\0" in decode_base64(sample)
+                mode = "lfs" if size >= LFS_THRESHOLD or binary else "regular"
+                answer = {"path": valid_path(path), "uploadMode": mode, "shouldIgnore": False}
+                if mode == "regular" and path in repo.head.files:
+                    answer["oid"] = git_hash(repo.head.files[path])
+                answers.append(answer)
+            return JSONResponse({"files": answers, "commitOid": repo.head.oid})
+
+    async def commit(self, request: Request) -> Response:
+        if not request.headers.get("content-type", "").startswith("application/x-ndjson"):
+            raise Refusal(400, "Expected an application/x-ndjson body")
+        if request.query_params.get("create_pr") or request.query_params.get("hot_reload"):
+            raise Refusal(501, "Pull requests and hot reload are not implemented by this test server")
+        lines = [line for line in (await request.body()).splitlines() if line.strip()]
+        try:
+            items = [json.loads(line) for line in lines]
+        except ValueError:
+            raise Refusal(400, "Invalid NDJSON body") from None
+        with self.state.lock:
+            repo = self.state.writable(request, *repo_ref(request), request.path_params["revision"])
+            files = self.apply(repo, items)
+            recent = [c for c in repo.commits if c.at > time.time() - 3600]
+            if len(recent) >= self.state.commits_per_hour:
+                raise Refusal(429, f"You have exceeded the rate limit for repository commits "
+                                   f"({self.state.commits_per_hour} per hour).")
+            commit = repo.add_commit(items[0]["value"]["summary"], files)
+            return JSONResponse({"success": True, "commitOid": commit.oid, "hookOutput": "",
+                                 "commitUrl": f"{self.repo_url(repo)}/commit/{commit.oid}"})
+
+    @staticmethod
+    def apply(repo: Repo, items: list) -> dict[str, bytes]:
+        """The files after a commit's operations, refusing a malformed or impossible one (nothing applied)."""
+        if not items or not isinstance(items[0], dict) or items[0].get("key") != "header":
+            raise Refusal(400, "The first line must be the commit header")
+        header = items[0].get("value") or {}
+        if not isinstance(header.get("summary"), str) or not header["summary"].strip():
+            raise Refusal(400, "The commit summary must not be empty")
+        if header.get("parentCommit") not in (None, repo.head.oid):
+            raise Refusal(412, "A commit has happened since. Please refresh and try again.")
+        files = dict(repo.head.files)
+        for item in items[1:]:
+            key, value = (item.get("key"), item.get("value")) if isinstance(item, dict) else (None, None)
+            if not isinstance(value, dict):
+                raise Refusal(400, f"Invalid operation: {item!r}")
+            path = valid_path(value.get("path"))
+            if key == "file":
+                if value.get("encoding") != "base64" or not isinstance(value.get("content"), str):
+                    raise Refusal(400, f"Invalid file operation for {path}")
+                files[path] = decode_base64(value["content"])
+            elif key == "deletedFile":
+                if files.pop(path, None) is None:
+                    raise Refusal(404, f"A file with this name doesn't exist: {path}", "EntryNotFound")
+            elif key == "deletedFolder":
+                files = {p: c for p, c in files.items() if not p.startswith(path.rstrip("/") + "/")}
+            elif key == "lfsFile":
+                raise Refusal(501, "LFS files are not implemented by this test server")
+            else:
+                raise Refusal(400, f"Unknown operation {key!r}")
+        return files
+
+    async def tree(self, request: Request) -> Response:
+        with self.state.lock:
+            repo = self.state.readable(request, *repo_ref(request))
+            commit = repo.at(request.path_params["revision"])
+            folder = request.path_params.get("path", "").strip("/")
+            recursive = request.query_params.get("recursive", "").lower() in ("1", "true")
+            entries = tree_entries(commit.files, folder, recursive)
+            if folder and not entries:
+                raise Refusal(404, f"{folder} does not exist on main", "EntryNotFound")
+            return JSONResponse(entries)
+
+    async def resolve(self, request: Request) -> Response:
+        with self.state.lock:
+            repo_type = "dataset" if request.url.path.startswith("/datasets/") else "model"
+            if request.url.path.startswith("/spaces/"):
+                repo_type = "space"
+            params = request.path_params
+            repo = self.state.readable(request, repo_type, f"{params['namespace']}/{params['name']}")
+            commit = repo.at(params["revision"])
+            content = commit.files.get(params["path"])
+        headers = {"X-Repo-Commit": commit.oid}
+        if content is None:
+            raise Refusal(404, "Entry not found", "EntryNotFound", headers)
+        headers |= {"ETag": f'"{git_hash(content)}"', "Content-Length": str(len(content)),
+                    "Content-Type": "text/plain; charset=utf-8", "Accept-Ranges": "bytes"}
+        return Response(b"" if request.method == "HEAD" else content, headers=headers)
+
+
+def tree_entries(files: dict[str, bytes], folder: str, recursive: bool) -> list[dict]:
+    """The Hub's tree listing of `folder`: files and sub-folders, direct children unless `recursive`."""
+    prefix = f"{folder}/" if folder else ""
+    entries: dict[str, dict] = {}
+    for path, content in sorted(files.items()):
+        if not path.startswith(prefix):
+            continue
+        parts = path[len(prefix):].split("/")
+        for depth in range(1, len(parts) if recursive else min(len(parts), 2)):
+            sub = prefix + "/".join(parts[:depth])
+            entries.setdefault(sub, {"type": "directory", "oid": hashlib.sha1(sub.encode()).hexdigest(),
+                                     "size": 0, "path": sub})
+        if recursive or len(parts) == 1:
+            entries[path] = {"type": "file", "oid": git_hash(content), "size": len(content), "path": path}
+    return list(entries.values())
+
+
+class Recorder:
+    """ASGI middleware that keeps every request (with its full body) and the status answered."""
+
+    def __init__(self, app: ASGIApp, state: HubState) -> None:
+        self.app, self.state = app, state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        body, status = bytearray(), [0]
+
+        async def recording_receive() -> Message:
+            message = await receive()
+            body.extend(message.get("body", b""))
+            return message
+
+        async def recording_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, recording_receive, recording_send)
+        finally:
+            headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+            received = Received(scope["method"], scope["path"], scope["query_string"].decode("latin-1"),
+                                headers, bytes(body), status[0])
+            with self.state.lock:
+                self.state.received.append(received)
+
+
+def reset(writer: asyncio.StreamWriter) -> None:
+    """Drops a connection with a TCP reset, the way a dead network or a refusing host looks to a client."""
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.transport.abort()
+
+
+class Front:
+    """The port clients connect to: relays to the app, or simulates an outage (`refuse` or `hang`)."""
+
+    def __init__(self, backend_port: int) -> None:
+        self.backend_port = backend_port
+        self.mode: str | None = None
+        self.live: set[asyncio.StreamWriter] = set()
+        self.recovered = asyncio.Event()
+        self.refused = self.hung = 0
+
+    def set_mode(self, mode: str | None) -> None:
+        self.mode = mode
+        if mode is None:
+            self.recovered.set()
+            return
+        self.recovered.clear()
+        for writer in list(self.live):  # kept-alive connections must not slip through the outage
+            reset(writer)
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.mode == "refuse":
+            self.refused += 1
+            return reset(writer)
+        if self.mode == "hang":
+            self.hung += 1
+            await self.recovered.wait()
+            return reset(writer)
+        self.live.add(writer)
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.backend_port)
+            relays = [asyncio.ensure_future(relay(reader, up_writer)), asyncio.ensure_future(relay(up_reader, writer))]
+            await asyncio.wait(relays, return_when=asyncio.FIRST_COMPLETED)
+            for task in relays:
+                task.cancel()
+            up_writer.close()
+            writer.close()
+        finally:
+            self.live.discard(writer)
+
+
+async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    with contextlib.suppress(ConnectionError, OSError):
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+
+
+def listening_socket() -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    return sock
+
+
+class HubServer:
+    """The test Hub, served from a background thread on 127.0.0.1 (free ports), with a user and tokens ready."""
+
+    owner = "pod-owner"
+
+    def __init__(self, commits_per_hour: int = HUB_COMMITS_PER_HOUR) -> None:
+        # Tokens shaped like real ones, so a leak of them would also be caught by shape.
+        self.write_token = f"hf_{secrets.token_hex(17)}"
+        self.read_token = f"hf_{secrets.token_hex(17)}"
+        self.stranger_token = f"hf_{secrets.token_hex(17)}"
+        users = {self.write_token: User(self.owner, True), self.read_token: User(self.owner, False),
+                 self.stranger_token: User("stranger", True)}
+        self.state = HubState(users, commits_per_hour)
+        self.app = HubApp(self.state)
+        self.endpoint = ""
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._front: Front | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> HubServer:
+        front_sock, app_sock = listening_socket(), listening_socket()
+        self.endpoint = self.app.endpoint = f"http://127.0.0.1:{front_sock.getsockname()[1]}"
+        ready = threading.Event()
+        self._thread = threading.Thread(target=asyncio.run, args=(self._serve(front_sock, app_sock, ready),),
+                                        name="hub-server", daemon=True)
+        self._thread.start()
+        if not ready.wait(30):
+            raise RuntimeError("the test Hub did not start")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._call(self._stop.set)
+        self._thread.join(30)
+
+    async def _serve(self, front_sock: socket.socket, app_sock: socket.socket, ready: threading.Event) -> None:
+        self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+        self._front = Front(app_sock.getsockname()[1])
+        config = uvicorn.Config(Recorder(self.app.asgi(), self.state), log_level="warning", lifespan="off")
+        server = uvicorn.Server(config)
+        serving = asyncio.ensure_future(server.serve(sockets=[app_sock]))
+        front = await asyncio.start_server(self._front.handle, sock=front_sock)
+        while not server.started:
+            await asyncio.sleep(0.01)
+        ready.set()
+        await self._stop.wait()
+        self._front.set_mode(None)
+        front.close()
+        server.should_exit = True
+        await serving
+
+    def _call(self, fn: Callable[..., T], *args: object) -> T:
+        """Runs `fn` in the server's loop (where the outage state lives) and returns its result."""
+
+        async def call() -> T:
+            return fn(*args)
+
+        return asyncio.run_coroutine_threadsafe(call(), self._loop).result(10)
+
+    # --- what tests use ---
+
+    def env(self, token: str | None = None) -> dict[str, str]:
+        """The variables that point the real client here (as the owner, with a write token, by default)."""
+        return {"HF_ENDPOINT": self.endpoint, "HF_TOKEN": token or self.write_token}
+
+    @contextlib.contextmanager
+    def outage(self, mode: str = "refuse") -> Iterator[None]:
+        """Within the block, connections are reset at once (`refuse`) or held unanswered (`hang`)."""
+        assert mode in ("refuse", "hang")
+        self._call(self._front.set_mode, mode)
+        try:
+            yield
+        finally:
+            self._call(self._front.set_mode, None)
+
+    @property
+    def commits_per_hour(self) -> int:
+        """The Hub's commit rate limit per repo; lower it to see 429s, raise it to lift them."""
+        return self.state.commits_per_hour
+
+    @commits_per_hour.setter
+    def commits_per_hour(self, value: int) -> None:
+        with self.state.lock:
+            self.state.commits_per_hour = value
+
+    @property
+    def refused_connections(self) -> int:
+        return self._front.refused
+
+    @property
+    def hung_connections(self) -> int:
+        return self._front.hung
+
+    def create_repo(self, repo_id: str, repo_type: str = "model", private: bool = False) -> None:
+        with self.state.lock:
+            self.state.create(repo_id, repo_type, repo_id.split("/")[0], private)
+
+    def put_file(self, repo_id: str, path: str, content: bytes | str, repo_type: str = "model") -> str:
+        """Commits one file directly (test setup, as if someone pushed it); returns the commit id."""
+        with self.state.lock:
+            repo = self.state.repos[(repo_type, repo_id)]
+            data = content.encode() if isinstance(content, str) else content
+            return repo.add_commit(f"Upload {path}", {**repo.head.files, path: data}).oid
+
+    def file(self, repo_id: str, path: str, repo_type: str = "model") -> bytes | None:
+        with self.state.lock:
+            repo = self.state.repos.get((repo_type, repo_id))
+            return None if repo is None else repo.head.files.get(path)
+
+    def commits(self, repo_id: str, repo_type: str = "model") -> list[Commit]:
+        with self.state.lock:
+            repo = self.state.repos.get((repo_type, repo_id))
+            return [] if repo is None else list(repo.commits)
+
+    @property
+    def received(self) -> list[Received]:
+        with self.state.lock:
+            return list(self.state.received)
+
+
+@pytest.fixture
+def hub_server() -> Iterator[HubServer]:
+    """A fresh test Hub for one test; the owner `pod-owner` holds `write_token` and `read_token`."""
+    with HubServer() as server:
+        yield server

@@ -1,0 +1,62 @@
+"""How the runtime names and reaches a Hub repo: repo ids, the pod's id, bounded waits."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+from huggingface_hub.utils import get_session
+
+from runtime.hub.repo import HUB_TIMEOUT_S, HubRepo, pod_id
+from runtime.settings import SettingsError
+
+
+@pytest.mark.parametrize(("spec", "repo_id", "repo_type", "shown"), [
+    ("patdev/k3-a40-bootstrap", "patdev/k3-a40-bootstrap", "model", "patdev/k3-a40-bootstrap"),
+    ("datasets/me/pod-logs", "me/pod-logs", "dataset", "datasets/me/pod-logs"),
+    ("spaces/me/status", "me/status", "space", "spaces/me/status"),
+    (" me/logs/ ", "me/logs", "model", "me/logs"),
+])
+def test_repo_specs(spec: str, repo_id: str, repo_type: str, shown: str) -> None:
+    repo = HubRepo.parse(spec)
+    assert (repo.repo_id, repo.repo_type, str(repo)) == (repo_id, repo_type, shown)
+
+
+@pytest.mark.parametrize("spec", ["logs", "a/b/c", "me/has space", "datasets/logs", "-me/logs"])
+def test_bad_repo_specs(spec: str) -> None:
+    with pytest.raises(ValueError, match="is not a Hub repo id"):
+        HubRepo.parse(spec)
+
+
+def test_a_bad_repo_setting_stops_start_up_with_one_line() -> None:
+    with pytest.raises(SettingsError) as error:
+        HubRepo.from_environ("my-logs", {}, "VL_LOG_REPO")
+    assert str(error.value) == ("VL_LOG_REPO='my-logs' is not allowed: expected a Hub repo id: owner/name, "
+                                "datasets/owner/name or spaces/owner/name")
+
+
+def test_the_environment_gives_endpoint_and_token() -> None:
+    repo = HubRepo.from_environ("me/logs", {"HF_ENDPOINT": "http://127.0.0.1:1", "HF_TOKEN": "hf_x"})
+    assert (repo.endpoint, repo.token) == ("http://127.0.0.1:1", "hf_x")
+    anonymous = HubRepo.from_environ("me/logs", {})
+    assert (anonymous.endpoint, anonymous.token) == (None, False)  # never a token found elsewhere on disk
+
+
+@pytest.mark.parametrize(("environ", "expected"), [
+    ({"RUNPOD_POD_ID": "udpfa0l4z65m09"}, "udpfa0l4z65m09"),
+    ({"RUNPOD_POD_ID": "../../etc/passwd"}, "etc-passwd"),
+    ({"RUNPOD_POD_ID": "a b/c"}, "a-b-c"),
+])
+def test_pod_id(environ: dict[str, str], expected: str) -> None:
+    assert pod_id(environ) == expected
+
+
+def test_pod_id_falls_back_to_the_hostname() -> None:
+    assert pod_id({}) == pod_id({"RUNPOD_POD_ID": socket.gethostname()})
+
+
+def test_hub_requests_have_a_timeout() -> None:
+    """huggingface_hub's shared client waits forever by default; a hung Hub must not freeze a thread."""
+    HubRepo.parse("me/logs").api
+    assert get_session().timeout.read == HUB_TIMEOUT_S
+    assert get_session().timeout.connect == HUB_TIMEOUT_S

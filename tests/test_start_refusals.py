@@ -1,0 +1,62 @@
+"""`python -m runtime start` refuses a bad setting with ONE line naming the variable, its value and
+what is allowed, exits non-zero, launches nothing, and publishes the line when a Hub log is set."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from runtime.settings import BY_ENV
+from tests.support.hub_server import HubServer
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+BAD_VALUES = [
+    ("VL_MODEL", "gpt-5"),
+    ("VL_CTX", "lots"),
+    ("VL_CTX", "100"),
+    ("VL_UTIL", "1.5"),
+    ("VL_SPEC", "sometimes"),
+    ("VL_TP", "0"),
+    ("VL_BRIDGE", "maybe"),
+    ("VL_BRIDGE_PING_S", "0"),
+    ("VL_PORT", "70000"),
+    ("VL_LOG_INTERVAL_S", "1"),
+    ("VL_SSH_STRICT_MODES", "perhaps"),
+]
+
+
+def start(tmp_path: Path, **variables: str) -> subprocess.CompletedProcess[str]:
+    outer = {k: v for k, v in os.environ.items() if not k.startswith(("VL_", "HF_"))}
+    env = outer | {"VL_STATE_DIR": str(tmp_path / "state"), "VL_PREBAKED_MARKER": str(tmp_path / "none")} | variables
+    return subprocess.run([sys.executable, "-m", "runtime", "start"], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize(("variable", "value"), BAD_VALUES)
+def test_a_bad_value_stops_start_up_with_one_clear_line(tmp_path: Path, variable: str, value: str) -> None:
+    result = start(tmp_path, **{variable: value})
+    assert result.returncode == 2
+    allowed = BY_ENV[variable].allowed
+    assert result.stderr.splitlines() == [f"{variable}={value!r} is not allowed: expected {allowed}"]
+    assert not (tmp_path / "state").exists(), "nothing was started or written"
+
+
+def test_a_value_the_recipe_cannot_take_stops_start_up_before_any_launch(tmp_path: Path) -> None:
+    result = start(tmp_path, VL_MODEL="tiny", VL_CTX="10000000")
+    assert result.returncode == 2
+    last = result.stderr.splitlines()[-1]
+    assert last.startswith("VL_CTX='10000000' is not allowed: expected at most "), result.stderr
+    assert not list((tmp_path / "state").glob("*.pid")), "nothing was launched"
+
+
+def test_the_refusal_is_published_to_the_hub_log(tmp_path: Path, hub_server: HubServer) -> None:
+    hub_server.create_repo(f"{hub_server.owner}/pod-logs", private=True)
+    result = start(tmp_path, **hub_server.env(), VL_LOG_REPO=f"{hub_server.owner}/pod-logs",
+                   RUNPOD_POD_ID="refused-pod", VL_CTX="lots")
+    assert result.returncode == 2
+    published = hub_server.file(f"{hub_server.owner}/pod-logs", "etat/refused-pod.log")
+    assert published is not None and b"VL_CTX='lots' is not allowed" in published

@@ -1,0 +1,226 @@
+"""The supervisor with real child processes: deaths, back-off, hung children, stopping a process tree."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+from runtime.supervisor import Backoff, ChildSpec, Health, Supervisor
+from tests.support.net import free_port
+
+pytestmark = pytest.mark.anyio
+Make = Callable[..., Supervisor]
+
+CRASH = "import sys; print('crashing', flush=True); sys.exit(3)"
+SLEEP = "import time; print('ready', flush=True); time.sleep(600)"
+IGNORE_TERM = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(600)"
+WITH_GRANDCHILD = (
+    "import subprocess, sys, time; "
+    "g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); "
+    "print('grandchild', g.pid, flush=True); time.sleep(600)"
+)
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+async def supervisor_for(tmp_path: Path) -> AsyncIterator[Make]:
+    """Makes supervisors over `tmp_path`; whatever a test leaves running is stopped, even when it fails."""
+    made: list[Supervisor] = []
+
+    def make(**options: object) -> Supervisor:
+        made.append(Supervisor(tmp_path, **options))
+        return made[-1]
+
+    yield make
+    for supervisor in made:
+        await supervisor.stop()
+
+
+def python(code: str) -> list[str]:
+    return [sys.executable, "-c", code]
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state not in ("Z", "X")
+
+
+async def eventually(condition: Callable[[], object], deadline_s: float = 30.0) -> None:
+    give_up = time.monotonic() + deadline_s
+    while not condition():
+        if time.monotonic() > give_up:
+            raise TimeoutError("condition not met before the deadline")
+        await asyncio.sleep(0.05)
+
+
+def log_of(state: Path, name: str) -> str:
+    path = state / f"{name}.log"
+    return path.read_text() if path.exists() else ""
+
+
+def said(state: Path, name: str, line: str) -> bool:
+    """The child printed this line (the log's header, which quotes the argv, does not count)."""
+    return line in log_of(state, name).splitlines()
+
+
+def grandchild_of(state: Path, name: str) -> int | None:
+    found = re.search(r"^grandchild (\d+)$", log_of(state, name), re.MULTILINE)
+    return int(found[1]) if found else None
+
+
+async def test_a_dying_child_is_relaunched_with_growing_back_off(tmp_path: Path, supervisor_for: Make) -> None:
+    incidents: list[str] = []
+    supervisor = supervisor_for(on_incident=incidents.append, backoff=Backoff(first_s=0.1, most_s=0.4))
+    supervisor.start(ChildSpec("crasher", python(CRASH)))
+    await eventually(lambda: len(incidents) >= 4)
+    await supervisor.stop()
+    assert incidents[:4] == [
+        "crasher exited with code 3; restarting in 0 s",
+        "crasher exited with code 3 (2 times in a row, backing off); restarting in 0 s",
+        "crasher exited with code 3 (3 times in a row, backing off); restarting in 0 s",
+        "crasher exited with code 3 (4 times in a row, backing off); restarting in 0 s",
+    ]
+    assert log_of(tmp_path, "crasher").splitlines().count("crashing") >= 4  # one log, appended to at each launch
+    assert Backoff(1, 60).delay(1) == 1 and Backoff(1, 60).delay(4) == 8 and Backoff(1, 60).delay(9) == 60
+
+
+async def test_a_killed_child_comes_back_and_its_group_is_cleaned(tmp_path: Path, supervisor_for: Make) -> None:
+    incidents: list[str] = []
+    supervisor = supervisor_for(on_incident=incidents.append, backoff=Backoff(first_s=0.1))
+    supervisor.start(ChildSpec("engine", python(WITH_GRANDCHILD)))
+    await eventually(lambda: grandchild_of(tmp_path, "engine"))
+    first, grandchild = supervisor.pid("engine"), grandchild_of(tmp_path, "engine")
+    assert (tmp_path / "engine.pid").read_text() == f"{first}\n"
+    os.kill(first, signal.SIGKILL)
+    await eventually(lambda: supervisor.pid("engine") not in (None, first))
+    assert incidents == ["engine was killed by SIGKILL; restarting in 0 s"]
+    await eventually(lambda: not alive(grandchild))  # the orphan went with its group
+
+
+async def test_stop_ends_every_process_of_every_tree_and_kills_the_stubborn(tmp_path: Path, supervisor_for: Make) -> None:
+    supervisor = supervisor_for(grace_s=1.0)
+    supervisor.start(ChildSpec("tree", python(WITH_GRANDCHILD)))
+    supervisor.start(ChildSpec("stubborn", python(IGNORE_TERM)))
+    await eventually(lambda: grandchild_of(tmp_path, "tree") and said(tmp_path, "stubborn", "ready"))
+    grandchild = grandchild_of(tmp_path, "tree")
+    pids = [supervisor.pid("tree"), supervisor.pid("stubborn"), grandchild]
+    await supervisor.stop()
+    assert not any(alive(pid) for pid in pids)
+    assert supervisor.children == {} and not list(tmp_path.glob("*.pid"))
+
+
+async def test_one_slow_stop_does_not_hold_up_the_care_of_another_child(tmp_path: Path, supervisor_for: Make) -> None:
+    supervisor = supervisor_for(grace_s=20.0, backoff=Backoff(first_s=0.1))
+    supervisor.start(ChildSpec("stubborn", python(IGNORE_TERM)))
+    supervisor.start(ChildSpec("other", python(SLEEP)))
+    await eventually(lambda: said(tmp_path, "stubborn", "ready") and said(tmp_path, "other", "ready"))
+    stubborn, other = supervisor.pid("stubborn"), supervisor.pid("other")
+    supervisor.restart("stubborn", "new configuration")  # takes the whole 20 s grace period
+    os.kill(other, signal.SIGKILL)
+    await eventually(lambda: supervisor.pid("other") not in (None, other))
+    assert alive(stubborn), "the other child was relaunched while this one was still being stopped"
+    os.kill(stubborn, signal.SIGKILL)
+
+
+async def test_a_restart_with_a_new_spec_touches_only_that_child(tmp_path: Path, supervisor_for: Make) -> None:
+    supervisor = supervisor_for()
+    supervisor.start(ChildSpec("bridge", python(SLEEP)))
+    supervisor.start(ChildSpec("engine", python(SLEEP)))
+    await eventually(lambda: supervisor.pid("bridge") and supervisor.pid("engine"))
+    engine, bridge = supervisor.pid("engine"), supervisor.pid("bridge")
+    supervisor.restart("bridge", "VL_ALIASES changed", ChildSpec("bridge", python(SLEEP.replace("ready", "reloaded"))))
+    await eventually(lambda: said(tmp_path, "bridge", "reloaded"))
+    assert supervisor.pid("engine") == engine and supervisor.pid("bridge") != bridge
+    assert not alive(bridge)
+
+
+def http_health(port: int) -> Health:
+    async def probe() -> bool:
+        async with httpx.AsyncClient() as client:
+            return (await client.get(f"http://127.0.0.1:{port}/")).status_code == 200
+
+    return Health(probe, interval_s=0.2, timeout_s=0.5, failures_before_restart=2, starting_interval_s=0.1)
+
+
+async def test_a_hung_child_is_restarted_after_two_failed_checks_and_its_log_kept(tmp_path: Path, supervisor_for: Make) -> None:
+    incidents: list[str] = []
+    port = free_port()
+    supervisor = supervisor_for(on_incident=incidents.append)
+    server = [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(port)]
+    supervisor.start(ChildSpec("bridge", server, health=http_health(port)))
+    await eventually(supervisor.healthy)
+    hung = supervisor.pid("bridge")
+    os.kill(hung, signal.SIGSTOP)
+    await eventually(lambda: supervisor.pid("bridge") not in (None, hung))
+    assert incidents == ["restarting bridge: 2 failed health checks in a row"]
+    assert not alive(hung)  # a stopped process still dies of SIGKILL
+    assert [p.name.split(".")[1] for p in tmp_path.glob("bridge.hung.*.log")] == ["hung"]
+    await eventually(supervisor.healthy)
+
+
+async def test_a_child_still_starting_is_not_restarted_for_failing_its_checks(tmp_path: Path, supervisor_for: Make) -> None:
+    probes: list[bool] = []
+
+    async def never() -> bool:
+        probes.append(False)
+        return False
+
+    supervisor = supervisor_for()
+    health = Health(never, interval_s=0.05, timeout_s=1, failures_before_restart=2, starting_interval_s=0.05)
+    supervisor.start(ChildSpec("engine", python(SLEEP), health=health))
+    await eventually(lambda: len(probes) >= 10)  # loading weights can take many minutes
+    assert supervisor.children["engine"].launches == 1 and not supervisor.healthy()
+
+
+async def test_checks_failing_while_a_restart_stops_the_child_do_not_restart_it_again(tmp_path: Path, supervisor_for: Make) -> None:
+    answering = {"now": True}
+    probes: list[bool] = []
+
+    async def probe() -> bool:
+        probes.append(answering["now"])
+        return answering["now"]
+
+    supervisor = supervisor_for(grace_s=1.0)
+    health = Health(probe, interval_s=0.05, timeout_s=1, failures_before_restart=2, starting_interval_s=0.05)
+    supervisor.start(ChildSpec("bridge", python(IGNORE_TERM), health=health))
+    await eventually(lambda: supervisor.healthy() and said(tmp_path, "bridge", "ready"))
+    answering["now"] = False  # a child being stopped stops answering: that is not a hang
+    supervisor.restart("bridge", "its settings changed")
+    await eventually(lambda: supervisor.children["bridge"].launches == 2 and probes.count(False) >= 10)
+    answering["now"] = True
+    await eventually(supervisor.healthy)
+    assert supervisor.children["bridge"].launches == 2 and not list(tmp_path.glob("bridge.hung.*.log"))
+
+
+@pytest.mark.timeout(60)  # a relaunch loop without back-off starves the event loop: a hang, not a failure
+async def test_a_child_that_cannot_be_launched_backs_off_until_a_new_spec_fixes_it(tmp_path: Path, supervisor_for: Make) -> None:
+    incidents: list[str] = []
+    supervisor = supervisor_for(on_incident=incidents.append, backoff=Backoff(first_s=0.1, most_s=0.2))
+    supervisor.start(ChildSpec("engine", python(SLEEP)))
+    await eventually(lambda: said(tmp_path, "engine", "ready"))
+    supervisor.restart("engine", "new settings", ChildSpec("engine", [str(tmp_path / "no-such-python")]))
+    await eventually(lambda: len(incidents) >= 3)
+    assert incidents[:3] == [
+        "restarting engine: new settings",
+        "engine could not be launched; restarting in 0 s",
+        "engine could not be launched (2 times in a row, backing off); restarting in 0 s",
+    ]
+    supervisor.restart("engine", "fixed settings", ChildSpec("engine", python(SLEEP.replace("ready", "fixed"))))
+    await eventually(lambda: said(tmp_path, "engine", "fixed"))
+    assert incidents.count("restarting engine: new settings") == 1
