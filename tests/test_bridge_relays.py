@@ -53,9 +53,10 @@ def test_models_in_openai_shape_without_anthropic_version(oai: openai.OpenAI, vl
     assert models[0].max_model_len == vllm_server.max_model_len
 
 
-def test_relayed_stream_is_aborted_when_the_client_leaves(oai: openai.OpenAI, vllm_server: VllmServer) -> None:
+def test_relayed_stream_is_aborted_when_the_client_leaves(bridge: Process, vllm_server: VllmServer) -> None:
     """The client leaves once the stream began; the client's x-request-id names the request in vLLM's log."""
     request_id = f"relay-{uuid.uuid4().hex}"
+    oai = openai.OpenAI(base_url=f"{bridge.url}/v1", api_key="unused", max_retries=0)
     stream = oai.chat.completions.create(model="tiny", messages=[{"role": "user", "content": tiny.MARK_LONG}],
                                          max_tokens=LONG_STREAM_TOKENS, stream=True,
                                          extra_headers={"x-request-id": request_id})  # fmt: skip
