@@ -42,7 +42,9 @@ PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 @contextmanager
-def process(argv: list[str], ready: re.Pattern[str], env: dict[str, str] | None = None, timeout: float = 60) -> Iterator[tuple[subprocess.Popen[str], re.Match[str]]]:
+def process(
+    argv: list[str], ready: re.Pattern[str], env: dict[str, str] | None = None, timeout: float = 60
+) -> Iterator[tuple[subprocess.Popen[str], re.Match[str]]]:
     """Start `argv`, wait for a line of its output matching `ready`, stop it on exit."""
     log = tempfile.TemporaryFile("w+")
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env={**os.environ, **(env or {})},

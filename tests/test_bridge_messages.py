@@ -174,7 +174,8 @@ def test_images_reach_vllm_as_image_parts(client: anthropic.Anthropic, stream: b
 
 
 def test_images_inside_a_tool_result_reach_vllm(client: anthropic.Anthropic) -> None:
-    result = {"content": [{"type": "text", "text": "a screenshot"}, {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG}}]}
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG}}
+    result = {"content": [{"type": "text", "text": "a screenshot"}, image]}
     with pytest.raises(anthropic.BadRequestError, match="not a multimodal model"):
         ask(client, False, messages=tool_round(client, result), tools=TOOLS)
 

@@ -65,7 +65,7 @@ class Bridge:
     async def models(self, request: Request) -> Any:
         """Anthropic's shape (with the context window) for Anthropic clients, vLLM's own otherwise."""
         if "anthropic-version" not in request.headers:
-            return Relay(self, "GET", "/v1/models", None, False, request.state.trace)
+            return Relay(self, request)
         await self.catalog.current(self.upstream)
         return JSONResponse(self.catalog.anthropic_listing())
 
@@ -77,7 +77,7 @@ class Bridge:
 
     async def relay(self, request: Request) -> Relay:
         body, stream = rewrite_model(self, await read_body(request, self.max_body))
-        return Relay(self, "POST", request.url.path, body, stream, request.state.trace)
+        return Relay(self, request, body, stream)
 
     async def prometheus(self, request: Request) -> Response:
         """The bridge's metrics, then vLLM's (ours alone while the engine does not answer)."""

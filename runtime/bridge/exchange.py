@@ -122,7 +122,8 @@ class MessagesExchange:
         payload, catalog = translation.payload, self.bridge.catalog
         headers = {"content-type": "application/json", "x-request-id": self.id}
         while True:
-            async with self.bridge.upstream.open("POST", "/v1/chat/completions", msgspec.json.encode(payload), headers) as response:
+            body = msgspec.json.encode(payload)
+            async with self.bridge.upstream.open("POST", "/v1/chat/completions", body, headers) as response:
                 if response.status == 200:
                     yield response
                     return

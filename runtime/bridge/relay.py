@@ -7,10 +7,11 @@ upstream when the client leaves, and per-key usage from the response's `usage`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import aiohttp
 import msgspec
+from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
 from runtime.bridge.connection import ClientGone, Writer, unless_client_leaves
@@ -41,8 +42,12 @@ def rewrite_model(bridge: Bridge, body: bytes) -> tuple[bytes, bool]:
 class Relay:
     """The ASGI response relaying one request to `path` upstream; records usage in `trace`."""
 
-    def __init__(self, bridge: Bridge, method: str, path: str, body: bytes | None, stream: bool, trace: dict[str, Any]) -> None:
-        self.bridge, self.method, self.path, self.body, self.stream, self.trace = bridge, method, path, body, stream, trace
+    def __init__(self, bridge: Bridge, request: Request, body: bytes | None = None, stream: bool = False) -> None:
+        self.bridge, self.body, self.stream = bridge, body, stream
+        self.method, self.path, self.trace = request.method, request.url.path, request.state.trace
+        self.headers = {"content-type": "application/json"} if body is not None else {}
+        if "x-request-id" in request.headers:  # vLLM names the request after it: its log then matches the client's
+            self.headers["x-request-id"] = request.headers["x-request-id"]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -51,9 +56,8 @@ class Relay:
             self.trace["stop"] = "client_gone"
 
     async def serve(self, send: Send) -> None:
-        headers = {"content-type": "application/json"} if self.body is not None else None
         try:
-            async with self.bridge.upstream.open(self.method, self.path, self.body, headers) as response:
+            async with self.bridge.upstream.open(self.method, self.path, self.body, self.headers) as response:
                 kept = [(name.lower(), value) for name, value in response.raw_headers if name.lower() in PASSED_HEADERS]
                 if self.stream and response.status == 200:
                     await self.relay_stream(response, send, kept)
