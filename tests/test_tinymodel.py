@@ -204,20 +204,6 @@ def test_a_raw_completion_prompt_gets_the_answer(client, vllm_server):
     assert (completion.choices[0].text, completion.choices[0].finish_reason) == (ANSWER, "stop")
 
 
-def test_a_client_gone_mid_stream_is_aborted_in_the_log(client, vllm_server):
-    stream = client.chat.completions.create(
-        model=vllm_server.model, messages=user(f"{MARK_LONG} talk"), stream=True, max_tokens=20000
-    )
-    received = ""
-    for chunk in stream:
-        received += "".join(choice.delta.content or "" for choice in chunk.choices)
-        if len(received) > len(LONG_CYCLE):
-            break
-    stream.close()
-    assert received.startswith(LONG_CYCLE)
-    vllm_server.wait_for_log(f"Request {chunk.id} aborted")
-
-
 def test_tokenize_counts_a_chat_like_the_completion_does(client, vllm_server):
     messages = [{"role": "system", "content": "Be brief."}, *user("Say hello.")]
     request = {"model": vllm_server.model, "messages": messages}

@@ -7,6 +7,7 @@ upstream when the client leaves, and per-key usage from the response's `usage`.
 
 from __future__ import annotations
 
+import uuid
 from typing import TYPE_CHECKING
 
 import aiohttp
@@ -46,8 +47,9 @@ class Relay:
         self.bridge, self.body, self.stream = bridge, body, stream
         self.method, self.path, self.trace = request.method, request.url.path, request.state.trace
         self.headers = {"content-type": "application/json"} if body is not None else {}
-        if "x-request-id" in request.headers:  # vLLM names the request after it: its log then matches the client's
-            self.headers["x-request-id"] = request.headers["x-request-id"]
+        # vLLM names the generation after it: its log matches the client's, and the bridge can abort it.
+        self.headers["x-request-id"] = request.headers.get("x-request-id") or f"relay_{uuid.uuid4().hex[:24]}"
+        self.trace["id"] = self.headers["x-request-id"]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:

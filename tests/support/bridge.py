@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.polling import wait_for_log_line
 from tests.support.vllm_server import VllmServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,12 +46,7 @@ class Process:
         return self.log_path.read_text(errors="replace")
 
     def wait_for_log(self, pattern: str, timeout_s: float = 30.0) -> str:
-        deadline = time.monotonic() + timeout_s
-        while not (found := re.search(f".*(?:{pattern}).*", self.log())):
-            if time.monotonic() > deadline:
-                raise AssertionError(f"nothing matching {pattern!r} in {timeout_s:g} s; the log ends:\n{self.log()[-4000:]}")
-            time.sleep(0.05)
-        return found.group(0)
+        return wait_for_log_line(self.log, pattern, timeout_s)
 
 
 @contextmanager

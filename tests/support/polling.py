@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -17,3 +18,12 @@ def wait_until(condition: Callable[[], T], what: str, timeout_s: float = 30.0, e
             raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
         time.sleep(every_s)
     return value
+
+
+def wait_for_log_line(read_log: Callable[[], str], pattern: str, timeout_s: float = 30.0) -> str:
+    """The first line of a log that matches the regex `pattern`, once written; fails with the log's end."""
+    regex = re.compile(f".*(?:{pattern}).*")
+    try:
+        return wait_until(lambda: (found := regex.search(read_log())) and found.group(0), f"a log line matching {pattern!r}", timeout_s, 0.05)
+    except AssertionError as error:
+        raise AssertionError(f"{error}; the log ends:\n{read_log()[-4000:]}") from None

@@ -22,6 +22,7 @@ import httpx
 import pytest
 
 from runtime.tinymodel import REASONING_PARSER, SERVED_NAME, TOOL_CALL_PARSER, write_tiny_model
+from tests.support.polling import wait_for_log_line, wait_until
 
 MAX_MODEL_LEN = 65536  # Claude Code's own prompts (15-25k tokens with a real tokenizer) must fit
 START_TIMEOUT_S = 300.0  # ~25 s alone; more while other tests share the cores (pytest-timeout: 600 s)
@@ -58,16 +59,20 @@ class VllmServer:
         return self.log()[-chars:]
 
     def wait_for_log(self, pattern: str, timeout_s: float = 30.0) -> str:
-        """The first log line that matches the regex `pattern`, once vLLM has written it.
+        """The first log line that matches the regex `pattern`, once vLLM has written it."""
+        return wait_for_log_line(self.log, pattern, timeout_s)
 
-        E.g. a client gone mid-stream: `wait_for_log(f"Request {chunk.id} aborted")`.
-        """
-        deadline = time.monotonic() + timeout_s
-        while not (match := re.search(f".*(?:{pattern}).*", self.log())):
-            if time.monotonic() > deadline:
-                raise AssertionError(f"vLLM logged nothing matching {pattern!r} in {timeout_s:g} s:\n{self.log_tail()}")
-            time.sleep(0.05)
-        return match.group(0)
+    def metric(self, name: str) -> float:
+        """The sum of a Prometheus metric's samples, all labels together, on vLLM's `/metrics`."""
+        text = httpx.get(f"{self.url}/metrics", timeout=30.0).text
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if re.match(rf"{name}[{{ ]", line))
+
+    def wait_for_abort(self, generation_id: str, generated_before: float, max_tokens: int, timeout_s: float) -> None:
+        """Wait until vLLM aborted `generation_id`: the abort is logged, nothing runs any more, and the
+        generation stopped short of `max_tokens` (counted from `generated_before`, vLLM's own counter)."""
+        self.wait_for_log(rf"Aborted request\(s\) {re.escape(generation_id)}\b", timeout_s)
+        wait_until(lambda: self.metric("vllm:num_requests_running") == 0, "vLLM to run no request", timeout_s)
+        assert self.metric("vllm:generation_tokens_total") - generated_before < max_tokens
 
 
 def vllm_command(model_dir: Path, port: int) -> list[str]:
@@ -84,6 +89,7 @@ def vllm_command(model_dir: Path, port: int) -> list[str]:
         "--enable-auto-tool-choice", "--tool-call-parser", TOOL_CALL_PARSER,
         "--enable-prompt-tokens-details",  # cached prompt tokens in usage: the bridge reports them
         "--enable-log-requests",  # the bridge tests read aborts of disconnected clients in the log
+        "--enable-scale-out",  # the abort route the bridge calls when its client leaves
     ]  # fmt: skip
 
 
