@@ -10,6 +10,7 @@ token and silently sends traffic to the paid API).
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from dataclasses import dataclass
 
@@ -100,13 +101,18 @@ def claude_environment(endpoint: Endpoint) -> dict[str, str]:
 
 def bash_script(environment: dict[str, str]) -> str:
     lines = ["unset ANTHROPIC_API_KEY  # it wins over ANTHROPIC_AUTH_TOKEN and goes to the paid API"]
-    lines += [f"export {name}='{value}'" for name, value in environment.items()]
+    lines += [f"export {name}={shlex.quote(value)}" for name, value in environment.items()]
     return "\n".join(lines + ["claude"])
+
+
+def powershell_literal(value: str) -> str:
+    """A single-quoted PowerShell string: nothing in it is expanded; a quote is doubled."""
+    return "'" + value.replace("'", "''") + "'"
 
 
 def powershell_script(environment: dict[str, str]) -> str:
     lines = ["Remove-Item Env:ANTHROPIC_API_KEY -ErrorAction SilentlyContinue"]
-    lines += [f'$env:{name} = "{value}"' for name, value in environment.items()]
+    lines += [f"$env:{name} = {powershell_literal(value)}" for name, value in environment.items()]
     return "\n".join(lines + ["claude"])
 
 

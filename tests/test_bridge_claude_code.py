@@ -3,46 +3,28 @@ scripts/setup), non-interactive, through the bridge to real vLLM: offline and de
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 from pathlib import Path
 
-import pytest
-
 from runtime import tinymodel as tiny
-from tests.support.bridge import ROOT, Process
+from tests.support.bridge import Process
+from tests.support.claude_code import CLAUDE, TIMEOUT_S, parse_result, quiet_environment, require_claude_code
 
-CLAUDE = ROOT / "tests" / ".node" / "node_modules" / ".bin" / "claude"
-
-if not CLAUDE.exists():
-    if os.environ.get("CI"):
-        raise RuntimeError(f"Claude Code is not installed at {CLAUDE}: scripts/setup installs it")
-    pytest.skip("Claude Code is not installed under tests/.node (scripts/setup installs it)", allow_module_level=True)
+require_claude_code()
 
 
 def claude(bridge: Process, model: str, prompt: str, workdir: Path, home: Path, *options: str) -> dict:
     """`claude -p PROMPT --output-format json` in `workdir`; its JSON result (exit code checked)."""
-    environment = {
-        "PATH": os.environ["PATH"],
-        "HOME": str(home),  # a fresh one: no login, no settings, no history of the developer's
+    environment = quiet_environment(home) | {
         "ANTHROPIC_BASE_URL": bridge.url,
         "ANTHROPIC_AUTH_TOKEN": "x",  # and no ANTHROPIC_API_KEY: it would win and go to the paid API
         "ANTHROPIC_MODEL": model,
-        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-        "DISABLE_TELEMETRY": "1",
-        "DISABLE_AUTOUPDATER": "1",
-        "DISABLE_ERROR_REPORTING": "1",
-        "CLAUDE_CODE_MAX_RETRIES": "1",
     }
     done = subprocess.run(
         [str(CLAUDE), "-p", prompt, "--output-format", "json", *options],
-        cwd=workdir, env=environment, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=90,
+        cwd=workdir, env=environment, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=TIMEOUT_S,
     )  # fmt: skip
-    assert done.returncode == 0, f"claude exited {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
-    result = json.loads(done.stdout)
-    assert result["is_error"] is False, result
-    return result
+    return parse_result(done)
 
 
 def test_a_text_turn(bridge: Process, tmp_path: Path) -> None:

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import sys
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import anthropic
@@ -27,6 +27,7 @@ from tests.support.bridge import (
     start_bridge,
     start_stand_in,
 )
+from tests.support.net import free_port
 from tests.support.vllm_server import VllmServer
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
@@ -43,21 +44,14 @@ def assert_envelope(response: httpx.Response, status: int) -> str:
     return body["error"]["message"]
 
 
-def sse_events(lines: list[str]) -> list[tuple[str, dict]]:
-    """(event name, data) pairs from raw SSE lines."""
-    events, name = [], None
+def sse_events(lines: Iterable[str]) -> Iterator[tuple[str, dict]]:
+    """(event name, data) pairs from raw SSE lines, as they come."""
+    name = None
     for line in lines:
         if line.startswith("event: "):
             name = line[7:]
         elif line.startswith("data: "):
-            events.append((name, json.loads(line[6:])))
-    return events
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+            yield name, json.loads(line[6:])
 
 
 VALID = {"model": "claude-tiny", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]}
@@ -138,9 +132,13 @@ def test_client_gone_aborts_the_generation(bridge: Process, vllm_server: VllmSer
     """Claude Code re-sends after ~300 s of silence and proxies cut connections: nothing may keep
     generating for nobody. The upstream request is closed at once, and vLLM aborts the generation."""
     generated_before = vllm_server.metric("vllm:generation_tokens_total")
-    client = anthropic.Anthropic(base_url=bridge.url, api_key="x", max_retries=0)
-    with client.messages.stream(**LONG) as events:
-        message_id = next(iter(events)).message.id  # message_start: the stream began; leave
+    # httpx rather than the SDK: on first use the SDK spends seconds of CPU building its event
+    # models, and with the engine taking both cores that is a minute during which it stays connected.
+    with httpx.stream("POST", f"{bridge.url}/v1/messages", json=LONG | {"stream": True}, timeout=SLOW_WAIT_S) as response:
+        events = sse_events(response.iter_lines())
+        name, message_start = next(events)  # the stream began; leave
+    assert name == "message_start"
+    message_id = message_start["message"]["id"]
     assert "stop=client_gone" in bridge.wait_for_log(f"trace id={message_id} ", SLOW_WAIT_S)
     vllm_server.wait_for_abort(f"chatcmpl-{message_id}", generated_before, LONG_STREAM_TOKENS, SLOW_WAIT_S)
 
@@ -170,7 +168,7 @@ def test_upstream_killed_mid_stream_is_an_error_event(tmp_path: Path) -> None:
                     lines.append(line)
                     if line.startswith("event: content_block_delta") and len(lines) == 40:
                         upstream.process.send_signal(signal.SIGKILL)
-    events = sse_events(lines)
+    events = list(sse_events(lines))
     assert events[0][0] == "message_start"
     name, data = events[-1]
     assert name == "error" and data["type"] == "error" and data["error"]["type"] == "api_error"
@@ -183,7 +181,7 @@ def test_pings_keep_a_silent_stream_alive(tmp_path: Path) -> None:
     with start_stand_in(tmp_path / "upstream.log", "--tokens", "3", "--first-token-delay-s", "4") as upstream:
         with start_bridge(upstream.url, tmp_path / "bridge.log", {"VL_BRIDGE_PING_S": "0.4"}) as bridge:
             with httpx.stream("POST", f"{bridge.url}/v1/messages", json=VALID | {"stream": True}) as response:
-                events = sse_events(list(response.iter_lines()))
+                events = list(sse_events(response.iter_lines()))
             with httpx.stream("POST", f"{bridge.url}/v1/chat/completions",
                               json={"messages": [USER], "max_tokens": 3, "stream": True}) as response:  # fmt: skip
                 relayed = list(response.iter_lines())

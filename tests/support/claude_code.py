@@ -1,0 +1,46 @@
+"""The real Claude Code CLI (pinned in docker/versions.toml, installed under tests/.node by
+scripts/setup), run the way a user runs it non-interactively: offline, deterministic, no account."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.support.bridge import ROOT
+
+CLAUDE = ROOT / "tests" / ".node" / "node_modules" / ".bin" / "claude"
+# No telemetry, update check or error report: nothing but the model's traffic leaves the CLI.
+QUIET = {
+    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    "DISABLE_TELEMETRY": "1",
+    "DISABLE_AUTOUPDATER": "1",
+    "DISABLE_ERROR_REPORTING": "1",
+    "CLAUDE_CODE_MAX_RETRIES": "1",
+}
+TIMEOUT_S = 90
+
+
+def require_claude_code() -> None:
+    """Skip the calling module where Claude Code is not installed; in CI its absence is an error."""
+    if CLAUDE.exists():
+        return
+    if os.environ.get("CI"):
+        raise RuntimeError(f"Claude Code is not installed at {CLAUDE}: scripts/setup installs it")
+    pytest.skip("Claude Code is not installed under tests/.node (scripts/setup installs it)", allow_module_level=True)
+
+
+def quiet_environment(home: Path) -> dict[str, str]:
+    """A fresh HOME (no login, settings or history of the developer's), PATH, and QUIET."""
+    return {"PATH": os.environ["PATH"], "HOME": str(home)} | QUIET
+
+
+def parse_result(done: subprocess.CompletedProcess[str]) -> dict:
+    """The JSON result of `claude -p … --output-format json`, once its exit code and error flag are checked."""
+    assert done.returncode == 0, f"claude exited {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+    result = json.loads(done.stdout)
+    assert result["is_error"] is False, result
+    return result
