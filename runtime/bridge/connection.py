@@ -10,10 +10,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from starlette.requests import Request
-from starlette.types import Receive, Send
+from starlette.types import Receive, Scope, Send
 
 from runtime.bridge.errors import BridgeError
 
@@ -61,6 +61,21 @@ async def unless_client_leaves(receive: Receive, work: Awaitable[T]) -> T:
             raise ClientGone
         watcher.cancel()
     return task.result()
+
+
+class LeavableAnswer:
+    """An ASGI response whose `serve` stops the moment its client leaves (the trace says `client_gone`)."""
+
+    trace: dict[str, Any]
+
+    async def serve(self, send: Send) -> None:
+        raise NotImplementedError
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await unless_client_leaves(receive, self.serve(send))
+        except ClientGone:
+            self.trace["stop"] = "client_gone"
 
 
 class Writer:

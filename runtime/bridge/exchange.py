@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import msgspec
-from starlette.types import Receive, Scope, Send
+from starlette.types import Send
 
-from runtime.bridge.connection import ClientGone, Writer, unless_client_leaves
+from runtime.bridge.connection import LeavableAnswer, Writer
 from runtime.bridge.errors import BridgeError, from_upstream
 from runtime.bridge.requests import MessagesRequest, Translation, Translator
 from runtime.bridge.sse import PING, AnthropicSse, SseParser
@@ -63,7 +63,7 @@ async def count_prompt(bridge: Bridge, translation: Translation) -> tuple[int, i
     return int(answer["count"]), int(answer["max_model_len"])
 
 
-class MessagesExchange:
+class MessagesExchange(LeavableAnswer):
     """The ASGI response for one `/v1/messages` request; records its outcome in `trace`."""
 
     def __init__(self, bridge: Bridge, request: MessagesRequest, body_size: int, trace: dict[str, Any]) -> None:
@@ -75,12 +75,6 @@ class MessagesExchange:
         self.started = time.monotonic()
         self.window = 0  # the served model's context window, once known
         trace.update(id=self.id, model=request.model, stream=request.stream)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await unless_client_leaves(receive, self.serve(send))
-        except ClientGone:
-            self.trace["stop"] = "client_gone"
 
     async def serve(self, send: Send) -> None:
         """Errors up to the upstream's acceptance are HTTP errors; `stream` handles the later ones."""

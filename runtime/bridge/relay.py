@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING
 import aiohttp
 import msgspec
 from starlette.requests import Request
-from starlette.types import Receive, Scope, Send
+from starlette.types import Send
 
-from runtime.bridge.connection import ClientGone, Writer, unless_client_leaves
+from runtime.bridge.connection import LeavableAnswer, Writer
 from runtime.bridge.errors import BridgeError
 from runtime.bridge.sse import COMMENT_PING, SseParser
 from runtime.bridge.upstream import BROKEN
@@ -40,7 +40,7 @@ def rewrite_model(bridge: Bridge, body: bytes) -> tuple[bytes, bool]:
     return msgspec.json.encode(payload), payload.get("stream") is True
 
 
-class Relay:
+class Relay(LeavableAnswer):
     """The ASGI response relaying one request to `path` upstream; records usage in `trace`."""
 
     def __init__(self, bridge: Bridge, request: Request, body: bytes | None = None, stream: bool = False) -> None:
@@ -50,12 +50,6 @@ class Relay:
         # vLLM names the generation after it: its log matches the client's, and the bridge can abort it.
         self.headers["x-request-id"] = request.headers.get("x-request-id") or f"relay_{uuid.uuid4().hex[:24]}"
         self.trace["id"] = self.headers["x-request-id"]
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await unless_client_leaves(receive, self.serve(send))
-        except ClientGone:
-            self.trace["stop"] = "client_gone"
 
     async def serve(self, send: Send) -> None:
         try:
