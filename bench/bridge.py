@@ -62,14 +62,15 @@ def process(
             time.sleep(0.1)
         yield proc, found
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            pass
-        with suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        if proc.poll() is None:  # one that died while starting is reaped already: its error stands
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                pass
+            with suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
         log.close()
 
 
@@ -313,7 +314,8 @@ async def compare_vllm(bridge_env: dict[str, str], quick: bool) -> dict:
     behind the engine and merges tokens into fewer chunks, so these are not per-chunk costs."""
     sys.path.insert(0, str(ROOT))
     from runtime import tinymodel
-    from tests.support.vllm_server import free_port, vllm_command, vllm_environment  # the flags the tests run
+    from tests.support.net import free_port
+    from tests.support.vllm_server import vllm_command, vllm_environment  # the flags the tests run
 
     tokens, prompt, token = 200, tinymodel.MARK_LONG, tinymodel.LONG_PIECES[1].encode()
     with tempfile.TemporaryDirectory() as directory:

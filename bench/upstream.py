@@ -94,7 +94,7 @@ class Upstream(asyncio.Protocol):
                                if line.lower().startswith(b"x-request-id:")), None)  # fmt: skip
             self.serve(method, path.split(b"?")[0], body, request_id)
 
-    def serve(self, method: bytes, path: bytes, body: bytes, request_id: str | None = None) -> None:
+    def serve(self, method: bytes, path: bytes, body: bytes, request_id: str | None) -> None:
         assert self.transport is not None
         if path == b"/v1/models":
             listing = {"object": "list", "data": [{"id": SERVED, "object": "model", "created": 0, "max_model_len": WINDOW}]}
@@ -104,6 +104,7 @@ class Upstream(asyncio.Protocol):
         elif path == b"/v1/chat/completions":
             request = json.loads(body)
             if "thinking_token_budget" in request and not self.reasoning:
+                print("refused thinking_token_budget: no reasoning parser", flush=True)
                 self.transport.write(response(400, NO_REASONING))
                 return
             tokens = request.get("max_tokens") or self.tokens

@@ -85,8 +85,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"image_facts: {problem}", file=sys.stderr)
     if problems:
         return 1
-    args.output.write_text(json.dumps(facts(args, installed), indent=2, sort_keys=True) + "\n")
-    print(args.output.read_text(), end="")
+    text = json.dumps(facts(args, installed), indent=2, sort_keys=True) + "\n"
+    args.output.write_text(text)
+    print(text, end="")
     return 0
 
 

@@ -166,10 +166,7 @@ def _compat_refusal(host: HostGpu, compat_driver: str | None, compat_dir: Path, 
 
 def image_cuda_version(facts: Mapping[str, object] | None, environ: Mapping[str, str]) -> str | None:
     """The image's CUDA as `major.minor`: from its build facts, else the base image's CUDA_VERSION."""
-    facts = facts or {}
-    versions = facts.get("versions")
-    raw = facts.get("cuda") or (versions.get("cuda") if isinstance(versions, dict) else None)
-    raw = raw or environ.get("CUDA_VERSION")
+    raw = (facts or {}).get("cuda") or environ.get("CUDA_VERSION")
     return ".".join(map(str, version_key(str(raw))[:2])) if raw else None
 
 

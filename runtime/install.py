@@ -19,9 +19,8 @@ from runtime.settings import Settings
 
 log = logging.getLogger(__name__)
 
-# The pins: docker/versions.toml in the repository; the image copies it next to runtime/.
-_ROOT = Path(__file__).resolve().parent.parent
-VERSIONS_CANDIDATES = (_ROOT / "docker" / "versions.toml", _ROOT / "versions.toml")
+# The pins, read from the repository checkout (a prebaked image installs nothing and needs none).
+VERSIONS_TOML = Path(__file__).resolve().parent.parent / "docker" / "versions.toml"
 # What makes the engine in each world (keys of versions.toml's [engine] table).
 ENGINE_PACKAGES = {
     "cuda": ("vllm", "torch", "flashinfer-python", "fastokens"),
@@ -41,8 +40,7 @@ def is_prebaked(settings: Settings) -> bool:
 
 def read_pins(path: Path | None = None) -> dict[str, str]:
     """The [engine] table of versions.toml (the single source of truth for versions)."""
-    path = path or next((p for p in VERSIONS_CANDIDATES if p.exists()), VERSIONS_CANDIDATES[0])
-    with path.open("rb") as file:
+    with (path or VERSIONS_TOML).open("rb") as file:
         return dict(tomllib.load(file)["engine"])
 
 

@@ -242,8 +242,12 @@ class Settings:
         return dict(self._values)
 
     def changed_scopes(self, other: Settings) -> set[Scope]:
-        """The scopes whose settings differ between `self` and `other` (what a reload must restart)."""
-        return {v.scope for v in VARIABLES if self._values[v.attr] != other._values[v.attr]}
+        """The scopes whose settings differ between `self` and `other` (what a reload must restart).
+        Without the bridge, vLLM serves the aliases itself: their change is then the engine's too."""
+        scopes = {v.scope for v in VARIABLES if self._values[v.attr] != other._values[v.attr]}
+        if not other.bridge and self.aliases != other.aliases:
+            scopes.add(Scope.ENGINE)
+        return scopes
 
 
 def parse_value(variable: Variable, raw: str) -> Any:

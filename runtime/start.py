@@ -115,7 +115,8 @@ class Pod:
         self.command: EngineCommand | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         bridge_url = f"http://{local_address(settings.listen)}:{settings.port}/health"  # pod scope: never changes
-        self.bridge_health = Health(Answers200(bridge_url), **BRIDGE_HEALTH)
+        self.bridge_probe = Answers200(bridge_url)
+        self.bridge_health = Health(self.bridge_probe, **BRIDGE_HEALTH)
         self.stopping = asyncio.Event()
         self.changes: asyncio.Queue[Settings] = asyncio.Queue()
 
@@ -161,6 +162,7 @@ class Pod:
         if self.remote is not None:
             self.remote.stop(timeout_s=1.0)
         await self.supervisor.stop()
+        await self.bridge_probe.aclose()
         if self.hub_log is not None:
             self.hub_log.close(timeout_s=2.0)
         log.info("stopped")
@@ -287,6 +289,10 @@ class Answers200:
 
             self.client = httpx.AsyncClient(trust_env=False, timeout=None)  # the supervisor times each check
         return (await self.client.get(self.url)).status_code == 200
+
+    async def aclose(self) -> None:
+        if self.client is not None:
+            await self.client.aclose()
 
 
 def engine_generates(command: EngineCommand) -> Callable[[], Awaitable[bool]]:

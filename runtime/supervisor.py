@@ -130,7 +130,7 @@ class Supervisor:
         child = self.children[spec.name] = Child(spec)
         child.tasks.append(asyncio.create_task(self._keep(child), name=f"keep {spec.name}"))
         if spec.health is not None:
-            child.tasks.append(asyncio.create_task(self._watch_health(child, spec.health), name=f"health {spec.name}"))
+            child.tasks.append(asyncio.create_task(self._watch_health(child), name=f"health {spec.name}"))
 
     def restart(self, name: str, reason: str, spec: ChildSpec | None = None) -> None:
         """Relaunch a child now (with a new spec if given), without back-off."""
@@ -250,9 +250,11 @@ class Supervisor:
 
     # --- health: a probe every interval; failures in a row after success mean hung ---
 
-    async def _watch_health(self, child: Child, health: Health) -> None:
+    async def _watch_health(self, child: Child) -> None:
+        """Probe with the current spec's check: a restart with a new spec (another port, another
+        model name) brings its own probe."""
         failures, launch = 0, 0
-        while True:
+        while (health := child.spec.health) is not None:
             await asyncio.sleep(health.interval_s if child.healthy_since_launch else health.starting_interval_s)
             if not child.running:
                 continue

@@ -7,19 +7,18 @@ import subprocess
 from pathlib import Path
 
 from runtime import tinymodel as tiny
+from runtime.connect import Endpoint, claude_environment
 from tests.support.bridge import Process
 from tests.support.claude_code import CLAUDE, TIMEOUT_S, parse_result, quiet_environment, require_claude_code
+from tests.support.vllm_server import MAX_MODEL_LEN
 
 require_claude_code()
 
 
 def claude(bridge: Process, model: str, prompt: str, workdir: Path, home: Path, *options: str) -> dict:
     """`claude -p PROMPT --output-format json` in `workdir`; its JSON result (exit code checked)."""
-    environment = quiet_environment(home) | {
-        "ANTHROPIC_BASE_URL": bridge.url,
-        "ANTHROPIC_AUTH_TOKEN": "x",  # and no ANTHROPIC_API_KEY: it would win and go to the paid API
-        "ANTHROPIC_MODEL": model,
-    }
+    # What `runtime connect` prints for users, and no ANTHROPIC_API_KEY (it would win: the paid API).
+    environment = quiet_environment(home) | claude_environment(Endpoint(bridge.url, model, MAX_MODEL_LEN, "x"))
     done = subprocess.run(
         [str(CLAUDE), "-p", prompt, "--output-format", "json", *options],
         cwd=workdir, env=environment, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=TIMEOUT_S,

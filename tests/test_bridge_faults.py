@@ -219,6 +219,7 @@ def test_an_engine_without_reasoning_parser_answers_without_a_budget(tmp_path: P
             for effort in ("low", "high"):
                 message = client.messages.create(**VALID | {"output_config": {"effort": effort}})
                 assert [block.text for block in message.content] == ["tok tok "]
+            assert upstream.log().count("refused thinking_token_budget") == 1  # the second went without it
 
 
 def test_body_over_the_limit_is_a_413(vllm_server: VllmServer, tmp_path: Path) -> None:

@@ -263,7 +263,8 @@ def test_billing_header_is_stripped(client: anthropic.Anthropic) -> None:
 def test_prefill_continues_the_last_assistant_message(client: anthropic.Anthropic, stream: bool) -> None:
     messages = [*user(f"hello {tiny.MARK_TEXT}"), {"role": "assistant", "content": tiny.ANSWER_PIECES[0]}]
     message = ask(client, stream, messages=messages, thinking={"type": "disabled"})
-    assert message.stop_reason == "end_turn" and message.content[0].type == "text"
+    assert message.stop_reason == "end_turn"
+    assert [(b.type, b.text) for b in message.content] == [("text", "".join(tiny.ANSWER_PIECES[1:]))]  # its space kept
 
 
 # --- count_tokens ---
@@ -279,7 +280,7 @@ def test_count_tokens_is_the_prompt_vllm_reads(client: anthropic.Anthropic) -> N
     assert counted > without_tools.input_tokens and counted > without_system.input_tokens
 
 
-def test_prompt_too_long_is_refused_before_the_engine(client: anthropic.Anthropic, bridge: Process, vllm_server) -> None:
+def test_prompt_too_long_is_refused_before_the_engine(client: anthropic.Anthropic, vllm_server) -> None:
     """The wording makes Claude Code compact; vLLM never receives the request."""
     messages = user("lorem ipsum " * 40000)
     count = client.messages.count_tokens(model="claude-tiny", messages=messages).input_tokens

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from runtime import tinymodel as tiny
-from runtime.connect import powershell_literal
 from tests.support.bridge import ROOT, Process, clean_environment, start_bridge
 from tests.support.claude_code import CLAUDE, TIMEOUT_S, parse_result, quiet_environment, require_claude_code
 from tests.support.net import free_port
@@ -61,13 +60,13 @@ def test_the_printed_bash_environment_runs_claude_code(keyed_bridge: Process, tm
     assert parse_result(ran)["result"] == tiny.ANSWER
 
 
-def test_the_powershell_environment_is_literal(bridge: Process) -> None:
-    done = connect(bridge.url, "--shell", "powershell")
+def test_the_powershell_environment_is_literal(keyed_bridge: Process) -> None:
+    done = connect(keyed_bridge.url, "--key", KEY, "--shell", "powershell")
     assert done.returncode == 0, done.stderr
     assert "Remove-Item Env:ANTHROPIC_API_KEY" in done.stdout
     assert "$env:ANTHROPIC_MODEL = 'tiny'\n" in done.stdout
     assert "$env:CLAUDE_CODE_MAX_CONTEXT_TOKENS = '65536'\n" in done.stdout
-    assert powershell_literal(KEY) == "'sk-pod-''$HOME\"x'"
+    assert "$env:ANTHROPIC_AUTH_TOKEN = 'sk-pod-''$HOME\"x'\n" in done.stdout  # nothing expanded, the quote doubled
 
 
 def test_a_wrong_key_is_refused_in_one_line(keyed_bridge: Process) -> None:

@@ -87,23 +87,18 @@ def test_initial_load_applies_the_hub_file_under_the_environment(watch: Watch) -
     assert watch.changes.empty()
 
 
-def test_a_bridge_only_change_restarts_the_bridge_only(watch: Watch) -> None:
+@pytest.mark.parametrize(("line", "scope", "attr", "value"), [
+    ("VL_ALIASES=claude-pod, claude-opus-4", Scope.BRIDGE, "aliases", ("claude-pod", "claude-opus-4")),
+    ("VL_SPEC=ngram", Scope.ENGINE, "spec", "ngram"),
+], ids=["bridge only", "engine"])  # fmt: skip
+def test_a_change_restarts_what_it_concerns_only(watch: Watch, line: str, scope: Scope, attr: str, value: object) -> None:
     watch.config.load()
     watch.config.start()
-    watch.edit("VL_BRIDGE_PING_S=5\nVL_CTX=4096\nVL_MODEL=tiny\nVL_ALIASES=claude-pod, claude-opus-4\n")
+    watch.edit(f"VL_BRIDGE_PING_S=5\nVL_CTX=4096\nVL_MODEL=tiny\n{line}\n")
     settings, scopes = watch.next_change()
-    assert scopes == {Scope.BRIDGE}
-    assert settings.aliases == ("claude-pod", "claude-opus-4")
+    assert scopes == {scope}
+    assert getattr(settings, attr) == value
     assert watch.config.settings == settings
-
-
-def test_an_engine_change_restarts_the_engine(watch: Watch) -> None:
-    watch.config.load()
-    watch.config.start()
-    watch.edit("VL_BRIDGE_PING_S=5\nVL_CTX=4096\nVL_MODEL=tiny\nVL_SPEC=ngram\n")
-    settings, scopes = watch.next_change()
-    assert scopes == {Scope.ENGINE}
-    assert settings.spec == "ngram"
 
 
 def test_an_invalid_file_is_refused_and_the_old_configuration_keeps_serving(hub_server: HubServer, watch: Watch,

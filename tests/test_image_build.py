@@ -24,6 +24,7 @@ import docker
 import pytest
 
 import build
+from runtime.models import load_recipe
 from runtime.tinymodel import ANSWER, MARK_TEXT
 from tests.support.docker_engine import PrivateEngine, host_pip_build_options, import_debian_base, private_engine
 from tests.support.repo_copy import ROOT, copy_repo
@@ -32,7 +33,7 @@ pytestmark = [pytest.mark.docker, pytest.mark.timeout(2400)]
 
 TAG = "vllm-pod-test:cpu"
 VERSIONS = build.load_versions()
-TINY_DIR = build.tiny_recipe()["repo"]
+TINY_DIR = load_recipe("tiny").repo
 ENGINE_START_TIMEOUT_S = 300  # ~30 s on two idle cores; the machine is shared
 # What no layer may hold: package lists, downloaded packages, pip caches, SSH host keys.
 FORBIDDEN = re.compile(r"^(var/lib/apt/lists/.|var/cache/apt/.*\.(deb|bin)$|root/\.cache/.|etc/ssh/ssh_host_)")

@@ -18,6 +18,9 @@ import pytest
 from dockerfile_parse import DockerfileParser
 
 import build
+from runtime.settings import load_settings
+from tests.support.bridge import start_bridge
+from tests.support.net import free_port
 from tests.support.repo_copy import ROOT
 
 TARGETS = build.load_targets()
@@ -61,8 +64,8 @@ def rendered(name: str) -> Rendered:
     return Rendered(target, text, parser)
 
 
-ALL = ["sm89", "sm120", "cpu"]
-GPU = ["sm89", "sm120"]
+ALL = [target.name for target in build.unique_targets(TARGETS)]
+GPU = [target.name for target in build.unique_targets(TARGETS) if target.kind == "gpu"]
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -171,9 +174,27 @@ def test_the_build_facts_come_from_package_metadata_not_from_importing_vllm(name
     text = image.text
     assert "vllm --version" not in text and "import vllm" not in text
     facts = image.layer(r"image_facts\.py --output")
-    assert "--output /opt/.image_prebaked" in facts
+    # Where the runtime looks: a marker written elsewhere would make every start install vLLM again.
+    assert f"--output {load_settings({}).prebaked_marker} " in facts
     assert '--revision "${GIT_REVISION}" --date "${BUILD_DATE}"' in facts
     assert f"--pin vllm{'-cpu' if image.target.kind == 'cpu' else ''}==0.32.0" in facts
+
+
+def test_the_health_check_finds_the_bridge_where_the_pod_serves_it(tmp_path: Path) -> None:
+    """The HEALTHCHECK's own command, run against a real bridge (no engine needed for /health):
+    VL_PORT on VL_LISTEN, by loopback when the pod listens everywhere."""
+    (health,) = rendered("cpu").instructions("HEALTHCHECK")
+    argv = json.loads(health[health.index("CMD") + 3:])
+    probe = [sys.executable, *argv[1:]]  # the image's /opt/venv python is not here
+
+    def answers(**environ: str) -> bool:
+        return subprocess.run(probe, env={"PATH": "/usr/bin:/bin", **environ}, capture_output=True, timeout=30).returncode == 0
+
+    with start_bridge(f"http://127.0.0.1:{free_port()}", tmp_path / "bridge.log") as bridge:
+        port = bridge.url.rsplit(":", 1)[1]
+        assert answers(VL_PORT=port, VL_LISTEN="127.0.0.1")
+        assert answers(VL_PORT=port)  # the default 0.0.0.0: probed on loopback
+    assert not answers(VL_PORT=port, VL_LISTEN="127.0.0.1")  # the bridge is gone
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -199,7 +220,6 @@ def test_gpu_images_carry_cuda_tooling_for_their_arch(name: str) -> None:
     assert {"sm89": "8.9", "sm120": "12.0"}[image.target.name] == arch
     install = image.layer("apt-get install")
     assert all(package in install for package in ("cuda-compat-13-0", "g++", "python3.12-dev"))
-    assert VERSIONS["base"]["gpu"].startswith("nvidia/cuda:13.") and "-devel-" in VERSIONS["base"]["gpu"]
     torch = image.layer(r"pip install .*torch==")
     assert "torch==2.13.0+cu130" in torch and '--index-url "${TORCH_INDEX_URL}"' in torch
     engine = image.layer(r"pip install .*vllm==")

@@ -69,6 +69,9 @@ def test_changed_scopes_say_what_a_reload_restarts():
     old = load_settings({})
     assert old.changed_scopes(load_settings({"VL_BRIDGE_PING_S": "5"})) == {Scope.BRIDGE}
     assert old.changed_scopes(load_settings({"VL_CTX": "65536"})) == {Scope.ENGINE}
+    assert old.changed_scopes(load_settings({"VL_ALIASES": "opus"})) == {Scope.BRIDGE}
+    unbridged = load_settings({"VL_BRIDGE": "off"})  # vLLM serves the aliases itself: it must restart
+    assert unbridged.changed_scopes(load_settings({"VL_BRIDGE": "off", "VL_ALIASES": "opus"})) == {Scope.BRIDGE, Scope.ENGINE}
 
 
 def test_the_readme_settings_table_is_up_to_date():

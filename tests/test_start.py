@@ -288,6 +288,7 @@ def test_killing_vllm_brings_it_back_and_tells_the_hub(pod: RunningPod) -> None:
 
 def test_bridge_off_from_the_hub_hands_the_public_port_to_vllm(pod: RunningPod) -> None:
     engine = pod.pid("engine")
+    healthy_before = pod.boot_log().count("engine is healthy")
     pod.set_remote_config("VL_ALIASES=my-alias\nVL_CTX=4096\nVL_BRIDGE=off\n")
     wait_until(lambda: pod.pid("engine") not in (None, engine), "a new engine", RELOAD_S, every_s=0.2)
     assert pod.pid("bridge") is None, "the bridge gave the public port up first"
@@ -295,6 +296,9 @@ def test_bridge_off_from_the_hub_hands_the_public_port_to_vllm(pod: RunningPod) 
     listing = httpx.get(f"{pod.url}/v1/models", timeout=10).json()
     assert {m["owned_by"] for m in listing["data"]} == {"vllm"}
     assert "my-alias" in [m["id"] for m in listing["data"]]  # vLLM serves the aliases itself
+    # The supervisor's probe follows vLLM to its new port: the pod turns healthy again.
+    wait_until(lambda: pod.boot_log().count("engine is healthy") > healthy_before, "the new engine's healthy probe",
+               ENGINE_START_S, every_s=0.5)  # fmt: skip
 
 
 def test_sigterm_stops_every_process_of_the_pod(pod: RunningPod) -> None:

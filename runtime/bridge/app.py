@@ -23,7 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from runtime.bridge.auth import ApiKeys, RequireKey
 from runtime.bridge.connection import read_body
-from runtime.bridge.errors import BridgeError, error_type
+from runtime.bridge.errors import BridgeError, error_type, internal_failure
 from runtime.bridge.exchange import MessagesExchange, count_prompt
 from runtime.bridge.metrics import CONTENT_TYPE, Metrics
 from runtime.bridge.models import Catalog
@@ -192,7 +192,7 @@ async def http_error(request: Request, error: Exception) -> Response:
 
 async def internal_error(request: Request, error: Exception) -> Response:
     log.exception("internal error on %s %s", request.method, request.url.path, exc_info=error)
-    return BridgeError(500, "internal error in the bridge (see its log)").response()
+    return internal_failure().response()
 
 
 def create_app(bridge: Bridge) -> Starlette:

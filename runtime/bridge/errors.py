@@ -82,5 +82,10 @@ def upstream_message(body: bytes) -> str:
     return str(data)[:2000]
 
 
+def internal_failure() -> BridgeError:
+    """A bug of the bridge's own: the client gets this; the traceback goes to the bridge's log only."""
+    return BridgeError(500, "internal error in the bridge (see its log)")
+
+
 def from_upstream(status: int, body: bytes) -> BridgeError:
     return BridgeError(status_from_upstream(status), upstream_message(body))

@@ -20,7 +20,7 @@ import msgspec
 from starlette.types import Send
 
 from runtime.bridge.connection import LeavableAnswer, Writer
-from runtime.bridge.errors import BridgeError, from_upstream
+from runtime.bridge.errors import BridgeError, from_upstream, internal_failure
 from runtime.bridge.requests import MessagesRequest, Translation, Translator
 from runtime.bridge.sse import PING, AnthropicSse, SseParser
 from runtime.bridge.stream import MessageAssembler, StreamTranslator
@@ -143,7 +143,7 @@ class MessagesExchange(LeavableAnswer):
         except Exception:
             log.exception("internal error in stream %s", self.id)
             self.trace["error_type"] = "api_error"
-            await writer.end(sink.take() + BridgeError(500, "internal error in the bridge (see its log)").event())
+            await writer.end(sink.take() + internal_failure().event())
         else:
             await writer.end(sink.take())
         finally:

@@ -159,7 +159,7 @@ class StreamTranslator:
 
     def text(self, piece: str) -> None:
         if self.open != "text":
-            piece = piece.lstrip()  # the template's newlines between reasoning and answer: not a block
+            piece = piece.lstrip("\n")  # the template's newlines after reasoning; spaces are the answer's
             if not piece:
                 return
             self.start_block({"type": "text", "text": ""}, "text")

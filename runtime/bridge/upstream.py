@@ -114,5 +114,6 @@ class Upstream:
         return response.status, content, response.headers.get("content-type", "application/json")
 
     async def aclose(self) -> None:
+        await asyncio.gather(*self.aborts, return_exceptions=True)  # aborts already asked for still go out
         if self.session is not None:
             await self.session.close()

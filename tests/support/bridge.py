@@ -11,7 +11,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -19,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.polling import wait_for_log_line
+from tests.support.polling import wait_for_log_line, wait_until
 from tests.support.vllm_server import VllmServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,12 +53,14 @@ def started(argv: list[str], log_path: Path, env: dict[str, str]) -> Iterator[Pr
     """Run `argv` until the `with` ends; ready once it logs the address it listens on."""
     with log_path.open("wb") as log:
         process = subprocess.Popen(argv, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+
+    def listening() -> re.Match[str] | None:
+        if process.poll() is not None:
+            pytest.fail(f"{argv[1:4]} exited while starting; its log:\n{log_path.read_text(errors='replace')[-4000:]}")
+        return LISTENING.search(log_path.read_text(errors="replace"))
+
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not (found := LISTENING.search(log_path.read_text(errors="replace"))):
-            if process.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"{argv[1:4]} did not start; its log:\n{log_path.read_text(errors='replace')[-4000:]}")
-            time.sleep(0.05)
+        found = wait_until(listening, f"{argv[1:4]} to listen", START_TIMEOUT_S, every_s=0.05)
         yield Process(f"http://127.0.0.1:{found.group(1)}", process, log_path)
     finally:
         if process.poll() is None:

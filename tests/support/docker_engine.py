@@ -20,7 +20,8 @@ from pathlib import Path
 import docker
 from docker.errors import DockerException
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.repo_copy import ROOT
+
 DEFAULT_BRIDGE = Path("/sys/class/net/docker0")
 CACHE_DIR = ROOT / ".cache" / "docker-base"  # gitignored: the debootstrap tarball survives between runs
 DEBIAN_SUITE = "bookworm"
@@ -73,7 +74,7 @@ class PrivateEngine:
         namespace = f"vllm-pod-{self.root.name}"  # never shares a system containerd's namespace
         network = [] if self.bridge else ["--bridge=none"]
         return [
-            dockerd_path(), "--data-root", str(self.root / "data"), "--exec-root", str(self.root / "exec"),
+            system_tool("dockerd", "docker.io"), "--data-root", str(self.root / "data"), "--exec-root", str(self.root / "exec"),
             "--pidfile", str(self.root / "dockerd.pid"), "--host", self.docker_host,
             "--containerd-namespace", namespace, "--containerd-plugins-namespace", f"{namespace}-plugins",
             "--iptables=false", "--ip6tables=false", *network,
@@ -118,11 +119,13 @@ class PrivateEngine:
             subprocess.run(["ip", "link", "delete", DEFAULT_BRIDGE.name], check=False, capture_output=True)
 
 
-def dockerd_path() -> str:
-    path = shutil.which("dockerd") or shutil.which("dockerd", path="/usr/sbin:/usr/local/sbin")
+def system_tool(name: str, package: str) -> str:
+    """The path of an administrator's tool, also where root's PATH would find it (/usr/sbin)."""
+    path = shutil.which(name) or shutil.which(name, path="/usr/sbin:/usr/local/sbin")
     if not path:
-        raise EngineError("dockerd is not installed: apt-get install docker.io (scripts/setup does)")
+        raise EngineError(f"{name} is not installed: apt-get install {package} (scripts/setup does)")
     return path
+
 
 
 def unmount_under(root: Path) -> None:
@@ -153,12 +156,11 @@ def debootstrap_tarball(cache_dir: Path = CACHE_DIR) -> Path:
     tarball = cache_dir / f"debian-{DEBIAN_SUITE}-minbase.tar"
     if tarball.exists():
         return tarball
-    if not shutil.which("debootstrap") and not Path("/usr/sbin/debootstrap").exists():
-        raise EngineError("debootstrap is not installed: apt-get install debootstrap (scripts/setup does)")
+    debootstrap = system_tool("debootstrap", "debootstrap")
     cache_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="vllm-pod-rootfs-") as work:
         rootfs = Path(work) / "rootfs"
-        run(["debootstrap", "--variant=minbase", DEBIAN_SUITE, str(rootfs), DEBIAN_MIRROR])
+        run([debootstrap, "--variant=minbase", DEBIAN_SUITE, str(rootfs), DEBIAN_MIRROR])
         # Like Debian's official images: no package lists or downloaded packages in the base.
         for leftover in ("var/lib/apt/lists", "var/cache/apt"):
             for path in (rootfs / leftover).glob("*"):

@@ -71,7 +71,7 @@ class VllmServer:
         """Wait until vLLM was asked to abort `generation_id` by that very name (vLLM's own abort on a
         disconnect names the engine's internal id, `<id>-<hex>`), then until nothing runs any more."""
         self.wait_for_log(rf"Aborted request\(s\) {re.escape(generation_id)}\.(?:\s|$)", timeout_s)
-        wait_until(lambda: self.metric("vllm:num_requests_running") == 0, "vLLM to run no request", timeout_s)
+        wait_until(lambda: self.metric("vllm:num_requests_running") == 0, "vLLM to run no request", timeout_s, every_s=0.5)
 
 
 def vllm_command(model_dir: Path, port: int) -> list[str]:
