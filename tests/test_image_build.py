@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import re
 import subprocess
-import sys
 import tarfile
 import time
 from collections.abc import Iterable, Iterator
@@ -23,73 +21,31 @@ from pathlib import Path
 import docker
 import pytest
 
-import build
 from runtime.models import load_recipe
 from runtime.tinymodel import ANSWER, MARK_TEXT
-from tests.support.docker_engine import PrivateEngine, host_pip_build_options, import_debian_base, private_engine
+from space import targets
+from tests.support.docker_engine import PrivateEngine
+from tests.support.images import CPU_TAG as TAG
+from tests.support.images import Engine, build_cpu, expect_built, report
 from tests.support.repo_copy import ROOT, copy_repo
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(2400)]
 
-TAG = "vllm-pod-test:cpu"
-VERSIONS = build.load_versions()
+VERSIONS = targets.load_versions()
 TINY_DIR = load_recipe("tiny").repo
 ENGINE_START_TIMEOUT_S = 300  # ~30 s on two idle cores; the machine is shared
 # What no layer may hold: package lists, downloaded packages, pip caches, SSH host keys.
 FORBIDDEN = re.compile(r"^(var/lib/apt/lists/.|var/cache/apt/.*\.(deb|bin)$|root/\.cache/.|etc/ssh/ssh_host_)")
 
 
-def report(request: pytest.FixtureRequest, line: str) -> None:
-    """A measurement on the terminal, even without -s: the lead's closing note quotes them."""
-    plugins = request.config.pluginmanager
-    with plugins.get_plugin("capturemanager").global_and_fixture_disabled():
-        plugins.get_plugin("terminalreporter").write_line(f"[image build] {line}")
-
-
-def build_cpu(repo: Path, engine: PrivateEngine, base: str, tag: str) -> tuple[subprocess.CompletedProcess[str], float]:
-    command = [sys.executable, "build.py", "--arch", "cpu", "--build", "--tag", tag,
-               "--build-arg", f"BASE_IMAGE={base}", *engine.build_options, *host_pip_build_options()]
-    started = time.monotonic()
-    result = subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=1800,
-                            env={**os.environ, "DOCKER_HOST": engine.docker_host})
-    return result, time.monotonic() - started
-
-
-def expect_built(result: subprocess.CompletedProcess[str]) -> None:
-    tail = "\n".join((result.stdout + result.stderr).splitlines()[-40:])
-    assert result.returncode == 0, tail
+@pytest.fixture(scope="module")
+def engine(image_engine: Engine) -> Engine:
+    return image_engine
 
 
 @pytest.fixture(scope="module")
-def engine() -> Iterator[tuple[PrivateEngine, docker.DockerClient]]:
-    with private_engine() as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def base_image(engine: tuple[PrivateEngine, docker.DockerClient], request: pytest.FixtureRequest) -> str:
-    started = time.monotonic()
-    tag = import_debian_base(engine[1])
-    report(request, f"base image {tag} ready in {time.monotonic() - started:.0f} s (debootstrap, cached between runs)")
-    return tag
-
-
-@pytest.fixture(scope="module")
-def cold_build(engine: tuple[PrivateEngine, docker.DockerClient], base_image: str,
-               request: pytest.FixtureRequest) -> subprocess.CompletedProcess[str]:
-    result, seconds = build_cpu(ROOT, engine[0], base_image, TAG)
-    expect_built(result)
-    size = engine[1].images.get(TAG).attrs["Size"]
-    report(request, f"cold build of {TAG}: {seconds:.0f} s, image {size / 1e9:.2f} GB")
-    for entry in engine[1].api.history(TAG):
-        if entry["Size"]:
-            report(request, f"  {entry['Size'] / 1e6:10.3f} MB  {entry['CreatedBy'][:110]}")
-    return result
-
-
-@pytest.fixture(scope="module")
-def cpu_image(cold_build: subprocess.CompletedProcess[str]) -> str:
-    return TAG
+def base_image(image_base: str) -> str:
+    return image_base
 
 
 def run_in(client: docker.DockerClient, image: str, *command: str, **options: object) -> str:

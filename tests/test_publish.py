@@ -1,0 +1,227 @@
+"""`python build.py --push` as users run it, against the strict local Hub (the real huggingface_hub client).
+
+What is uploaded (only the build context), the no-op second push, the Space's README, following a
+build that does not end (timeout, Ctrl-C), and every refusal as one line without the token. The
+real build of what was uploaded, by a real builder into a real registry, is in test_publish_image.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from space.context import DOCKERFILE
+from tests.support.hub_server import HubServer
+from tests.support.repo_copy import ROOT, copy_repo
+
+SPACE = f"{HubServer.owner}/vllm-pod-cpu"
+REGISTRY = "registry.example.test"  # only named in output: nothing is pulled in these tests
+
+
+def build_py(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "build.py", *args], cwd=cwd, capture_output=True, text=True,
+                          env=user_env(env), timeout=300)
+
+
+def user_env(extra: dict[str, str]) -> dict[str, str]:
+    """The user's environment with no token of this machine: HF_HOME is the test's own."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("HF_", "HUGGING"))}
+    return {**env, "HF_HUB_DISABLE_TELEMETRY": "1", **extra}
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    return copy_repo(tmp_path / "repo")
+
+
+@pytest.fixture
+def hub(hub_server: HubServer, tmp_path: Path) -> dict[str, str]:
+    """The environment that points build.py at the test Hub, as the owner with a write token."""
+    return {**hub_server.env(), "HF_HOME": str(tmp_path / "hf-home")}
+
+
+def push(repo: Path, env: dict[str, str], *extra: str) -> subprocess.CompletedProcess[str]:
+    return build_py("--arch", "cpu", "--push", "--space-registry", REGISTRY, *extra, cwd=repo, env=env)
+
+
+def expect_one_line_refusal(result: subprocess.CompletedProcess[str], *secrets: str) -> str:
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("build.py: "), result.stderr
+    for secret in secrets:
+        assert secret not in result.stdout + result.stderr
+    return lines[0]
+
+
+def expected_context(repo: Path) -> set[str]:
+    """What the Dockerfile copies: runtime/ (no caches), the facts script, the certificates folder."""
+    listed = subprocess.run(["git", "ls-files", "runtime", "docker/certs", "docker/image_facts.py"], cwd=ROOT,
+                            capture_output=True, text=True, check=True).stdout.split()
+    return {path for path in listed if (repo / path).is_file()}
+
+
+def test_push_uploads_the_build_context_and_nothing_else(repo: Path, hub: dict[str, str],
+                                                         hub_server: HubServer) -> None:
+    result = push(repo, hub, "--detach")
+
+    assert result.returncode == 0, result.stderr
+    files = hub_server.space_files(SPACE)
+    assert set(files) == {".gitattributes", DOCKERFILE, "README.md"} | expected_context(repo)
+    assert files[DOCKERFILE] == (repo / "build" / "Dockerfile.cpu").read_bytes()
+    assert not any("__pycache__" in path or path.startswith(("tests/", ".venv/")) for path in files)
+    info = hub_server.space(SPACE)
+    assert (info.sdk, info.private) == ("docker", True)
+    front = yaml.safe_load(files["README.md"].decode().split("---")[1])
+    assert (front["sdk"], front["app_port"]) == ("docker", 7860)
+    assert f"{REGISTRY}/pod-owner-vllm-pod-cpu:latest" in result.stdout
+    assert "not following the build (--detach)" in result.stdout
+
+
+def test_a_second_push_of_the_same_tree_is_a_no_op_and_a_code_change_uploads_one_file(
+        repo: Path, hub: dict[str, str], hub_server: HubServer) -> None:
+    assert push(repo, hub, "--detach").returncode == 0
+    commits = len(hub_server.commits(SPACE, "space"))
+
+    again = push(repo, hub, "--detach")
+
+    assert again.returncode == 0, again.stderr
+    assert f"build.py: {SPACE}: unchanged, nothing pushed" in again.stdout
+    assert len(hub_server.commits(SPACE, "space")) == commits  # no commit, so no rebuild
+
+    cli = repo / "runtime" / "cli.py"
+    cli.write_text(cli.read_text() + "\n# a change to our code\n")
+    changed = push(repo, hub, "--detach")
+
+    assert changed.returncode == 0, changed.stderr
+    size = len(cli.read_bytes()) / 1e3
+    assert f"build.py: uploaded 1 file(s), {size:.1f} kB, removed 0" in changed.stdout
+    assert hub_server.space_files(SPACE)["runtime/cli.py"] == cli.read_bytes()
+
+
+def test_a_file_gone_from_the_context_is_removed_from_the_space(repo: Path, hub: dict[str, str],
+                                                                hub_server: HubServer) -> None:
+    (repo / "runtime" / "extra_module.py").write_text("X = 1\n")
+    assert push(repo, hub, "--detach").returncode == 0
+    (repo / "runtime" / "extra_module.py").unlink()
+
+    result = push(repo, hub, "--detach")
+
+    assert "removed 1" in result.stdout
+    assert "runtime/extra_module.py" not in hub_server.space_files(SPACE)
+
+
+def test_following_a_build_that_does_not_end_stops_at_the_timeout(repo: Path, hub: dict[str, str],
+                                                                  hub_server: HubServer) -> None:
+    """No builder is attached: the Space stays BUILDING and its build log never closes."""
+    result = push(repo, hub, "--timeout", "0.05")
+
+    line = expect_one_line_refusal(result, hub_server.write_token)
+    assert line == (f"build.py: {SPACE} is still BUILDING after 0 min; it keeps building: follow it at "
+                    f"{hub_server.endpoint}/spaces/{SPACE} or run the same --push again")
+    assert "BUILDING" in result.stdout
+
+
+def test_ctrl_c_stops_following_and_leaves_the_space_building(repo: Path, hub: dict[str, str],
+                                                              hub_server: HubServer) -> None:
+    command = [sys.executable, "build.py", "--arch", "cpu", "--push", "--space-registry", REGISTRY]
+    with subprocess.Popen(command, cwd=repo, env=user_env(hub), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as process:
+        assert process.stdout is not None
+        for line in process.stdout:
+            if " BUILDING" in line:  # the progress line: the build is being followed
+                break
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=60)
+
+    assert process.returncode == 130
+    assert f"build.py: stopped following; the Space keeps building: {hub_server.endpoint}/spaces/{SPACE}" in stderr
+    assert "Traceback" not in stderr
+    assert hub_server.space_stage(SPACE) == "BUILDING"
+
+
+def test_without_a_token_push_says_where_to_get_one(repo: Path, hub: dict[str, str]) -> None:
+    env = {key: value for key, value in hub.items() if key != "HF_TOKEN"}
+    line = expect_one_line_refusal(push(repo, env))
+    assert line.startswith("build.py: no Hugging Face token: set HF_TOKEN to a token with write access")
+    assert "--registry REF" in line
+
+
+def test_a_read_only_token_is_refused_before_anything_is_created(repo: Path, hub_server: HubServer,
+                                                                 tmp_path: Path) -> None:
+    env = {**hub_server.env(hub_server.read_token), "HF_HOME": str(tmp_path / "hf")}
+    line = expect_one_line_refusal(push(repo, env), hub_server.read_token)
+    assert "HF_TOKEN is read-only" in line
+    assert hub_server.commits(SPACE, "space") == []
+
+
+def test_an_account_without_docker_spaces_is_pointed_to_registry(repo: Path, hub_server: HubServer,
+                                                                 tmp_path: Path) -> None:
+    env = {**hub_server.env(hub_server.free_token), "HF_HOME": str(tmp_path / "hf")}
+    line = expect_one_line_refusal(push(repo, env), hub_server.free_token)
+    assert "HTTP 402" in line and "paid plan" in line and "--registry REF" in line
+
+
+def test_a_space_made_with_another_sdk_is_refused(repo: Path, hub: dict[str, str], hub_server: HubServer) -> None:
+    hub_server.create_space(SPACE, sdk="gradio")
+    line = expect_one_line_refusal(push(repo, hub), hub_server.write_token)
+    assert line == (f"build.py: {SPACE} is a gradio Space, not a Docker one: choose another name with "
+                    "--space OWNER/NAME")
+
+
+def test_an_unreachable_hub_is_one_line(repo: Path, hub: dict[str, str], hub_server: HubServer) -> None:
+    with hub_server.outage("refuse"):
+        line = expect_one_line_refusal(push(repo, hub), hub_server.write_token)
+    assert "the Hub is unreachable" in line
+
+
+def test_a_space_under_someone_elses_name_is_refused(repo: Path, hub: dict[str, str], hub_server: HubServer) -> None:
+    line = expect_one_line_refusal(push(repo, hub, "--space", "stranger/vllm-pod"), hub_server.write_token)
+    assert "HTTP 403" in line and "create the Space stranger/vllm-pod" in line
+
+
+def printed_template(stdout: str) -> dict:
+    """The JSON body build.py prints after 'RunPod template …:'."""
+    lines = stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("RunPod template ")) + 1
+    end = lines.index("}", start)
+    return json.loads("\n".join(lines[start:end + 1]))
+
+
+def test_the_template_for_a_space_is_valid_for_runpod_and_names_the_image(runpod_openapi) -> None:
+    result = build_py("--arch", "sm89", "--runpod-template", "--space", "acme/pods-ada", cwd=ROOT, env={})
+
+    assert result.returncode == 0, result.stderr
+    body = printed_template(result.stdout)
+    assert runpod_openapi.errors("CreateTemplateRequest", body) == []
+    assert body["image"] == "registry.hf.space/acme-pods-ada:latest"
+    assert (body["ports"], body["allowedCudaVersions"]) == (["8080/http", "22/tcp"], ["13.0"])
+    assert "registry credential (user: acme, password: a read token" in result.stdout
+
+
+def test_runpod_saves_the_template_and_the_private_images_credential(runpod_server, repo: Path) -> None:
+    env = {"RUNPOD_API_KEY": runpod_server.api_key, "RUNPOD_API_URL": runpod_server.url,
+           "HF_READ_TOKEN": "hf_readonlytokenforregistry0123456789"}
+    for _ in range(2):  # the second run updates the same template and reuses the credential
+        result = build_py("--arch", "sm89", "--runpod", "--space", "acme/pods-ada", cwd=repo, env=env)
+        assert result.returncode == 0, result.stderr
+
+    assert [t["image"] for t in runpod_server.templates] == ["registry.hf.space/acme-pods-ada:latest"]
+    assert len(runpod_server.registries) == 1
+    assert "RunPod: updated the template 'vllm-pod sm89'" in result.stdout
+    assert "hf_readonlytokenforregistry" not in result.stdout + result.stderr
+
+
+def test_runpod_refuses_to_send_the_write_token_as_a_registry_password(runpod_server, repo: Path) -> None:
+    env = {"RUNPOD_API_KEY": runpod_server.api_key, "RUNPOD_API_URL": runpod_server.url, "HF_TOKEN": "hf_write"}
+    line = expect_one_line_refusal(build_py("--arch", "sm89", "--runpod", "--space", "acme/x", cwd=repo, env=env),
+                                   "hf_write")
+    assert "set HF_READ_TOKEN to a read token (not the write token)" in line
+    assert runpod_server.templates == []

@@ -1,0 +1,163 @@
+"""`python build.py --arch cpu --push` end to end: a real builder builds what was uploaded and a real registry serves it.
+
+The test Hub's builder builds exactly the Space's committed files with the Docker engine of the image
+tests (whose cache the cold cpu build filled) and pushes to Debian's `docker-registry` on loopback. Then
+a second, empty engine pulls the image from that registry and runs it the way the Hub runs a Space: as
+uid 1000 with SPACE_ID set, where it must serve its status page on 7860. Also: the no-op second push,
+a build that fails (its log's tail, exit 1), and `--registry` straight to the registry.
+Slow: marked `docker`, run in .ci/run's image step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from space.engine import wheel_sources
+from tests.support.docker_engine import HostPip, host_pip_build_options, private_engine
+from tests.support.hub_server import HubServer
+from tests.support.images import Engine, report
+from tests.support.registry import LocalRegistry
+from tests.support.repo_copy import ROOT, copy_repo
+from tests.support.space_builder import SpaceBuilder
+
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(3600)]
+
+SPACE = f"{HubServer.owner}/vllm-pod-cpu"
+IMAGE_NAME = "pod-owner-vllm-pod-cpu"  # the Hub's name for the Space's image: <owner>-<name>, lowercased
+STATUS_TIMEOUT_S = 120
+
+
+@pytest.fixture(scope="module")
+def hub(image_engine: Engine, image_base: str, cpu_image: str, registry: LocalRegistry) -> Iterator[HubServer]:
+    """A test Hub whose Docker Spaces are built by a real builder with this machine's pip sources.
+
+    `cpu_image` first: the cold build fills the engine's cache, so the Space's build reuses its layers.
+    """
+    pip = HostPip.from_environ()
+    with HubServer() as server, wheel_sources(pip.find_links) as sources:
+        args = {"BASE_IMAGE": image_base, **sources.build_args}
+        args |= {"TORCH_INDEX_URL": pip.torch_index} if pip.torch_index else {}
+        server.builder = SpaceBuilder(image_engine[1], registry.host, build_args=args, network_mode="host",
+                                      extra_hosts=sources.extra_hosts)
+        yield server
+
+
+def push(repo: Path, hub: HubServer, registry: LocalRegistry, *extra: str) -> subprocess.CompletedProcess[str]:
+    pip = HostPip.from_environ()
+    ca = ["--ca-cert", pip.ca_cert] if pip.ca_cert else []
+    env = {**os.environ, **hub.env(), "HF_HOME": str(repo / ".hf-home")}
+    return subprocess.run([sys.executable, "build.py", "--arch", "cpu", "--push", "--space-registry", registry.host,
+                           *ca, *extra], cwd=repo, capture_output=True, text=True, env=env, timeout=3000)
+
+
+@pytest.fixture(scope="module")
+def published(hub: HubServer, registry: LocalRegistry, request: pytest.FixtureRequest) -> subprocess.CompletedProcess[str]:
+    started = time.monotonic()
+    result = push(ROOT, hub, registry)
+    report(request, f"build.py --arch cpu --push: {time.monotonic() - started:.0f} s in all")
+    for line in result.stdout.splitlines():
+        if line.startswith("build.py: ") and "| " not in line:
+            report(request, f"  {line}")
+    assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
+    return result
+
+
+def test_push_prints_the_image_the_credential_and_the_template(published: subprocess.CompletedProcess[str],
+                                                               registry: LocalRegistry) -> None:
+    out = published.stdout
+    assert f"build.py: {SPACE} built and running in " in out
+    assert f'"image": "{registry.host}/{IMAGE_NAME}:latest"' in out
+    assert f"registry credential (user: {HubServer.owner}, password: a read token" in out
+    assert any(line.startswith("build.py: uploaded ") and " kB, removed 0," in line for line in out.splitlines())
+
+
+def test_the_space_built_the_uploaded_files_into_the_registry(published: subprocess.CompletedProcess[str],
+                                                              hub: HubServer, registry: LocalRegistry) -> None:
+    assert hub.space_stage(SPACE) == "RUNNING"
+    assert "latest" in registry.tags(IMAGE_NAME)
+    log = hub.space_build_log(SPACE)
+    assert "Step 1/" in log and "COPY runtime/ /opt/app/runtime/" in log
+
+
+def test_a_second_push_of_the_same_tree_rebuilds_nothing(published: subprocess.CompletedProcess[str],
+                                                         hub: HubServer, registry: LocalRegistry) -> None:
+    builds = hub.builder.builds
+    again = push(ROOT, hub, registry)
+
+    assert again.returncode == 0, again.stderr
+    assert f"build.py: {SPACE}: unchanged, nothing pushed" in again.stdout
+    assert hub.builder.builds == builds
+
+
+def test_the_published_image_runs_from_the_registry_as_the_hub_runs_a_space(
+        published: subprocess.CompletedProcess[str], registry: LocalRegistry, request: pytest.FixtureRequest) -> None:
+    with private_engine() as (_, client):  # empty: every layer comes from the registry
+        started = time.monotonic()
+        image = client.images.pull(f"{registry.host}/{IMAGE_NAME}", tag="latest")
+        report(request, f"pull into an empty engine: {time.monotonic() - started:.0f} s")
+        container = client.containers.run(image.id, detach=True, user="1000", network_mode="none",
+                                          environment={"SPACE_ID": SPACE})
+        try:
+            facts = wait_for_status_page(container)
+            assert facts["space_id"] == SPACE and facts["prebaked"] is True
+            assert facts["facts"]["target"] == "cpu"
+            assert container.exec_run(["id", "-u"]).output.decode().strip() == "1000"
+        finally:
+            container.remove(force=True)
+
+
+def wait_for_status_page(container) -> dict:
+    """The status page's facts once it answers on 7860 (read from inside: the container has no network)."""
+    probe = ["python", "-c", "import urllib.request as r; print(r.urlopen('http://127.0.0.1:7860/facts', timeout=5).read().decode())"]
+    deadline = time.monotonic() + STATUS_TIMEOUT_S
+    while time.monotonic() < deadline:
+        container.reload()
+        assert container.status == "running", container.logs(tail=30).decode(errors="replace")
+        code, output = container.exec_run(probe)
+        if code == 0:
+            assert container.exec_run(["python", "-c", "import urllib.request as r; "
+                                       "r.urlopen('http://127.0.0.1:7860/', timeout=5)"]).exit_code == 0
+            return json.loads(output.decode())
+        time.sleep(0.5)  # polling: the status page offers nothing else to wait on from outside
+    pytest.fail(f"no status page after {STATUS_TIMEOUT_S} s:\n{container.logs(tail=30).decode(errors='replace')}")
+
+
+def test_a_failed_build_shows_its_log_and_exits_non_zero(published: subprocess.CompletedProcess[str], hub: HubServer,
+                                                         registry: LocalRegistry, tmp_path: Path) -> None:
+    repo = copy_repo(tmp_path / "repo")
+    facts = repo / "docker" / "image_facts.py"
+    facts.write_text(facts.read_text() + "\nraise SystemExit('image facts: a forced failure')\n")
+
+    result = push(repo, hub, registry, "--space", f"{HubServer.owner}/vllm-pod-broken")
+
+    assert result.returncode == 1
+    lines = result.stderr.splitlines()
+    assert lines[-1] == (f"build.py: {HubServer.owner}/vllm-pod-broken ended in BUILD_ERROR: the build log's tail "
+                         f"is above ({hub.endpoint}/spaces/{HubServer.owner}/vllm-pod-broken)")
+    assert any(line.startswith("  | ") and "a forced failure" in line for line in lines)
+    assert "Traceback (most recent call last)" not in "\n".join(line for line in lines if not line.startswith("  | "))
+
+
+def test_registry_builds_locally_and_pushes_every_layer(published: subprocess.CompletedProcess[str],
+                                                        image_engine: Engine, image_base: str,
+                                                        registry: LocalRegistry) -> None:
+    reference = f"{registry.host}/acme/vllm-pod"
+    command = [sys.executable, "build.py", "--arch", "cpu", "--push", "--registry", reference,
+               "--build-arg", f"BASE_IMAGE={image_base}", *image_engine[0].build_options, *host_pip_build_options()]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=3000,
+                            env={**os.environ, "DOCKER_HOST": image_engine[0].docker_host})
+
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    assert f"build.py: pushed {reference}:cpu" in result.stdout
+    layers = [line for line in result.stdout.splitlines() if line.startswith("  layer ")]
+    assert len({line.split(":")[0] for line in layers}) >= 8  # one line per layer state, for every layer
+    assert "cpu" in registry.tags("acme/vllm-pod")
+    assert f'"image": "{reference}:cpu"' in result.stdout
