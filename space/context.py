@@ -25,8 +25,8 @@ def context_files(dockerfile_text: str, ca_cert: Path | None = None, root: Path 
 
     ignore = root / ".dockerignore"
     patterns = [line.strip() for line in ignore.read_text().splitlines() if line.strip() and not line.startswith("#")]
-    files = {path: (root / path).read_bytes() for path in sorted(exclude_paths(str(root), patterns))
-             if (root / path).is_file()}
+    listed = sorted(exclude_paths(str(root), patterns))  # it always lets .dockerignore in: no build copies it
+    files = {path: (root / path).read_bytes() for path in listed if (root / path).is_file() and path != ignore.name}
     files[DOCKERFILE] = dockerfile_text.encode()
     if ca_cert:
         files[EXTRA_CA_IN_CONTEXT] = ca_cert.read_bytes()

@@ -8,6 +8,7 @@ reached, the Debian base image is made with debootstrap and `docker import` (DES
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -72,7 +73,8 @@ class PrivateEngine:
         return ["--network", "host"]
 
     def command(self) -> list[str]:
-        namespace = f"vllm-pod-{self.root.name}"  # never shares a system containerd's namespace
+        # Never a system containerd's namespace; containerd allows letters and digits joined by single . _ -
+        namespace = "vllm-pod-" + re.sub(r"[^A-Za-z0-9]", "", self.root.name)
         network = [] if self.bridge else ["--bridge=none"]
         return [
             system_tool("dockerd", "docker.io"), "--data-root", str(self.root / "data"), "--exec-root", str(self.root / "exec"),

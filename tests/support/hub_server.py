@@ -5,9 +5,12 @@ Routes: create a repo, repo info (with its sha), tree listing, preupload + NDJSO
 "regular"; LFS/Xet uploads are refused as unsupported), and HEAD/GET `resolve/<revision>/<path>` with the ETag
 and `X-Repo-Commit` headers the client relies on. Errors carry the `X-Error-Code` header that the client maps
 to `RepositoryNotFoundError`, `RevisionNotFoundError` and `RemoteEntryNotFoundError`. Every request is recorded
-(`received`) so tests can assert on what reached "the Hub"; `outage()` refuses or hangs connections.
+(`received`, once its answer ended) so tests can assert on what reached "the Hub"; `outage()` refuses or hangs
+connections. Also `whoami-v2` and `validate-yaml`, and Spaces (hub_spaces.py): creation (402 for a compute SDK
+on a free plan), space info, runtime, and build logs as never-ending server-sent events. A commit to a Docker
+Space goes to the attached `builder` (space_builder.SpaceBuilder: a real engine and registry).
 
-New routes (e.g. Spaces for `build.py --push`) go in `HubApp.routes()`, one handler each.
+New routes go in `HubApp.routes()`, one handler each.
 Use it through the `hub_server` fixture (registered in tests/conftest.py).
 """
 
@@ -21,7 +24,6 @@ import json
 import re
 import secrets
 import socket
-import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -33,9 +35,30 @@ import pytest
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from tests.support.hub_spaces import (
+    COMPUTE_SDKS,
+    KEEPALIVE_S,
+    PAID_PLAN,
+    SDKS,
+    Builder,
+    Notifier,
+    SpaceState,
+    SpaceView,
+    check_readme,
+    initial_readme,
+    log_stream,
+    readme_sdk,
+)
+from tests.support.hub_wire import (
+    DateHeader,
+    Front,
+    Received,
+    Recorder,
+    listening_socket,
+)
 
 KINDS = {"models": "model", "datasets": "dataset", "spaces": "space"}
 URL_PREFIX = {"model": "", "dataset": "datasets/", "space": "spaces/"}
@@ -67,8 +90,19 @@ class Refusal(Exception):
 
 @dataclass(frozen=True)
 class User:
+    """The user a token belongs to, with that token's rights (`write`) and the account's plan (`paid`)."""
+
     name: str
     write: bool
+    paid: bool = True  # PRO: may create Spaces that run on compute
+    token_name: str = "token"
+
+    def whoami(self) -> dict:
+        """`GET /api/whoami-v2`, shaped as the Hub answers it for a user's access token."""
+        return {"type": "user", "id": hashlib.md5(self.name.encode()).hexdigest()[:24], "name": self.name,
+                "fullname": self.name.replace("-", " ").title(), "isPro": self.paid, "canPay": self.paid,
+                "orgs": [], "auth": {"type": "access_token", "accessToken": {
+                    "displayName": self.token_name, "role": "write" if self.write else "read"}}}
 
 
 @dataclass(frozen=True)
@@ -106,44 +140,6 @@ class Repo:
         return commit
 
 
-@dataclass(frozen=True)
-class Received:
-    """One request as the server saw it (the body read in full)."""
-
-    method: str
-    path: str
-    query: str
-    headers: dict[str, str]
-    body: bytes
-    status: int
-
-    def payload(self) -> bytes:
-        """The body, plus the file contents that JSON/NDJSON bodies carry base64-encoded (commits, preuploads)."""
-        decoded = [self.body]
-        for line in self.body.splitlines():
-            with contextlib.suppress(ValueError):
-                decoded += [base64.b64decode(v) for v in json_strings(json.loads(line), ("content", "sample"))]
-        return b"\n".join(decoded)
-
-    def carries(self, text: str) -> bool:
-        """Whether `text` is anywhere in what was sent, except the Authorization header (where a token belongs)."""
-        others = " ".join(v for k, v in self.headers.items() if k != "authorization")
-        return any(text in part for part in (self.path, self.query, others)) or text.encode() in self.payload()
-
-
-def json_strings(value: object, keys: tuple[str, ...]) -> Iterator[str]:
-    """Every string under one of `keys`, anywhere in a parsed JSON document."""
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if key in keys and isinstance(item, str):
-                yield item
-            else:
-                yield from json_strings(item, keys)
-    elif isinstance(value, list):
-        for item in value:
-            yield from json_strings(item, keys)
-
-
 def valid_path(path: object) -> str:
     """A repo path as the Hub accepts it: relative, no empty/`.`/`..` segment, nothing under `.git/`."""
     if not isinstance(path, str) or not path or len(path) > 1000 or path.startswith("/") or "\\" in path:
@@ -163,6 +159,10 @@ class HubState:
         self.repos: dict[tuple[str, str], Repo] = {}
         self.received: list[Received] = []
         self.commits_per_hour = commits_per_hour
+        self.spaces: dict[str, SpaceState] = {}
+        self.notifier = Notifier()  # wakes the log streams; closed when the server stops
+        self.builder: Builder | None = None
+        self.keepalive_s = KEEPALIVE_S
 
     def user(self, request: Request) -> User | None:
         """The caller: None when anonymous; a token the Hub does not know is refused outright."""
@@ -196,11 +196,42 @@ class HubState:
             raise Refusal(404, f"Invalid rev id: {revision}", "RevisionNotFound")
         return repo
 
-    def create(self, repo_id: str, repo_type: str, owner: str, private: bool) -> Repo:
+    def create(self, repo_id: str, repo_type: str, owner: str, private: bool,
+               files: dict[str, bytes] | None = None) -> Repo:
         repo = Repo(repo_id, repo_type, owner, private)
-        repo.add_commit("initial commit", {".gitattributes": GITATTRIBUTES})
+        repo.add_commit("initial commit", {".gitattributes": GITATTRIBUTES, **(files or {})})
         self.repos[(repo_type, repo_id)] = repo
         return repo
+
+    def create_space(self, repo_id: str, private: bool, sdk: str, variables: dict[str, str] | None = None,
+                     hardware: str | None = None) -> Repo:
+        """A Space: its initial commit holds the Hub's README.md (a card naming the SDK); nothing to run yet."""
+        readme = initial_readme(repo_id.split("/")[1], sdk)
+        repo = self.create(repo_id, "space", repo_id.split("/")[0], private, {"README.md": readme})
+        self.spaces[repo_id] = SpaceState(repo_id, sdk, self.notifier, variables, hardware)
+        return repo
+
+    def readable_space(self, request: Request) -> SpaceState:
+        """The Space a `/api/spaces/{namespace}/{name}/…` route names, if the caller may read it (401/404 if not)."""
+        params = request.path_params
+        return self.spaces[self.readable(request, "space", f"{params['namespace']}/{params['name']}").repo_id]
+
+    def check_space_commit(self, repo: Repo, files: dict[str, bytes], user: User) -> None:
+        """A Space's README.md must stay valid metadata, and may not turn it into a compute Space on a free plan."""
+        readme = files.get("README.md")
+        if repo.repo_type != "space" or readme is None:
+            return
+        errors, _ = check_readme(readme.decode("utf-8", "replace"), "space")
+        if errors:
+            raise Refusal(400, f"Invalid metadata in README.md: {'; '.join(errors)}")
+        sdk = readme_sdk(readme)
+        if sdk != self.spaces[repo.repo_id].sdk and sdk in COMPUTE_SDKS and not user.paid:
+            raise Refusal(402, PAID_PLAN.format(sdk=sdk.capitalize()))
+
+    def committed(self, repo: Repo, commit: Commit) -> None:
+        """After every commit: a Space reacts to it (a Docker Space's build starts before the commit answers)."""
+        if repo.repo_type == "space":
+            self.spaces[repo.repo_id].committed(commit.oid, commit.files, self.builder)
 
 
 def repo_ref(request: Request) -> tuple[str, str]:
@@ -243,8 +274,13 @@ class HubApp:
     def routes(self) -> list[Route]:
         api = "/api/{kind}/{namespace}/{name}"
         resolve = "/{namespace}/{name}/resolve/{revision}/{path:path}"
+        space = "/api/spaces/{namespace}/{name}"
         return [
+            Route("/api/whoami-v2", self.whoami, methods=["GET"]),
+            Route("/api/validate-yaml", self.validate_yaml, methods=["POST"]),
             Route("/api/repos/create", self.create_repo, methods=["POST"]),
+            Route(space + "/runtime", self.space_runtime, methods=["GET"]),
+            Route(space + "/logs/{which}", self.space_logs, methods=["GET"]),
             Route(api, self.repo_info, methods=["GET"]),
             Route(api + "/revision/{revision}", self.repo_info, methods=["GET"]),
             Route(api + "/preupload/{revision}", self.preupload, methods=["POST"]),
@@ -266,40 +302,72 @@ class HubApp:
     def repo_url(self, repo: Repo) -> str:
         return f"{self.endpoint}/{URL_PREFIX[repo.repo_type]}{repo.repo_id}"
 
+    async def whoami(self, request: Request) -> Response:
+        with self.state.lock:
+            user = self.state.user(request)
+        if user is None:
+            raise Refusal(401, "Invalid username or password.")
+        return JSONResponse(user.whoami())
+
+    async def validate_yaml(self, request: Request) -> Response:
+        """A README's metadata checked as the Hub checks it before a commit: 400 with `errors`, or 200."""
+        body = await json_body(request)
+        with self.state.lock:
+            self.state.user(request)  # anonymous is fine; a token the Hub does not know is not
+        content, repo_type = body.get("content"), body.get("repoType", "model")
+        if not isinstance(content, str) or repo_type not in URL_PREFIX:
+            raise Refusal(400, "Expected {content: string, repoType: model|dataset|space}")
+        errors, warnings = check_readme(content, repo_type)
+        return JSONResponse({"errors": [{"message": m} for m in errors], "warnings": [{"message": m} for m in warnings]},
+                            400 if errors else 200)
+
     async def create_repo(self, request: Request) -> Response:
         body = await json_body(request)
         with self.state.lock:
             user = self.state.user(request)
             if user is None:
                 raise Refusal(401, "You must be authenticated to create a repository")
-            name, owner = body.get("name"), body.get("organization") or user.name
-            repo_type = body.get("type") or "model"
-            if not isinstance(name, str) or not NAME.fullmatch(name) or not NAME.fullmatch(owner):
-                raise Refusal(400, f"Invalid repo name: {owner}/{name}")
-            if repo_type not in URL_PREFIX:
-                raise Refusal(400, f"Invalid repo type: {repo_type!r}")
-            if repo_type == "space":
-                raise Refusal(501, "Spaces are not implemented by this test server")
-            if not user.write or owner != user.name:
-                raise Refusal(403, f"You don't have the rights to create a {repo_type} under the namespace {owner}")
-            existing = self.state.repos.get((repo_type, f"{owner}/{name}"))
+            repo_type, owner, private = new_repo(body, user)
+            repo_id = f"{owner}/{body['name']}"
+            existing = self.state.repos.get((repo_type, repo_id))
             if existing is not None:
                 return JSONResponse({"error": "You already created this repo", "url": self.repo_url(existing)}, 409)
-            private = body.get("visibility", "public") == "private"
-            repo = self.state.create(f"{owner}/{name}", repo_type, owner, private)
+            if repo_type == "space":
+                repo = self.state.create_space(repo_id, private, *new_space(body, user))
+            else:
+                repo = self.state.create(repo_id, repo_type, owner, private)
             return JSONResponse({"url": self.repo_url(repo), "name": repo.repo_id, "id": repo.repo_id})
 
     async def repo_info(self, request: Request) -> Response:
         with self.state.lock:
             repo = self.state.readable(request, *repo_ref(request))
             commit = repo.at(request.path_params.get("revision", "main"))
-            return JSONResponse({
+            info = {
                 "_id": hashlib.md5(repo.repo_id.encode()).hexdigest()[:24], "id": repo.repo_id,
                 "author": repo.owner, "sha": commit.oid, "private": repo.private, "disabled": False,
                 "gated": False, "lastModified": iso(commit.at), "createdAt": iso(repo.commits[0].at),
                 "tags": [], "downloads": 0, "likes": 0,
                 "siblings": [{"rfilename": path} for path in sorted(commit.files)],
-            })
+            }
+            if repo.repo_type == "space":
+                info |= self.state.spaces[repo.repo_id].info(commit.files.get("README.md"))
+            return JSONResponse(info)
+
+    async def space_runtime(self, request: Request) -> Response:
+        with self.state.lock:
+            space = self.state.readable_space(request)
+        return JSONResponse(space.runtime())
+
+    async def space_logs(self, request: Request) -> Response:
+        """The build (or run) log as the Hub serves it: server-sent events on a stream that never ends."""
+        which = request.path_params["which"]
+        if which not in ("build", "run"):
+            raise Refusal(404, "Not Found")
+        with self.state.lock:
+            space = self.state.readable_space(request)
+        current = (lambda: space.log) if which == "build" else (lambda: space.run_log)
+        events = log_stream(current, self.state.notifier, self.state.keepalive_s)
+        return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
     async def preupload(self, request: Request) -> Response:
         body = await json_body(request)
@@ -336,11 +404,13 @@ class HubApp:
         with self.state.lock:
             repo = self.state.writable(request, *repo_ref(request), request.path_params["revision"])
             files = self.apply(repo, items)
+            self.state.check_space_commit(repo, files, self.state.user(request))
             recent = [c for c in repo.commits if c.at > time.time() - 3600]
             if len(recent) >= self.state.commits_per_hour:
                 raise Refusal(429, f"You have exceeded the rate limit for repository commits "
                                    f"({self.state.commits_per_hour} per hour).")
             commit = repo.add_commit(items[0]["value"]["summary"], files)
+            self.state.committed(repo, commit)
             return JSONResponse({"success": True, "commitOid": commit.oid, "hookOutput": "",
                                  "commitUrl": f"{self.repo_url(repo)}/commit/{commit.oid}"})
 
@@ -403,6 +473,38 @@ class HubApp:
         return Response(b"" if request.method == "HEAD" else content, headers=headers)
 
 
+def new_repo(body: dict, user: User) -> tuple[str, str, bool]:
+    """(type, owner, private) of a repo to create, refusing a bad name, type or visibility, or another's namespace."""
+    name, owner = body.get("name"), body.get("organization") or user.name
+    repo_type, visibility = body.get("type") or "model", body.get("visibility", "public")
+    if not isinstance(name, str) or not NAME.fullmatch(name) or not NAME.fullmatch(owner):
+        raise Refusal(400, f"Invalid repo name: {owner}/{name}")
+    if repo_type not in URL_PREFIX:
+        raise Refusal(400, f"Invalid repo type: {repo_type!r}")
+    if visibility not in ("public", "private", *(("protected",) if repo_type == "space" else ())):
+        raise Refusal(400, f"Invalid visibility: {visibility!r}")
+    if not user.write or owner != user.name:
+        raise Refusal(403, f"You don't have the rights to create a {repo_type} under the namespace {owner}")
+    return repo_type, owner, visibility != "public"
+
+
+def new_space(body: dict, user: User) -> tuple[str, dict[str, str], str | None]:
+    """(sdk, variables, hardware) of a Space to create; 402 for a compute SDK on a free plan, like the Hub."""
+    sdk, variables = body.get("sdk"), body.get("variables") or []
+    if sdk not in SDKS:
+        raise Refusal(400, f"Invalid sdk {sdk!r}: a Space needs one of {', '.join(SDKS)}")
+    if body.get("template") or body.get("volumes"):
+        raise Refusal(501, "Space templates and volumes are not implemented by this test server")
+    if not isinstance(variables, list) or not all(
+            isinstance(v, dict) and isinstance(v.get("key"), str) and isinstance(v.get("value"), str) for v in variables):
+        raise Refusal(400, "Invalid variables: expected [{key, value, description?}]")
+    if not isinstance(body.get("hardware") or "", str):
+        raise Refusal(400, f"Invalid hardware: {body['hardware']!r}")
+    if sdk in COMPUTE_SDKS and not user.paid:
+        raise Refusal(402, PAID_PLAN.format(sdk=sdk.capitalize()))
+    return sdk, {v["key"]: v["value"] for v in variables}, body.get("hardware")
+
+
 def tree_entries(files: dict[str, bytes], folder: str, recursive: bool) -> list[dict]:
     """The Hub's tree listing of `folder`: files and sub-folders, direct children unless `recursive`."""
     prefix = f"{folder}/" if folder else ""
@@ -420,113 +522,26 @@ def tree_entries(files: dict[str, bytes], folder: str, recursive: bool) -> list[
     return list(entries.values())
 
 
-class Recorder:
-    """ASGI middleware that keeps every request (with its full body) and the status answered."""
-
-    def __init__(self, app: ASGIApp, state: HubState) -> None:
-        self.app, self.state = app, state
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        body, status = bytearray(), [0]
-
-        async def recording_receive() -> Message:
-            message = await receive()
-            body.extend(message.get("body", b""))
-            return message
-
-        async def recording_send(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                status[0] = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, recording_receive, recording_send)
-        finally:
-            headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-            received = Received(scope["method"], scope["path"], scope["query_string"].decode("latin-1"),
-                                headers, bytes(body), status[0])
-            with self.state.lock:
-                self.state.received.append(received)
-
-
-def reset(writer: asyncio.StreamWriter) -> None:
-    """Drops a connection with a TCP reset, the way a dead network or a refusing host looks to a client."""
-    sock = writer.get_extra_info("socket")
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    writer.transport.abort()
-
-
-class Front:
-    """The port clients connect to: relays to the app, or simulates an outage (`refuse` or `hang`)."""
-
-    def __init__(self, backend_port: int) -> None:
-        self.backend_port = backend_port
-        self.mode: str | None = None
-        self.live: set[asyncio.StreamWriter] = set()
-        self.recovered = asyncio.Event()
-        self.refused = self.hung = 0
-
-    def set_mode(self, mode: str | None) -> None:
-        self.mode = mode
-        if mode is None:
-            self.recovered.set()
-            return
-        self.recovered.clear()
-        for writer in list(self.live):  # kept-alive connections must not slip through the outage
-            reset(writer)
-
-    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self.mode == "refuse":
-            self.refused += 1
-            return reset(writer)
-        if self.mode == "hang":
-            self.hung += 1
-            await self.recovered.wait()
-            return reset(writer)
-        self.live.add(writer)
-        try:
-            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.backend_port)
-            relays = [asyncio.ensure_future(relay(reader, up_writer)), asyncio.ensure_future(relay(up_reader, writer))]
-            await asyncio.wait(relays, return_when=asyncio.FIRST_COMPLETED)
-            for task in relays:
-                task.cancel()
-            up_writer.close()
-            writer.close()
-        finally:
-            self.live.discard(writer)
-
-
-async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    with contextlib.suppress(ConnectionError, OSError):
-        while data := await reader.read(65536):
-            writer.write(data)
-            await writer.drain()
-
-
-def listening_socket() -> socket.socket:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(128)
-    return sock
-
-
 class HubServer:
-    """The test Hub, served from a background thread on 127.0.0.1 (free ports), with a user and tokens ready."""
+    """The test Hub, served from a background thread on 127.0.0.1 (free ports), with users and tokens ready.
+
+    `pod-owner` (a paid plan) holds `write_token` and `read_token`; `stranger_token` is another paid user's;
+    `free_token` is `free-user`'s, with write access but a free plan (no Spaces that run on compute).
+    """
 
     owner = "pod-owner"
+    free_user = "free-user"
 
     def __init__(self, commits_per_hour: int = HUB_COMMITS_PER_HOUR) -> None:
         # Tokens shaped like real ones, so a leak of them would also be caught by shape.
         self.write_token = f"hf_{secrets.token_hex(17)}"
         self.read_token = f"hf_{secrets.token_hex(17)}"
         self.stranger_token = f"hf_{secrets.token_hex(17)}"
-        users = {self.write_token: User(self.owner, True), self.read_token: User(self.owner, False),
-                 self.stranger_token: User("stranger", True)}
+        self.free_token = f"hf_{secrets.token_hex(17)}"
+        users = {self.write_token: User(self.owner, True, token_name="write"),
+                 self.read_token: User(self.owner, False, token_name="read"),
+                 self.stranger_token: User("stranger", True, token_name="write"),
+                 self.free_token: User(self.free_user, True, paid=False, token_name="write")}
         self.state = HubState(users, commits_per_hour)
         self.app = HubApp(self.state)
         self.endpoint = ""
@@ -547,13 +562,15 @@ class HubServer:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.state.notifier.close()  # the log streams end: nothing else ever closes them
         self._call(self._stop.set)
         self._thread.join(30)
 
     async def _serve(self, front_sock: socket.socket, app_sock: socket.socket, ready: threading.Event) -> None:
         self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
         self._front = Front(app_sock.getsockname()[1])
-        config = uvicorn.Config(Recorder(self.app.asgi(), self.state), log_level="warning", lifespan="off")
+        app = DateHeader(Recorder(self.app.asgi(), self.state.received, self.state.lock))
+        config = uvicorn.Config(app, log_level="warning", lifespan="off", date_header=False, timeout_graceful_shutdown=5)
         server = uvicorn.Server(config)
         serving = asyncio.ensure_future(server.serve(sockets=[app_sock]))
         front = await asyncio.start_server(self._front.handle, sock=front_sock)
@@ -609,15 +626,24 @@ class HubServer:
         return self._front.hung
 
     def create_repo(self, repo_id: str, repo_type: str = "model", private: bool = False) -> None:
+        if repo_type == "space":
+            return self.create_space(repo_id, private=private)
         with self.state.lock:
             self.state.create(repo_id, repo_type, repo_id.split("/")[0], private)
 
+    def create_space(self, repo_id: str, sdk: str = "docker", private: bool = False) -> None:
+        """A Space as the Hub creates it (test setup: no plan check), with the Hub's initial README.md."""
+        with self.state.lock:
+            self.state.create_space(repo_id, private, sdk)
+
     def put_file(self, repo_id: str, path: str, content: bytes | str, repo_type: str = "model") -> str:
-        """Commits one file directly (test setup, as if someone pushed it); returns the commit id."""
+        """Commits one file directly (test setup, as if someone pushed it; a Space builds it); returns the commit id."""
         with self.state.lock:
             repo = self.state.repos[(repo_type, repo_id)]
             data = content.encode() if isinstance(content, str) else content
-            return repo.add_commit(f"Upload {path}", {**repo.head.files, path: data}).oid
+            commit = repo.add_commit(f"Upload {path}", {**repo.head.files, path: data})
+            self.state.committed(repo, commit)
+            return commit.oid
 
     def file(self, repo_id: str, path: str, repo_type: str = "model") -> bytes | None:
         with self.state.lock:
@@ -634,9 +660,55 @@ class HubServer:
         with self.state.lock:
             return list(self.state.received)
 
+    # --- Spaces ---
+
+    @property
+    def builder(self) -> Builder | None:
+        """What builds a Docker Space's commits (space_builder.SpaceBuilder); None: Spaces stay BUILDING."""
+        return self.state.builder
+
+    @builder.setter
+    def builder(self, builder: Builder | None) -> None:
+        with self.state.lock:
+            self.state.builder = builder
+
+    @property
+    def keepalive_s(self) -> float:
+        """Seconds without a log line before a log stream sends an empty event (the client's no-follow
+        read ends after 5 s of silence, so below that it never ends while the Space is quiet)."""
+        return self.state.keepalive_s
+
+    @keepalive_s.setter
+    def keepalive_s(self, value: float) -> None:
+        self.state.keepalive_s = value
+
+    def space(self, repo_id: str) -> SpaceView:
+        """The Space now: sdk, private, stage, error and its current build's log (KeyError if missing)."""
+        with self.state.lock:
+            repo = self.state.repos[("space", repo_id)]
+            return self.state.spaces[repo_id].view(repo.private)
+
+    def space_stage(self, repo_id: str) -> str:
+        return self.space(repo_id).stage
+
+    def space_build_log(self, repo_id: str) -> str:
+        """The current build's log, every line with its newline."""
+        return self.space(repo_id).log
+
+    def space_files(self, repo_id: str) -> dict[str, bytes]:
+        """The Space's files at its head commit."""
+        with self.state.lock:
+            return dict(self.state.repos[("space", repo_id)].head.files)
+
+    def wait_for_build(self, repo_id: str, timeout_s: float = 600) -> str:
+        """Waits for the Space's latest build to end (the builder signals it: no polling); returns its stage."""
+        with self.state.lock:
+            space = self.state.spaces[repo_id]
+        return space.settled_stage(timeout_s)
+
 
 @pytest.fixture
 def hub_server() -> Iterator[HubServer]:
-    """A fresh test Hub for one test; the owner `pod-owner` holds `write_token` and `read_token`."""
+    """A fresh test Hub for one test; the owner `pod-owner` holds `write_token` and `read_token` (see HubServer)."""
     with HubServer() as server:
         yield server
