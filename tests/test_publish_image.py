@@ -25,7 +25,7 @@ from tests.support.docker_engine import HostPip, host_pip_build_options, private
 from tests.support.hub_server import HubServer
 from tests.support.images import Engine, report
 from tests.support.registry import LocalRegistry
-from tests.support.repo_copy import ROOT, copy_repo
+from tests.support.repo_copy import copy_repo
 from tests.support.space_builder import SpaceBuilder
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(3600)]
@@ -59,9 +59,16 @@ def push(repo: Path, hub: HubServer, registry: LocalRegistry, *extra: str) -> su
 
 
 @pytest.fixture(scope="module")
-def published(hub: HubServer, registry: LocalRegistry, request: pytest.FixtureRequest) -> subprocess.CompletedProcess[str]:
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tree the pushes upload: a copy, so that an edit to the checkout meanwhile cannot change a push."""
+    return copy_repo(tmp_path_factory.mktemp("published") / "repo")
+
+
+@pytest.fixture(scope="module")
+def published(hub: HubServer, registry: LocalRegistry, repo: Path,
+              request: pytest.FixtureRequest) -> subprocess.CompletedProcess[str]:
     started = time.monotonic()
-    result = push(ROOT, hub, registry)
+    result = push(repo, hub, registry)
     report(request, f"build.py --arch cpu --push: {time.monotonic() - started:.0f} s in all")
     for line in result.stdout.splitlines():
         if line.startswith("build.py: ") and "| " not in line:
@@ -88,9 +95,9 @@ def test_the_space_built_the_uploaded_files_into_the_registry(published: subproc
 
 
 def test_a_second_push_of_the_same_tree_rebuilds_nothing(published: subprocess.CompletedProcess[str],
-                                                         hub: HubServer, registry: LocalRegistry) -> None:
+                                                         hub: HubServer, registry: LocalRegistry, repo: Path) -> None:
     builds = hub.builder.builds
-    again = push(ROOT, hub, registry)
+    again = push(repo, hub, registry)
 
     assert again.returncode == 0, again.stderr
     assert f"build.py: {SPACE}: unchanged, nothing pushed" in again.stdout
@@ -134,7 +141,7 @@ def test_a_failed_build_shows_its_log_and_exits_non_zero(published: subprocess.C
                                                          registry: LocalRegistry, tmp_path: Path) -> None:
     repo = copy_repo(tmp_path / "repo")
     facts = repo / "docker" / "image_facts.py"
-    facts.write_text(facts.read_text() + "\nraise SystemExit('image facts: a forced failure')\n")
+    facts.write_text(facts.read_text().replace("def main(", "raise SystemExit('image facts: a forced failure')\n\n\ndef main(", 1))
 
     result = push(repo, hub, registry, "--space", f"{HubServer.owner}/vllm-pod-broken")
 
@@ -148,11 +155,11 @@ def test_a_failed_build_shows_its_log_and_exits_non_zero(published: subprocess.C
 
 def test_registry_builds_locally_and_pushes_every_layer(published: subprocess.CompletedProcess[str],
                                                         image_engine: Engine, image_base: str,
-                                                        registry: LocalRegistry) -> None:
+                                                        registry: LocalRegistry, repo: Path) -> None:
     reference = f"{registry.host}/acme/vllm-pod"
     command = [sys.executable, "build.py", "--arch", "cpu", "--push", "--registry", reference,
                "--build-arg", f"BASE_IMAGE={image_base}", *image_engine[0].build_options, *host_pip_build_options()]
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=3000,
+    result = subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=3000,
                             env={**os.environ, "DOCKER_HOST": image_engine[0].docker_host})
 
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
