@@ -104,7 +104,7 @@ def push_to_space(args: argparse.Namespace, target: Target, files: dict[str, byt
 
     api = hub.hub_api()
     space = hub.resolve_space(api, args.space, target, args.public, args.space_registry or hub.HUB_REGISTRY)
-    hub.ensure_space(api, space)
+    space = hub.ensure_space(api, space)
     files = {**files, hub.README: hub.space_readme(target, space.image).encode()}
     plan = hub.plan_upload(api, space, files)
     if not plan:

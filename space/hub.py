@@ -96,14 +96,16 @@ def resolve_space(api: Any, space_id: str | None, target: Target, public: bool, 
     return Space(space_id, not public, who["name"], api.endpoint, registry)
 
 
-def ensure_space(api: Any, space: Space) -> None:
-    """Create the Docker Space when it is missing; refuse one made with another SDK."""
+def ensure_space(api: Any, space: Space) -> Space:
+    """Create the Docker Space when it is missing; refuse one made with another SDK. An existing Space keeps
+    its visibility: the returned Space says which it has."""
     hub_call(lambda: api.create_repo(space.space_id, repo_type="space", space_sdk="docker", private=space.private,
                                      exist_ok=True), f"create the Space {space.space_id}")
-    sdk = hub_call(lambda: api.space_info(space.space_id), f"read the Space {space.space_id}").sdk
-    if sdk != "docker":
-        raise BuildError(f"{space.space_id} is a {sdk} Space, not a Docker one: choose another name with "
+    info = hub_call(lambda: api.space_info(space.space_id), f"read the Space {space.space_id}")
+    if info.sdk != "docker":
+        raise BuildError(f"{space.space_id} is a {info.sdk} Space, not a Docker one: choose another name with "
                          "--space OWNER/NAME")
+    return dataclasses.replace(space, private=bool(info.private))
 
 
 def plan_upload(api: Any, space: Space, files: Mapping[str, bytes]) -> Upload:

@@ -63,7 +63,8 @@ def expect_one_line_refusal(result: subprocess.CompletedProcess[str], *secrets: 
 
 def expected_context(repo: Path) -> set[str]:
     """What the Dockerfile copies: runtime/ (no caches), the facts script, the certificates folder."""
-    listed = subprocess.run(["git", "ls-files", "runtime", "docker/certs", "docker/image_facts.py"], cwd=ROOT,
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "runtime", "docker/certs",
+                             "docker/image_facts.py"], cwd=ROOT,
                             capture_output=True, text=True, check=True).stdout.split()
     return {path for path in listed if (repo / path).is_file()}
 
@@ -225,3 +226,14 @@ def test_runpod_refuses_to_send_the_write_token_as_a_registry_password(runpod_se
                                    "hf_write")
     assert "set HF_READ_TOKEN to a read token (not the write token)" in line
     assert runpod_server.templates == []
+
+
+def test_an_existing_public_space_keeps_its_visibility_and_needs_no_credential(repo: Path, hub: dict[str, str],
+                                                                              hub_server: HubServer) -> None:
+    hub_server.create_space(SPACE, sdk="docker", private=False)
+
+    result = push(repo, hub, "--detach")
+
+    assert result.returncode == 0, result.stderr
+    assert hub_server.space(SPACE).private is False
+    assert "registry credential" not in result.stdout and "The image is private" not in result.stdout
