@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import argparse
 import enum
+import ipaddress
 import keyword
+import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from runtime.models import recipe_names
@@ -53,13 +56,23 @@ class Variable:
 
 # --- parsers: each takes the raw text and raises ValueError when the value is not allowed ---
 
+HUB_NAME = r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])?"  # the Hub's rule: 1..96, no edge `.` or `-`
+NO_DOUBLES = r"(?!.*(?:--|\.\.))"  # the Hub refuses `--` and `..` anywhere in an id
+HUB_REPO_ID = re.compile(rf"{NO_DOUBLES}(?:(?:models|datasets|spaces)/)?{HUB_NAME}/{HUB_NAME}")
+MODEL_REPO_ID = re.compile(rf"{NO_DOUBLES}{HUB_NAME}/{HUB_NAME}")  # a checkpoint to serve is a model repo
+# Served model names as clients send them (`claude-sonnet-4-5[1m]`, `org/name`, `…-v1:0`, `…@2025…`);
+# never a leading `-`: vLLM would read the name as one of its flags when it serves the names itself.
+MODEL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:@/+\[\]-]{0,255}")
+IDENTIFIER = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}")  # vLLM's KV cache dtypes and attention backends
+REPO_FILE_SEGMENT = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.-]{0,254}")  # a file name the Hub and a disk take
+# In a path on an sshd_config line, a space splits the argument and a newline starts a new directive.
+UNSAFE_IN_PATH = re.compile(r"[\s\x00-\x1f\x7f]")
+PATH_MAX = 4096  # Linux's limit on a path: a longer one fails every system call that takes it
+MIN_PING_S = 1.0  # no proxy cuts a connection silent for less; below it pings only burn CPU (1e-300 s: 134,585/s)
+
 
 def text(raw: str) -> str:
     return raw.strip()
-
-
-def optional_text(raw: str) -> str | None:
-    return raw.strip() or None
 
 
 def switch(raw: str) -> bool:
@@ -80,6 +93,65 @@ def words(raw: str) -> tuple[str, ...]:
     return tuple(w for w in re.split(r"[\s,]+", raw.strip()) if w)
 
 
+def model_names(raw: str) -> tuple[str, ...]:
+    """`words` that are each a model name as clients send them (see MODEL_NAME)."""
+    names = words(raw)
+    if not all(MODEL_NAME.fullmatch(name) for name in names):
+        raise ValueError
+    return names
+
+
+def matching(pattern: re.Pattern[str], optional: bool = False) -> Parser:
+    """The text itself, when it matches `pattern` whole (or is empty, when `optional`)."""
+
+    def parse(raw: str) -> str | None:
+        value = raw.strip()
+        if optional and not value:
+            return None
+        if not pattern.fullmatch(value):
+            raise ValueError
+        return value
+
+    return parse
+
+
+def listen_address(raw: str) -> str:
+    """An IPv4 or IPv6 address in its canonical form; no `%zone` (its text is free: a newline fits)."""
+    value = raw.strip()
+    if "%" in value:
+        raise ValueError
+    return str(ipaddress.ip_address(value))
+
+
+def local_path(raw: str) -> str:
+    """An absolute path on the pod, safe on an sshd_config line: no space, control character or `..`."""
+    value = raw.strip()
+    if not value.startswith("/") or len(value) > PATH_MAX or UNSAFE_IN_PATH.search(value) or ".." in value.split("/"):
+        raise ValueError
+    return value
+
+
+def repo_file(raw: str) -> str:
+    """A relative path inside a Hub repo: plain segments, none empty, `.` or `..`, no backslash."""
+    value = raw.strip()
+    segments = value.split("/")
+    if not all(REPO_FILE_SEGMENT.fullmatch(s) and s not in (".", "..") for s in segments):
+        raise ValueError
+    return value
+
+
+def checkpoint(raw: str) -> str | None:
+    """What VL_REPO may name: a model repo on the Hub, or a directory that exists on the pod."""
+    value = raw.strip()
+    if not value:
+        return None
+    if value.startswith("/"):
+        if not Path(local_path(value)).is_dir():
+            raise ValueError
+        return value
+    return matching(MODEL_REPO_ID)(value)
+
+
 def integer(low: int, high: int | None = None, optional: bool = False) -> Parser:
     def parse(raw: str) -> int | None:
         if optional and not raw.strip():
@@ -92,12 +164,12 @@ def integer(low: int, high: int | None = None, optional: bool = False) -> Parser
     return parse
 
 
-def decimal(low: float, high: float, low_open: bool = False, optional: bool = False) -> Parser:
+def decimal(low: float, high: float, optional: bool = False) -> Parser:
     def parse(raw: str) -> float | None:
         if optional and not raw.strip():
             return None
         value = float(raw.strip())
-        if not (low < value if low_open else low <= value) or value > high:
+        if not math.isfinite(value) or not low <= value <= high:  # `nan`, `inf`: never, whatever the bounds
             raise ValueError
         return value
 
@@ -125,6 +197,9 @@ def _var(env: str, default: str, parse: Parser, allowed: str, scope: Scope, doc:
 
 
 E, B, P = Scope.ENGINE, Scope.BRIDGE, Scope.POD
+ABSOLUTE_DIRECTORY = "an absolute directory path (no spaces, no `..`)"
+ABSOLUTE_FILE = "an absolute file path (no spaces, no `..`)"
+HUB_REPO_ALLOWED = "a Hub repo id (owner/name, datasets/owner/name or spaces/owner/name), or empty"
 SPEC_MODES = ("auto", "off", "ngram", "mtp")
 RECIPES = recipe_names()
 
@@ -132,7 +207,8 @@ VARIABLES: tuple[Variable, ...] = (
     # --- the engine ---
     _var("VL_MODEL", "nemotron", choice(*RECIPES), one_of(*RECIPES), E,
          "Model recipe to serve (runtime/models/; the cpu image sets `tiny`)."),
-    _var("VL_REPO", "", optional_text, "a Hub repository id or a local directory, or empty", E,
+    _var("VL_REPO", "", checkpoint,
+         "a Hub model repo id (owner/name) or the absolute path of an existing directory, or empty", E,
          "Serve another checkpoint of the recipe's model (e.g. another quantization); empty = the recipe's."),
     _var("VL_CTX", "", integer(256, optional=True), "a whole number >= 256, or empty", E,
          "Context window (`--max-model-len`); empty = the recipe's. Above the native window needs YaRN in the recipe."),
@@ -141,7 +217,7 @@ VARIABLES: tuple[Variable, ...] = (
     _var("VL_KVBYTES", "", integer(1, optional=True), "a whole number of bytes, or empty", E,
          "`--kv-cache-memory-bytes`: fixes the KV cache and skips profiling (+22% KV on Flash-Next); "
          "too high kills the engine under load, not at start."),
-    _var("VL_KV", "", optional_text, "a vLLM KV cache dtype (auto, fp8, ...), or empty", E,
+    _var("VL_KV", "", matching(IDENTIFIER, optional=True), "a vLLM KV cache dtype (auto, fp8, ...), or empty", E,
          "KV cache dtype; empty = the recipe's (fp8 buys capacity, not speed)."),
     _var("VL_BATCHED", "", integer(64, optional=True), "a whole number >= 64, or empty", E,
          "`--max-num-batched-tokens`; empty = the recipe's (8192 measured +10% aggregate over 4096)."),
@@ -169,16 +245,17 @@ VARIABLES: tuple[Variable, ...] = (
          "fastokens Rust tokenizer when installed (-12% median TTFT)."),
     _var("VL_FLASHINFER", "off", switch, one_of("on", "off"), E,
          "FlashInfer's sampler (`VLLM_USE_FLASHINFER_SAMPLER`); off: it raised a CUDA fault on a 580 host."),
-    _var("VL_ATTN", "", optional_text, "a vLLM attention backend name, or empty", E,
+    _var("VL_ATTN", "", matching(IDENTIFIER, optional=True), "a vLLM attention backend name, or empty", E,
          "Force an attention backend; empty = vLLM's choice (forcing TRITON_ATTN cost 32% prefill)."),
-    _var("VL_ALIASES", "", words, "model names separated by commas or spaces", B,
+    _var("VL_ALIASES", "", model_names,
+         "model names (letters, digits, `_.:@/+[]-`, no leading `-`) separated by commas or spaces", B,
          "Extra names the bridge answers to (any unknown name still falls back to the served model); "
          "with VL_BRIDGE=off vLLM serves them itself (a change then restarts it)."),
     _var("VL_EXTRA_ARGS", "", text, "extra vLLM arguments, shell-quoted", E, "Appended verbatim to the vLLM command."),
     # --- the bridge ---
     _var("VL_BRIDGE", "on", switch, one_of("on", "off"), E,
          "Serve the bridge on the public port; off = vLLM's native API there (no effort budget, no pings)."),
-    _var("VL_BRIDGE_PING_S", "15", decimal(0.0, 300.0, low_open=True), "a number of seconds in (0, 300]", B,
+    _var("VL_BRIDGE_PING_S", "15", decimal(MIN_PING_S, 300.0), "a number of seconds in 1..300", B,
          "SSE `ping` interval while the engine is silent (RunPod's proxy cuts after ~100-125 s)."),
     _var("VL_API_KEYS", "", words, "keys separated by commas", B,
          "Keys accepted by the bridge (Bearer or x-api-key); empty = open, with a loud warning.", secret=True),
@@ -190,32 +267,33 @@ VARIABLES: tuple[Variable, ...] = (
     _var("VL_ENGINE_PORT", "18081", integer(1, 65535), "a TCP port", P, "vLLM's loopback port behind the bridge."),
     _var("VL_SSH_PORT", "22", integer(1, 65535), "a TCP port", P, "sshd's port."),
     _var("VL_SSH", "on", switch, one_of("on", "off"), P, "Start sshd (needs PUBLIC_KEY or SSH_PUBLIC_KEY)."),
-    _var("VL_LISTEN", "0.0.0.0", text, "an IP address to listen on", P,
+    _var("VL_LISTEN", "0.0.0.0", listen_address, "an IPv4 or IPv6 address to listen on", P,
          "Address of the public servers (bridge, sshd, vLLM when VL_BRIDGE=off); tests use 127.0.0.1."),
-    _var("VL_SSH_HOST_KEYS", "/etc/ssh", text, "a directory path", P,
+    _var("VL_SSH_HOST_KEYS", "/etc/ssh", local_path, ABSOLUTE_DIRECTORY, P,
          "sshd's host keys, generated at start when missing (the image ships none: each pod gets its own)."),
-    _var("VL_SSH_AUTHORIZED_KEYS", "/root/.ssh/authorized_keys", text, "a file path", P,
+    _var("VL_SSH_AUTHORIZED_KEYS", "/root/.ssh/authorized_keys", local_path, ABSOLUTE_FILE, P,
          "Where the key from PUBLIC_KEY or SSH_PUBLIC_KEY is added (keys already there are kept)."),
     _var("VL_SSH_STRICT_MODES", "on", switch, one_of("on", "off"), P,
          "sshd's StrictModes; off only when ~/.ssh sits on a volume with loose permissions (every key is refused)."),
-    _var("VL_SSH_ENV_FILE", "/etc/profile.d/pod-environment.sh", text, "a file path", P,
+    _var("VL_SSH_ENV_FILE", "/etc/profile.d/pod-environment.sh", local_path, ABSOLUTE_FILE, P,
          "The pod's environment as `export` lines for login shells (RunPod's equivalent: /etc/rp_environment)."),
-    _var("VL_LOG_REPO", "", optional_text, "a Hub repo id like owner/name, or empty", P,
+    _var("VL_LOG_REPO", "", matching(HUB_REPO_ID, optional=True), HUB_REPO_ALLOWED, P,
          "Hub repo that receives `etat/<POD_ID>.log` while the pod is not healthy; empty = off."),
     _var("VL_LOG_INTERVAL_S", "25", decimal(5.0, 3600.0), "a number of seconds in 5..3600", P,
          "How often the log is republished while not healthy."),
-    _var("VL_CONFIG_REPO", "", optional_text, "a Hub repo id like owner/name, or empty", P,
+    _var("VL_CONFIG_REPO", "", matching(HUB_REPO_ID, optional=True), HUB_REPO_ALLOWED, P,
          "Hub repo holding the remote settings file; empty = no remote config."),
-    _var("VL_CONFIG_FILE", "pod.env", text, "a path inside the config repo", P,
+    _var("VL_CONFIG_FILE", "pod.env", repo_file,
+         "a relative path inside the config repo (`a-z A-Z 0-9 _ . -` and `/`; no `..`)", P,
          "Remote settings file (`VL_NAME=value` lines) in VL_CONFIG_REPO."),
     _var("VL_CONFIG_POLL_S", "30", decimal(5.0, 3600.0), "a number of seconds in 5..3600", P,
          "How often the remote settings file is checked."),
     _var("VL_CUDA_COMPAT", "auto", choice("auto", "on", "off"), one_of("auto", "on", "off"), P,
          "CUDA forward compatibility (`/usr/local/cuda/compat`): auto = only when the host driver is older "
          "than the image's CUDA and the GPU is data-center class (elsewhere error 804; over a newer driver, 803)."),
-    _var("VL_STATE_DIR", "/var/lib/vlpod", text, "a directory path", P, "Where the runtime keeps its logs and state."),
-    _var("VL_VENV", "/opt/venv", text, "a directory path", P, "The engine's virtual environment."),
-    _var("VL_PREBAKED_MARKER", "/opt/.image_prebaked", text, "a file path", P,
+    _var("VL_STATE_DIR", "/var/lib/vlpod", local_path, ABSOLUTE_DIRECTORY, P, "Where the runtime keeps its logs and state."),
+    _var("VL_VENV", "/opt/venv", local_path, ABSOLUTE_DIRECTORY, P, "The engine's virtual environment."),
+    _var("VL_PREBAKED_MARKER", "/opt/.image_prebaked", local_path, ABSOLUTE_FILE, P,
          "The image's build facts; when absent, the engine is installed at start."),
 )
 
@@ -252,6 +330,8 @@ class Settings:
 
 def parse_value(variable: Variable, raw: str) -> Any:
     try:
+        if "\x00" in raw:  # no environment holds a NUL (only the Hub file can), and no argv or file takes one
+            raise ValueError
         return variable.parse(raw)
     except (ValueError, TypeError):
         raise SettingsError(variable.env, raw, variable.allowed) from None
@@ -309,7 +389,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import os
     import sys
-    from pathlib import Path
 
     if args.markdown:
         print(markdown_table())

@@ -195,8 +195,8 @@ def test_upstream_killed_mid_stream_is_an_error_event(tmp_path: Path) -> None:
 def test_pings_keep_a_silent_stream_alive(tmp_path: Path) -> None:
     """A long prefill sends nothing: real `event: ping` frames (Claude Code resets its idle timer on
     them, proxies cut silent connections) from message_start until the first token."""
-    with start_stand_in(tmp_path / "upstream.log", "--tokens", "3", "--first-token-delay-s", "4") as upstream:
-        with start_bridge(upstream.url, tmp_path / "bridge.log", {"VL_BRIDGE_PING_S": "0.4"}) as bridge:
+    with start_stand_in(tmp_path / "upstream.log", "--tokens", "3", "--first-token-delay-s", "5") as upstream:
+        with start_bridge(upstream.url, tmp_path / "bridge.log", {"VL_BRIDGE_PING_S": "1"}) as bridge:  # the least allowed
             with httpx.stream("POST", f"{bridge.url}/v1/messages", json=VALID | {"stream": True}) as response:
                 events = list(sse_events(response.iter_lines()))
             with httpx.stream("POST", f"{bridge.url}/v1/chat/completions",
@@ -236,4 +236,4 @@ def test_a_bad_setting_stops_the_start_with_one_line() -> None:
         cwd=ROOT, env=clean_environment({"VL_BRIDGE_PING_S": "never"}), capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == ["VL_BRIDGE_PING_S='never' is not allowed: expected a number of seconds in (0, 300]"]
+    assert result.stderr.strip().splitlines() == ["VL_BRIDGE_PING_S='never' is not allowed: expected a number of seconds in 1..300"]

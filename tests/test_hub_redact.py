@@ -41,7 +41,7 @@ def test_which_names_look_secret(name: str, secret: bool) -> None:
 
 ENV = {
     "HF_TOKEN": HF,
-    "VL_API_KEYS": "team-key-one, team-key-two",
+    "VL_API_KEYS": "team-key-one, team-key-two, alice:alice-key-0123",  # `name:key`: the key alone is accepted
     "DB_PASSWORD": "correct horse battery",
     "HF_HUB_DISABLE_IMPLICIT_TOKEN": "1",  # secret-looking name, harmless value: must not mask every "1"
     "VL_KVBYTES": "8589934592",
@@ -89,3 +89,89 @@ def test_learning_secrets_from_the_hub_file() -> None:
     assert redact("key remote-key-123") == "key remote-key-123"
     redact.learn({"VL_API_KEYS": "remote-key-123", "VL_CTX": "65536"})
     assert redact("key remote-key-123, ctx 65536") == f"key {MARKER}, ctx 65536"
+
+
+# Test secrets: fake, yet shaped like the real ones (prefix, alphabet, length).
+PEM = ("-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQAAAAAAAAABAAAAMwAAAAtzc2gtZW\n"
+       "QyNTUxOQAAACBGQUtFLUtFWS1GT1ItVEVTVFMtT05MWS1GQUtFLUtFWQAAAJgAAAAAAAAA\n-----END OPENSSH PRIVATE KEY-----")
+JWT = ("eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiJmYWtlLXVzZXIiLCJpYXQiOjB9."
+       "ZmFrZS1zaWduYXR1cmUtZm9yLXRlc3RzLW9ubHk")
+GITHUB_PAT = "github_pat_11FAKE0TESTS0ONLY00000_abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ012345678"
+GHP = "ghp_FAKE0TEST0ONLY0abcdefghijklmnopqrstu"
+SECRET_SHAPES = [
+    ("name:key entry, bare key", "401 for key alice-key-0123 (label alice)", f"401 for key {MARKER} (label alice)"),
+    ("PEM block", f"boot | key:\n{PEM}\nboot | sshd started", f"boot | key:\n{MARKER}\nboot | sshd started"),
+    ("PEM block, log-prefixed lines", "boot | " + PEM.replace("\n", "\nboot | ") + "\nboot | next",
+     f"boot | {MARKER}\nboot | next"),
+    ("PEM block, escaped in JSON", '{"key": "' + PEM.replace("\n", "\\n") + '", "user": "root"}',
+     f'{{"key": "{MARKER}", "user": "root"}}'),
+    ("PEM block cut off by the tail", f"engine | {PEM[:90]}", f"engine | {MARKER}"),
+    ("RunPod key", "runpod: using key rpa_FAKE0KEY0FOR0TESTS0ONLY0ABCDEFGHIJKL (env)", f"runpod: using key {MARKER} (env)"),
+    ("GitHub fine-grained token", f"git push with {GITHUB_PAT} failed", f"git push with {MARKER} failed"),
+    ("GitHub classic token after an escaped newline", f"prompt='use this:\\n{GHP} thanks'",
+     f"prompt='use this:\\n{MARKER} thanks'"),
+    ("Stripe live key", "charge with sk_live_FAKE0stripe0key0TESTS0ONLY ok", f"charge with {MARKER} ok"),
+    ("Stripe test key", "stripe.api_key set: sk_test_FAKE0stripe0key0TESTS0ONLY", f"stripe.api_key set: {MARKER}"),
+    ("Google API key", "maps?client=AIzaSyD-FAKE0KEY0FOR0TESTS0ONLY0abcdefg&x=1", f"maps?client={MARKER}&x=1"),
+    ("Slack token", "slack: xoxb-000000000000-0000000000000-FAKEfakeFAKEfakeFAKEfake posted",
+     f"slack: {MARKER} posted"),
+    ("bare JWT", f"session {JWT} expired", f"session {MARKER} expired"),
+    ("?token= in a URL", "GET https://example.com/dl?token=FAKE0token0value&part=2 200",
+     f"GET https://example.com/dl?token={MARKER}&part=2 200"),
+    ("?access_token= in a URL", "https://example.com/api?access_token=FAKE0access0token",
+     f"https://example.com/api?access_token={MARKER}"),
+    ("?key= in a URL", 'fetch "https://example.com/v1/models?key=FAKE0key0value" failed',
+     f'fetch "https://example.com/v1/models?key={MARKER}" failed'),
+    ("&api_key= in a URL", "https://example.com/q?model=x&api_key=FAKE0api0key#top",
+     f"https://example.com/q?model=x&api_key={MARKER}#top"),
+    ('JSON "password"', '{"user": "alice", "password": "FAKE correct horse", "port": 5432}',
+     f'{{"user": "alice", "password": "{MARKER}", "port": 5432}}'),
+    ('JSON "token"', '{"token": "FAKE0token\\"quoted\\"0value", "expires": 3600}',
+     f'{{"token": "{MARKER}", "expires": 3600}}'),
+    ('JSON "secret"', '{"client_id": "app", "client_secret": "FAKE0secret0value"}',
+     f'{{"client_id": "app", "client_secret": "{MARKER}"}}'),
+    ('JSON "api_key"', '{"openai_api_key": "FAKE0api0key0value", "model": "x"}',
+     f'{{"openai_api_key": "{MARKER}", "model": "x"}}'),
+    ("Cookie header", 'curl -H "Cookie: sessionid=FAKE0session; csrftoken=FAKE0csrf" https://example.com/',
+     f'curl -H "Cookie: {MARKER}" https://example.com/'),
+    ("Set-Cookie header", "< Set-Cookie: session=FAKE0session0value; Path=/; HttpOnly\n< Vary: Accept",
+     f"< Set-Cookie: {MARKER}\n< Vary: Accept"),
+    ("URL credentials, empty user", "cloning https://:FAKE0pass0word@example.com/repo.git",
+     f"cloning https://{MARKER}@example.com/repo.git"),
+    ("URL credentials, / in the password", "db postgres://app:FAKE/pass0word@db.example.com:5432/app up",
+     f"db postgres://{MARKER}@db.example.com:5432/app up"),
+    ("URL credentials, @ in the password", "proxy http://alice:FAKE@pass0word@proxy.example.com:3128 set",
+     f"proxy http://{MARKER}@proxy.example.com:3128 set"),
+    ("another service's *_API_KEY", "env: MISTRAL_API_KEY=FAKE0mistral0key0123 LANG=C.UTF-8",
+     f"env: MISTRAL_API_KEY={MARKER} LANG=C.UTF-8"),
+    ("short Bearer", "curl -H 'Authorization: Bearer t0k3n' http://127.0.0.1:8080/v1/models",
+     f"curl -H 'Authorization: Bearer {MARKER}' http://127.0.0.1:8080/v1/models"),
+    ("short x-api-key", "headers={'x-api-key': 'k-42', 'anthropic-version': '2023-06-01'}",
+     f"headers={{'x-api-key': '{MARKER}', 'anthropic-version': '2023-06-01'}}"),
+]  # fmt: skip
+NOT_SECRETS = [
+    ("PUBLIC_KEY is public by design", "PUBLIC_KEY=ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPublicPublicPublic user@laptop"),
+    ("SSH_PUBLIC_KEY too", "SSH_PUBLIC_KEY=ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPublicPublicPublic user@laptop"),
+    ("a PEM public key",
+     "-----BEGIN PUBLIC KEY-----\nMFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAEPublicPublicPublic==\n-----END PUBLIC KEY-----"),
+    ("VL_KVBYTES", "VL_KVBYTES=8589934592 VL_KV=fp8"),
+    ("a harmless value under a secret-looking name", "HF_HUB_DISABLE_IMPLICIT_TOKEN=1 HF_HUB_OFFLINE=1"),
+    ("tokenizers' warning", "huggingface/tokenizers: The current process just got forked, after parallelism has already "
+     "been used. Disabling parallelism to avoid deadlocks...\n\t- Explicitly set the environment variable "
+     "TOKENIZERS_PARALLELISM=(true | false)"),
+    ("token counts in JSON", '{"max_tokens": 1024, "token_count": 12, "tokenizer": "qwen", "keys": 3}'),
+    ("vLLM's arguments without a key", "args: Namespace(host='127.0.0.1', api_key=None, max_num_seqs=8)"),
+    ("a plain URL", "Downloading https://huggingface.co/nvidia/model/resolve/main/config.json?download=true 200"),
+    ("a port, then a scoped package", "GET https://registry.npmjs.org:443/@anthropic-ai/claude-code 200"),
+    ("an e-mail address", "committed by alice@example.com"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("text", "expected"), [(t, e) for _, t, e in SECRET_SHAPES], ids=[c for c, _, _ in SECRET_SHAPES])
+def test_secret_shapes_are_masked_and_the_rest_stays(text: str, expected: str) -> None:
+    assert Redactor.from_environ(ENV)(text) == expected
+
+
+@pytest.mark.parametrize("text", [t for _, t in NOT_SECRETS], ids=[c for c, _ in NOT_SECRETS])
+def test_what_is_not_a_secret_stays_readable(text: str) -> None:
+    assert Redactor.from_environ(ENV)(text) == text

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.settings import Scope, SettingsError, load_settings, readme_with_table
+from runtime.settings import BY_ENV, VARIABLES, Scope, SettingsError, Variable, load_settings, readme_with_table
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -27,7 +27,14 @@ BAD_VALUES = [
     ("VL_MM_IMAGES", "-1", "VL_MM_IMAGES='-1' is not allowed: expected a whole number in 0..64"),
     ("VL_ASYNC", "maybe", "VL_ASYNC='maybe' is not allowed: expected on, off, or empty"),
     ("VL_BRIDGE", "enabled", "VL_BRIDGE='enabled' is not allowed: expected one of 'on', 'off'"),
-    ("VL_BRIDGE_PING_S", "0", "VL_BRIDGE_PING_S='0' is not allowed: expected a number of seconds in (0, 300]"),
+    ("VL_BRIDGE_PING_S", "0", "VL_BRIDGE_PING_S='0' is not allowed: expected a number of seconds in 1..300"),
+    ("VL_BRIDGE_PING_S", "1e-300", "VL_BRIDGE_PING_S='1e-300' is not allowed: expected a number of seconds in 1..300"),
+    ("VL_LISTEN", "0.0.0.0\nPasswordAuthentication yes", "VL_LISTEN='0.0.0.0\\nPasswordAuthentication yes' is not "
+     "allowed: expected an IPv4 or IPv6 address to listen on"),
+    ("VL_CONFIG_FILE", "../../x", "VL_CONFIG_FILE='../../x' is not allowed: expected a relative path inside the config "
+     "repo (`a-z A-Z 0-9 _ . -` and `/`; no `..`)"),
+    ("VL_REPO", "--help", "VL_REPO='--help' is not allowed: expected a Hub model repo id (owner/name) or the absolute "
+     "path of an existing directory, or empty"),
     ("VL_ENGINE_PORT", "70000", "VL_ENGINE_PORT='70000' is not allowed: expected a TCP port"),
     ("VL_CUDA_COMPAT", "force", "VL_CUDA_COMPAT='force' is not allowed: expected one of 'auto', 'on', 'off'"),
 ]
@@ -86,3 +93,123 @@ def test_update_readme_rewrites_only_the_table(tmp_path):
     readme.write_text(text[:begin] + text[begin:].replace("| `VL_CTX` |", "| `VL_CONTEXT` |"))
     subprocess.run([sys.executable, "-m", "runtime", "settings", "--update-readme", str(readme)], cwd=ROOT, check=True)
     assert readme.read_text() == text
+
+
+# --- every variable against hostile values, generated from the settings table itself ---
+
+# A valid value for each variable whose default is empty: hostile values are built on it, so that
+# the hostile part is the only thing wrong with them.
+SAMPLES = {
+    "VL_REPO": "owner/model", "VL_CTX": "65536", "VL_UTIL": "0.85", "VL_KVBYTES": "8589934592", "VL_KV": "fp8",
+    "VL_BATCHED": "8192", "VL_SEQS": "8", "VL_SPEC_N": "3", "VL_LOOK_MIN": "3", "VL_LOOK_MAX": "8", "VL_TP": "2",
+    "VL_ASYNC": "on", "VL_ATTN": "FLASH_ATTN", "VL_ALIASES": "sonnet", "VL_EXTRA_ARGS": "--enforce-eager",
+    "VL_API_KEYS": "team:key-123456", "VL_LOG_REPO": "owner/pod-logs", "VL_CONFIG_REPO": "owner/pod-config",
+}  # fmt: skip
+INJECTION = "\nPasswordAuthentication yes"  # what a newline did to sshd_config through VL_LISTEN
+NON_FINITE = {"nan": "nan", "inf": "inf", "-inf": "-Infinity", "overflow": "1e999", "10 kB of digits": "9" * 10_240}
+KEYS_ONLY_COMPARED = "API keys are only compared with what a client sends: never a path, an argument or a line of a file"
+NAMES_NEVER_OPENED = "a model name is compared and echoed to clients, never opened as a path"
+VLLM_ARGUMENTS = ("vLLM's arguments by design, the operator's own command line: split as a shell would "
+                  "(a newline is a space there) and exec'd without a shell")
+# Hostile values a variable accepts on purpose, and why each is harmless there.
+HARMLESS = {
+    ("VL_API_KEYS", "newline"): "a list: a newline separates keys like a comma; " + KEYS_ONLY_COMPARED,
+    ("VL_API_KEYS", "10 kB"): KEYS_ONLY_COMPARED,
+    ("VL_API_KEYS", "traversal"): KEYS_ONLY_COMPARED,
+    ("VL_API_KEYS", "traversal inside"): KEYS_ONLY_COMPARED,
+    ("VL_API_KEYS", "flag"): KEYS_ONLY_COMPARED,
+    ("VL_API_KEYS", "long flag"): KEYS_ONLY_COMPARED,
+    ("VL_ALIASES", "newline"): "a list: a newline separates names like a comma",
+    ("VL_ALIASES", "traversal inside"): NAMES_NEVER_OPENED,
+    ("VL_EXTRA_ARGS", "newline"): VLLM_ARGUMENTS,
+    ("VL_EXTRA_ARGS", "10 kB"): VLLM_ARGUMENTS,
+    ("VL_EXTRA_ARGS", "traversal"): VLLM_ARGUMENTS,
+    ("VL_EXTRA_ARGS", "traversal inside"): VLLM_ARGUMENTS,
+    ("VL_EXTRA_ARGS", "flag"): VLLM_ARGUMENTS,
+    ("VL_EXTRA_ARGS", "long flag"): VLLM_ARGUMENTS,
+}
+
+
+def sample(variable: Variable) -> str:
+    assert variable.default or variable.env in SAMPLES, f"give {variable.env} a valid value in SAMPLES"
+    return variable.default or SAMPLES[variable.env]
+
+
+def is_numeric(variable: Variable) -> bool:
+    value = variable.parse(sample(variable))
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def hostile_values(variable: Variable) -> dict[str, str]:
+    """What an operator's slip or a hostile Hub file could put in `variable`, by kind."""
+    valid = sample(variable)
+    values = {"newline": valid + INJECTION, "nul": valid + "\x00", "10 kB": valid + "x" * 10_240,
+              "traversal": "../../x", "traversal inside": valid + "/../../x", "flag": "-x", "long flag": "--help"}
+    if is_numeric(variable):
+        values |= NON_FINITE
+    if variable.default:  # not optional: empty is not a value
+        values |= {"empty": "", "blank": "  "}
+    return values
+
+
+HOSTILE = [(v.env, kind, value) for v in VARIABLES for kind, value in hostile_values(v).items()]
+
+
+@pytest.mark.parametrize("variable", VARIABLES, ids=[v.env for v in VARIABLES])
+def test_every_default_and_sample_is_accepted(variable: Variable) -> None:
+    load_settings({variable.env: sample(variable)})
+
+
+@pytest.mark.parametrize(("name", "kind", "value"), HOSTILE, ids=[f"{name}-{kind}" for name, kind, _ in HOSTILE])
+def test_hostile_values_are_refused_in_one_line_or_harmless(name: str, kind: str, value: str) -> None:
+    variable = BY_ENV[name]
+    if (name, kind) in HARMLESS:  # accepted, for the reason HARMLESS gives; a list never holds a newline
+        parsed = getattr(load_settings({name: value}), variable.attr)
+        assert not isinstance(parsed, tuple) or not any("\n" in item for item in parsed)
+        return
+    with pytest.raises(SettingsError) as caught:
+        load_settings({name: value})
+    assert str(caught.value) == f"{name}={value!r} is not allowed: expected {variable.allowed}"
+    assert "\n" not in str(caught.value)
+
+
+def test_every_harmless_exception_names_a_real_variable_and_kind() -> None:
+    known = {(name, kind) for name, kind, _ in HOSTILE}
+    assert set(HARMLESS) <= known
+
+
+def test_refusals_from_the_hub_file_read_the_same() -> None:
+    with pytest.raises(SettingsError, match="^VL_LISTEN='::1\\\\nListenAddress 0.0.0.0' is not allowed"):
+        load_settings({}, remote={"VL_LISTEN": "::1\nListenAddress 0.0.0.0"})
+
+
+@pytest.mark.parametrize(("name", "value", "parsed"), [
+    ("VL_LISTEN", " 127.0.0.1 ", "127.0.0.1"),
+    ("VL_LISTEN", "0:0::0", "::"),  # canonical: "::" is how the pod recognises "everywhere"
+    ("VL_LISTEN", "::1", "::1"),
+    ("VL_CONFIG_FILE", "pods/a100.env", "pods/a100.env"),
+    ("VL_CONFIG_FILE", ".config/pod.env", ".config/pod.env"),
+    ("VL_REPO", "nvidia/Qwen3.8-27B_NVFP4", "nvidia/Qwen3.8-27B_NVFP4"),
+    ("VL_LOG_REPO", "datasets/owner/pod-logs", "datasets/owner/pod-logs"),
+    ("VL_ALIASES", "claude-sonnet-4-5[1m], us.anthropic.claude-opus-4-v1:0 claude-opus-4-1@20250805",
+     ("claude-sonnet-4-5[1m]", "us.anthropic.claude-opus-4-v1:0", "claude-opus-4-1@20250805")),
+    ("VL_KV", "fp8_e4m3", "fp8_e4m3"),
+    ("VL_BRIDGE_PING_S", "1", 1.0),
+    ("VL_UTIL", "0.9", 0.9),
+])  # fmt: skip
+def test_real_values_still_pass(name: str, value: str, parsed: object) -> None:
+    assert getattr(load_settings({name: value}), BY_ENV[name].attr) == parsed
+
+
+@pytest.mark.parametrize("path", ["../../x", "/etc/passwd", "a//pod.env", "pods/", "./pod.env", "pods\\pod.env", ""])
+def test_the_config_file_stays_among_the_repo_files(path: str) -> None:
+    """The pod sends its Hub token with the request for this path: traversal, absolute paths, empty
+    segments and backslashes (a separator to some servers) are refused."""
+    with pytest.raises(SettingsError, match="^VL_CONFIG_FILE="):
+        load_settings({"VL_CONFIG_FILE": path})
+
+
+def test_vl_repo_takes_an_existing_directory_only(tmp_path: Path) -> None:
+    assert load_settings({"VL_REPO": str(tmp_path)}).repo == str(tmp_path)
+    with pytest.raises(SettingsError, match="^VL_REPO="):
+        load_settings({"VL_REPO": str(tmp_path / "absent")})

@@ -23,6 +23,10 @@ BAD_VALUES = [
     ("VL_TP", "0"),
     ("VL_BRIDGE", "maybe"),
     ("VL_BRIDGE_PING_S", "0"),
+    ("VL_BRIDGE_PING_S", "1e-300"),  # 134,585 pings a second per stream
+    ("VL_LISTEN", "0.0.0.0\nPasswordAuthentication yes"),  # a directive injected into sshd_config
+    ("VL_CONFIG_FILE", "../../x"),  # the Hub token sent to a path outside the repo's files
+    ("VL_REPO", "--help"),  # read by vLLM as a flag
     ("VL_PORT", "70000"),
     ("VL_LOG_INTERVAL_S", "1"),
     ("VL_SSH_STRICT_MODES", "perhaps"),

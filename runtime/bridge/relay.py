@@ -17,6 +17,7 @@ from starlette.types import Send
 
 from runtime.bridge.connection import LeavableAnswer, Writer
 from runtime.bridge.errors import BridgeError
+from runtime.bridge.nesting import refuse_deep_nesting
 from runtime.bridge.sse import COMMENT_PING, SseParser
 from runtime.bridge.upstream import BROKEN
 
@@ -28,6 +29,7 @@ PASSED_HEADERS = (b"content-type", b"cache-control")
 
 def rewrite_model(bridge: Bridge, body: bytes) -> tuple[bytes, bool]:
     """The body with an unknown `model` dropped (vLLM then uses its own), and whether it streams."""
+    refuse_deep_nesting(body)
     try:
         payload = msgspec.json.decode(body)
     except msgspec.DecodeError as error:

@@ -13,6 +13,7 @@ import msgspec
 from msgspec import Meta, Struct
 
 from runtime.bridge.errors import BridgeError
+from runtime.bridge.nesting import refuse_deep_nesting
 
 BILLING_HEADER = "x-anthropic-billing-header"  # changes on every request: kept, it defeats prefix caching
 # output_config.effort → vLLM's thinking_token_budget (the seeds' thresholds; "max" is unlimited).
@@ -152,6 +153,7 @@ R = TypeVar("R", CountTokensRequest, MessagesRequest)
 
 def decode(body: bytes, kind: type[R]) -> R:
     """The validated request, or a 400 that says what is wrong and where."""
+    refuse_deep_nesting(body)
     try:
         return msgspec.json.decode(body, type=kind)
     except msgspec.ValidationError as error:

@@ -17,6 +17,7 @@ import msgspec
 from msgspec import Struct
 
 from runtime.bridge.errors import BridgeError, status_from_upstream
+from runtime.bridge.nesting import MAX_JSON_DEPTH, nests_deeper_than
 
 log = logging.getLogger("runtime.bridge")
 
@@ -266,7 +267,11 @@ class MessageAssembler:
 
 
 def tool_input(arguments: str) -> dict[str, Any]:
-    """The parsed arguments; `{}` when the model's JSON was cut short (e.g. by max_tokens)."""
+    """The parsed arguments; `{}` when the model's JSON was cut short (e.g. by max_tokens), or nests
+    deeper than a request may (a model writes any JSON: it must not overflow the decoder's stack)."""
+    if nests_deeper_than(arguments.encode(), MAX_JSON_DEPTH):
+        log.warning("tool call arguments nest deeper than %d levels (%d chars); sent as {}", MAX_JSON_DEPTH, len(arguments))
+        return {}
     try:
         value = msgspec.json.decode(arguments) if arguments else {}
     except msgspec.DecodeError:

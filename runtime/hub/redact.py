@@ -1,8 +1,9 @@
 """Redaction: what must never leave the pod is replaced by a marker before anything is published.
 
 Three nets, applied in order: the values of the pod's secrets (`HF_TOKEN`, each `VL_API_KEYS` key, any
-variable whose *name* looks secret), then well-known token shapes (`hf_…`, `sk-…`, `Bearer …`, …),
-which also catch a secret that reached a log by a path no variable announced.
+variable whose *name* looks secret), then well-known token shapes (`hf_…`, `sk-…`, PEM private keys,
+JWTs, …), then the places a secret sits in (`Authorization:`, `?token=`, `"password": …`, `user:pass@`,
+`OTHER_API_KEY=…`), which also catch a secret that reached a log by a path no variable announced.
 """
 
 from __future__ import annotations
@@ -30,18 +31,62 @@ HARMLESS_VALUES = frozenset({"true", "false", "none", "null", "yes", "no", "on",
 # Settings whose value is a list of secrets (each one is redacted on its own).
 SECRET_LISTS = frozenset({"VL_API_KEYS"})
 
-TOKEN_SHAPES: tuple[tuple[re.Pattern[str], str], ...] = (
-    (re.compile(r"\bhf_[A-Za-z0-9]{20,}"), MARKER),  # Hugging Face tokens
-    (re.compile(r"\bsk-[A-Za-z0-9_-]{16,}"), MARKER),  # OpenAI / Anthropic keys (sk-ant-…)
-    (re.compile(r"\bgh[pousr]_[A-Za-z0-9]{30,}"), MARKER),  # GitHub tokens
-    (re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"), MARKER),  # AWS access key ids
-    (re.compile(r"(?i)\b(bearer\s+)[A-Za-z0-9._~+/=-]{8,}"), rf"\1{MARKER}"),  # `Bearer …` anywhere
-    (re.compile(r"(?i)\b(authorization[\"']?\s*[:=]\s*[\"']?(?:[A-Za-z]+\s+)?)[^\s\"',;]{8,}"),
-     rf"\1{MARKER}"),  # any `Authorization:` header value (Basic, Token, …)
-    (re.compile(r"(?i)((?:\bx-api-key|\bapi[_-]?keys?)[\"']?\s*[:=]\s*[\"'\[]*|--api-key\s+)[^\s\"',;\]]{8,}"),
-     rf"\1{MARKER}"),  # `x-api-key: …`, `api_key=…`, vLLM's `--api-key …` and its logged args
-    (re.compile(r"(?<=://)[^/\s:@]+:[^/\s@]+@"), f"{MARKER}@"),  # credentials inside a URL
+# Where a token may start: not inside a word, but right after an escape (`\n` in JSON-quoted prompts).
+START = r"(?:(?<![A-Za-z0-9])|(?<=\\[nrt]))"
+# Not a value to mask again (a rule further down meets earlier markers), nor an unset one (`api_key=None`).
+NOT_A_SECRET_YET = rf"(?!{re.escape(MARKER)}|(?:none|null)\b)"
+# Names of fields and URL parameters that hold secrets, with any prefix (`client_secret`, `hf_token`).
+SECRET_FIELD = (r"(?:[A-Za-z0-9]+[_.-])*(?:access_token|refresh_token|token|password|passwd|passphrase|secret"
+                r"|api[_-]?key|apikey|access_key|private_key|credentials?)")
+SECRET_PARAMETER = (r"(?:[A-Za-z0-9]+[_.-])*(?:token|api[_-]?key|apikey|key|secret|password|passwd|sig|signature"
+                    r"|credential)")
+
+
+def shape(pattern: str) -> tuple[re.Pattern[str], str]:
+    """A token recognised by its own shape: masked whole."""
+    return re.compile(pattern), MARKER
+
+
+def after(head: str, value: str = r"[^\s\"',;&#\]]+") -> tuple[re.Pattern[str], str]:
+    """A secret recognised by what precedes it (`head`, kept): its `value` is masked, whatever it looks like."""
+    return re.compile(rf"(?i)({head}){NOT_A_SECRET_YET}{value}"), rf"\1{MARKER}"
+
+
+def quoted_field(quote: str) -> tuple[re.Pattern[str], str]:
+    """`"password": "…"` (JSON) or `'password': '…'` (a Python dict): the string, escapes included."""
+    string = rf"(?:[^{quote}\\]|\\.)[^{quote}\\]*(?:\\.[^{quote}\\]*)*"  # not empty; unrolled: linear
+    return after(rf"{quote}{SECRET_FIELD}{quote}\s*:\s*{quote}", string)
+
+
+SECRET_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
+    # The whole block, log prefixes and escaped newlines included; to the end of the text when cut off.
+    shape(r"(?s)-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----.*?(?:-----END (?:[A-Z0-9]+ )*PRIVATE KEY-----|\Z)"),
+    shape(rf"{START}hf_[A-Za-z0-9]{{20,}}"),  # Hugging Face tokens
+    shape(rf"{START}sk-[A-Za-z0-9_-]{{16,}}"),  # OpenAI / Anthropic keys (sk-ant-…)
+    shape(rf"{START}gh[pousr]_[A-Za-z0-9]{{30,}}"),  # GitHub tokens
+    shape(rf"{START}github_pat_[A-Za-z0-9_]{{22,}}"),  # GitHub fine-grained tokens
+    shape(rf"{START}rpa_[A-Za-z0-9]{{20,}}"),  # RunPod API keys
+    shape(rf"{START}[sr]k_(?:live|test)_[A-Za-z0-9]{{16,}}"),  # Stripe secret and restricted keys (not pk_: public)
+    shape(rf"{START}AIza[0-9A-Za-z_-]{{35}}"),  # Google API keys
+    shape(rf"{START}xox[abprs]-[A-Za-z0-9-]{{10,}}"),  # Slack tokens
+    shape(rf"{START}(?:AKIA|ASIA)[0-9A-Z]{{16}}\b"),  # AWS access key ids
+    shape(rf"{START}eyJ[A-Za-z0-9_-]{{8,}}\.eyJ[A-Za-z0-9_-]{{8,}}\.[A-Za-z0-9_-]*"),  # JWTs: two JSON parts, a signature
+    # Credentials inside a URL: the user may be empty and the password hold `/` or `@` (the first `@`
+    # followed by a host ends it; at most 256 characters: linear on any text); `host:443/…` is a port.
+    (re.compile(r"(?<=://)[^\s/:@]*:(?!\d+(?:[/?#\s]|\Z))\S{0,256}?@(?=[A-Za-z0-9.-]+(?::\d+)?(?:[/?#\s\"'<>]|\Z))"),
+     f"{MARKER}@"),
+    after(rf"[?&]{SECRET_PARAMETER}=", r"[^&#\s\"'<>]+"),  # `?token=…`, `&api_key=…`, `X-Amz-Signature=…`
+    quoted_field('"'),
+    quoted_field("'"),
+    after(r"\b(?:set-)?cookie[\"']?\s*[:=]\s*[\"']?", r"[^\r\n\"']+"),  # every cookie of the header
+    after(r"\bbearer\s+", r"[A-Za-z0-9._~+/=-]{8,}"),  # `Bearer …` anywhere, if token-long (not `a bearer of news`)
+    # Any `Authorization:` header value (Basic, Token, …), however short; a scheme, once read, stays one.
+    after(r"\bauthorization[\"']?\s*[:=]\s*[\"']?(?:[A-Za-z]+\s+)?+"),
+    # `x-api-key: …`, `api_key=…` (`['…']` in vLLM's logged args), `--api-key …`, however short.
+    after(r"(?:(?<![A-Za-z0-9])(?:x-)?api[_-]?keys?[\"']?\s*[:=]\s*(?:\[?[\"'])?|--api-key[\s=]+)"),
 )
+# `NAME=value` of any variable whose name looks secret, this pod's or another service's (`MISTRAL_API_KEY=…`).
+ASSIGNMENT = re.compile(r"\b([A-Z][A-Z0-9_]*)=([\"']?)([^\s\"']+)")
 
 
 def name_looks_secret(name: str) -> bool:
@@ -52,16 +97,29 @@ def name_looks_secret(name: str) -> bool:
     return any(w in SECRET_WORDS or w.endswith(SECRET_SUFFIXES) for w in words)
 
 
+def value_looks_secret(value: str) -> bool:
+    """Whether a value under a secret-looking name is worth masking (not `1`, `on`, or a marker)."""
+    return len(value) >= MIN_SECRET_LENGTH and value.lower() not in HARMLESS_VALUES and MARKER not in value
+
+
 def secret_values(variables: Mapping[str, str]) -> set[str]:
-    """The values in `variables` (an environment, or the Hub settings file) that must be masked."""
+    """The values in `variables` (an environment, or the Hub settings file) that must be masked.
+    A `VL_API_KEYS` entry `name:key` is accepted by its key alone: both are masked (the name is not)."""
     found: set[str] = set()
     for name, value in variables.items():
         if not name_looks_secret(name) and name not in SECRET_LISTS:
             continue
         found.add(value.strip())
         if name in SECRET_LISTS:
-            found.update(re.split(r"[\s,]+", value))
-    return {v for v in found if len(v) >= MIN_SECRET_LENGTH and v.lower() not in HARMLESS_VALUES}
+            entries = re.split(r"[\s,]+", value)
+            found.update(entries)
+            found.update(entry.partition(":")[2] for entry in entries)
+    return {v for v in found if value_looks_secret(v)}
+
+
+def mask_secret_assignment(match: re.Match[str]) -> str:
+    name, quote, value = match.groups()
+    return f"{name}={quote}{MARKER}" if name_looks_secret(name) and value_looks_secret(value) else match.group(0)
 
 
 class Redactor:
@@ -92,6 +150,6 @@ class Redactor:
         pattern = self._pattern
         if pattern is not None:
             text = pattern.sub(MARKER, text)
-        for shape, replacement in TOKEN_SHAPES:
-            text = shape.sub(replacement, text)
-        return text
+        for found, replacement in SECRET_PATTERNS:
+            text = found.sub(replacement, text)
+        return ASSIGNMENT.sub(mask_secret_assignment, text)
