@@ -5,7 +5,9 @@ and by tests that need what the shared vLLM cannot promise: silence before the f
 stream that outlasts any machine stall. It speaks just enough HTTP/1.1 on raw asyncio for that:
 `GET /v1/models`, `POST /tokenize`, streamed `POST /v1/chat/completions` whose chunks have the shape
 and size of vLLM 0.32's (named `chatcmpl-<x-request-id>`, as vLLM names them), and
-`POST /inference/v1/abort_requests`. It prints each abort asked for and each stream its client dropped.
+`POST /inference/v1/abort_requests`, which ends every running stream of that name, as vLLM does (the last
+chunk says `finish_reason: "abort"`). It prints each abort asked for, each stream it ended so, and each
+stream its client dropped.
 
     python bench/upstream.py --port 0 [--tokens 200] [--pace-ms 0] [--first-token-delay-s 0] [--no-reasoning]
 """
@@ -26,6 +28,7 @@ TOKEN = "tok "  # what every content delta carries; the bench client spots the f
 NO_REASONING = (b'{"error":{"message":"thinking_token_budget is set but reasoning_config is not configured. Please set '
                 b'--reasoning-parser and/or --reasoning-config to use thinking_token_budget.","type":"BadRequestError",'
                 b'"param":null,"code":400}}')  # fmt: skip
+STREAMS: dict[str, set[Upstream]] = {}  # the running streams by name: an abort ends every one of a name
 
 
 def chunk(request_id: str, delta: dict, completion_tokens: int, finish: str | None = None) -> bytes:
@@ -46,13 +49,13 @@ def http_chunk(data: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(data), data)
 
 
-def final_chunks(request_id: str, tokens: int) -> bytes:
+def final_chunks(request_id: str, tokens: int, finish: str | None = None) -> bytes:
     usage = {"prompt_tokens": 20, "total_tokens": 20 + tokens, "completion_tokens": tokens,
              "prompt_tokens_details": {"cached_tokens": 0}}  # fmt: skip
     body = {"id": request_id, "object": "chat.completion.chunk", "created": int(time.time()), "model": SERVED,
             "choices": [], "usage": usage}  # fmt: skip
     return (
-        chunk(request_id, {}, tokens, "stop" if tokens else "length")
+        chunk(request_id, {}, tokens, finish or ("stop" if tokens else "length"))
         + http_chunk(b"data: " + json.dumps(body).encode() + b"\n\n")
         + http_chunk(b"data: [DONE]\n\n")
         + b"0\r\n\r\n"
@@ -72,6 +75,7 @@ class Upstream(asyncio.Protocol):
         self.buffer = b""
         self.transport: asyncio.Transport | None = None
         self.streaming: asyncio.Task[None] | None = None
+        self.aborted = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's transports are not asyncio's classes
@@ -112,7 +116,11 @@ class Upstream(asyncio.Protocol):
             name = f"chatcmpl-{request_id or f'{id(self):x}{time.monotonic_ns():x}'}"
             self.streaming = asyncio.ensure_future(self.stream(name, min(tokens, self.tokens)))
         elif path == b"/inference/v1/abort_requests":
-            print(f"abort requested: {' '.join(json.loads(body)['request_ids'])}", flush=True)
+            names = json.loads(body)["request_ids"]
+            print(f"abort requested: {' '.join(names)}", flush=True)
+            for name in names:
+                for stream in STREAMS.get(name, ()):
+                    stream.aborted = True
             self.transport.write(response(200, b""))
         elif path == b"/health":
             self.transport.write(response(200, b""))
@@ -128,8 +136,14 @@ class Upstream(asyncio.Protocol):
         transport.write(chunk(request_id, {"role": "assistant", "content": ""}, 0))
         loop = asyncio.get_running_loop()
         start = loop.time()
+        self.aborted = False
+        STREAMS.setdefault(request_id, set()).add(self)
         try:
             for n in range(1, tokens + 1):
+                if self.aborted:
+                    print(f"stream aborted: {request_id}", flush=True)
+                    transport.write(final_chunks(request_id, n - 1, "abort"))
+                    return
                 transport.write(chunk(request_id, {"content": TOKEN}, n))
                 if self.pace_s:  # on a schedule, like an engine's steps, not drifting with our own delays
                     await asyncio.sleep(max(0.0, start + n * self.pace_s - loop.time()))
@@ -138,6 +152,10 @@ class Upstream(asyncio.Protocol):
         except asyncio.CancelledError:
             print(f"stream dropped by its client: {request_id}", flush=True)
             raise
+        finally:
+            STREAMS[request_id].discard(self)
+            if not STREAMS[request_id]:
+                del STREAMS[request_id]
         transport.write(final_chunks(request_id, tokens))
 
 

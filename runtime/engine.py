@@ -18,11 +18,14 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from runtime.gpu import GpuError, inspect_gpu
 from runtime.install import ensure_engine
-from runtime.models import Recipe, load_recipe
-from runtime.settings import Settings, SettingsError, load_settings
+from runtime.settings import VARIABLES, Settings, SettingsError, key_entry, load_settings
+
+if TYPE_CHECKING:
+    from runtime.models import Recipe
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +34,10 @@ RUNTIME_ROOT = Path(__file__).resolve().parent.parent
 # The highest memory fraction that survives speculation: 0.93 OOMs at the last step, in the rejection sampler.
 SPECULATION_MAX_UTIL = 0.90
 VLLM_DEFAULT_UTIL = 0.92
+# vLLM's own middleware when it serves the public port: our keys on every path (its --api-key leaves
+# /invocations open and would put the keys in its argv, which `ps` shows and vLLM logs).
+ENGINE_KEYS_MIDDLEWARE = "runtime.bridge.auth.EngineKeys"
+SECRET_ENV = frozenset(v.env for v in VARIABLES if v.secret)  # shown by `engine-args` as a reference, never a value
 
 
 @dataclass(frozen=True)
@@ -43,6 +50,8 @@ class EngineCommand:
     served_names: tuple[str, ...]
     window: int
     port: int
+    # The key the runtime's own probe sends when vLLM checks keys (VL_BRIDGE=off with VL_API_KEYS).
+    api_key: str | None = None
 
     @property
     def base_url(self) -> str:
@@ -56,7 +65,8 @@ class EngineCommand:
             if not groups or word.startswith("--"):
                 groups.append([])
             groups[-1].append(shlex.quote(word))
-        env = [" ".join(["env", *(shlex.quote(f"{k}={v}") for k, v in self.env.items())])] if self.env else []
+        words = (f'{k}="${k}"' if k in SECRET_ENV else shlex.quote(f"{k}={v}") for k, v in self.env.items())
+        env = [" ".join(["env", *words])] if self.env else []
         return " \\\n  ".join(env + [" ".join(group) for group in groups])
 
 
@@ -66,6 +76,8 @@ def engine_command(settings: Settings, extra_env: Mapping[str, str] | None = Non
 
     `extra_env` is added as is (e.g. runtime.gpu's LD_LIBRARY_PATH for CUDA forward compatibility).
     """
+    from runtime.models import load_recipe  # pydantic: a stock image's bare python imports this module without it
+
     recipe = load_recipe(settings.model)
     options, window = _tuning(settings, recipe)
     names = recipe.names if settings.bridge else tuple(dict.fromkeys(recipe.names + settings.aliases))
@@ -85,12 +97,18 @@ def engine_command(settings: Settings, extra_env: Mapping[str, str] | None = Non
         # /inference/v1/abort_requests, on loopback only: the bridge stops a generation whose client
         # left (vLLM's own abort on disconnect misses whenever the client leaves while it writes).
         options["enable-scale-out"] = True
+    elif settings.api_keys:  # vLLM is the public server: it checks the keys itself
+        options["middleware"] = ENGINE_KEYS_MIDDLEWARE
     python = Path(settings.venv) / "bin" / "python"
     argv = [str(python), "-m", "runtime.vllm_cli", "serve", settings.repo or model_source(recipe, settings)]
     argv += [word for name, value in options.items() for word in _option_words(name, value)]
     argv += _extra_args(settings.extra_args)
     env = _engine_env(settings, recipe, options, environ) | dict(extra_env or {})
-    return EngineCommand(tuple(argv), env, recipe, names, window, port)
+    if "middleware" not in options:
+        return EngineCommand(tuple(argv), env, recipe, names, window, port)
+    # The middleware reads the effective keys (the Hub file's too) from the engine's environment.
+    env["VL_API_KEYS"] = ",".join(settings.api_keys)
+    return EngineCommand(tuple(argv), env, recipe, names, window, port, key_entry(settings.api_keys[0])[1])
 
 
 def _tuning(settings: Settings, recipe: Recipe) -> tuple[dict[str, object], int]:

@@ -24,11 +24,13 @@ class EngineHealth:
         return self.healthy
 
 
-def probe_engine(base_url: str, model: str, timeout: float = 30.0) -> EngineHealth:
-    """Asks the engine at `base_url` for one token of `model`, within `timeout` seconds."""
+def probe_engine(base_url: str, model: str, timeout: float = 30.0, api_key: str | None = None) -> EngineHealth:
+    """Asks the engine at `base_url` for one token of `model`, within `timeout` seconds; with `api_key`
+    when the engine checks keys (VL_BRIDGE=off: vLLM itself serves the public port)."""
     body = {"model": model, "prompt": PROBE_PROMPT, "max_tokens": 1, "temperature": 0}
+    headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        response = httpx.post(f"{base_url}/v1/completions", json=body, timeout=timeout)
+        response = httpx.post(f"{base_url}/v1/completions", json=body, headers=headers, timeout=timeout)
     except httpx.TimeoutException:
         return EngineHealth(False, f"no token within {timeout:g} s")
     except httpx.HTTPError as error:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runtime.models import recipe_names
+RECIPES_DIR = Path(__file__).resolve().parent / "models"
 
 
 class Scope(enum.StrEnum):
@@ -69,6 +69,14 @@ REPO_FILE_SEGMENT = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.-]{0,254}")  # a file 
 UNSAFE_IN_PATH = re.compile(r"[\s\x00-\x1f\x7f]")
 PATH_MAX = 4096  # Linux's limit on a path: a longer one fails every system call that takes it
 MIN_PING_S = 1.0  # no proxy cuts a connection silent for less; below it pings only burn CPU (1e-300 s: 134,585/s)
+# `name:key` in VL_API_KEYS: the name labels the key's usage in traces and metrics.
+NAMED_KEY = re.compile(r"([A-Za-z0-9_.-]{1,64}):(.+)")
+# What an HTTP header carries byte for byte: visible ASCII (no space, control or non-ASCII character).
+HEADER_TOKEN = re.compile(r"[\x21-\x7e]+")
+# Shorter is a password, not a key: 16 random characters are beyond guessing, even at a pod's request rate.
+MIN_KEY_CHARS = 16
+# A DNS name: dot-separated labels of letters, digits and inner hyphens, 63 characters at most each.
+DNS_NAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
 
 
 def text(raw: str) -> str:
@@ -91,6 +99,34 @@ def optional_switch(raw: str) -> bool | None:
 def words(raw: str) -> tuple[str, ...]:
     """A list written with commas and/or spaces: `a,b c` → ('a', 'b', 'c')."""
     return tuple(w for w in re.split(r"[\s,]+", raw.strip()) if w)
+
+
+def key_entry(entry: str) -> tuple[str | None, str]:
+    """An entry of VL_API_KEYS as (name, key): `name:key`, or a bare key (no name)."""
+    named = NAMED_KEY.fullmatch(entry)
+    return (named.group(1), named.group(2)) if named else (None, entry)
+
+
+def api_keys(raw: str) -> tuple[str, ...]:
+    """`words` that are each a key a header can carry and too long to guess; the error names the
+    entry by position and name, never by its key (the message is printed and published)."""
+    entries = words(raw)
+    for position, entry in enumerate(entries, 1):
+        name, key = key_entry(entry)
+        which = f"entry {position}" + (f" ({name})" if name else "")
+        if not HEADER_TOKEN.fullmatch(key):
+            raise ValueError(f"{which} holds a character an HTTP header cannot carry (non-ASCII or control)")
+        if len(key) < MIN_KEY_CHARS:
+            raise ValueError(f"{which} has {len(key)} characters")
+    return entries
+
+
+def host_names(raw: str) -> tuple[str, ...]:
+    """`words` that are each a DNS name, lower-cased (Host headers are compared without case)."""
+    names = tuple(name.lower() for name in words(raw))
+    if not all(DNS_NAME.fullmatch(name) for name in names):
+        raise ValueError
+    return names
 
 
 def model_names(raw: str) -> tuple[str, ...]:
@@ -196,6 +232,12 @@ def _var(env: str, default: str, parse: Parser, allowed: str, scope: Scope, doc:
     return Variable(env, attr, default, parse, allowed, scope, doc, secret)
 
 
+def recipe_names() -> tuple[str, ...]:
+    """Every recipe shipped with the runtime, sorted (the allowed values of VL_MODEL). Here, not in
+    runtime.models (pydantic): a stock image's bare python loads the settings before installing anything."""
+    return tuple(sorted(path.stem for path in RECIPES_DIR.glob("*.toml")))
+
+
 E, B, P = Scope.ENGINE, Scope.BRIDGE, Scope.POD
 ABSOLUTE_DIRECTORY = "an absolute directory path (no spaces, no `..`)"
 ABSOLUTE_FILE = "an absolute file path (no spaces, no `..`)"
@@ -257,11 +299,25 @@ VARIABLES: tuple[Variable, ...] = (
          "Serve the bridge on the public port; off = vLLM's native API there (no effort budget, no pings)."),
     _var("VL_BRIDGE_PING_S", "15", decimal(MIN_PING_S, 300.0), "a number of seconds in 1..300", B,
          "SSE `ping` interval while the engine is silent (RunPod's proxy cuts after ~100-125 s)."),
-    _var("VL_API_KEYS", "", words, "keys separated by commas", B,
-         "Keys accepted by the bridge (Bearer or x-api-key); empty = open, with a loud warning.", secret=True),
+    _var("VL_API_KEYS", "", api_keys,
+         f"keys (`key` or `name:key`) separated by commas, each key {MIN_KEY_CHARS} or more visible ASCII "
+         "characters, or empty", B,
+         "Keys accepted by the bridge (Bearer or x-api-key), or by vLLM itself when VL_BRIDGE=off; empty = open, "
+         "with a loud warning. A key without a name is labelled in traces and metrics by a salted hash "
+         "(the salt: `key-label.salt` in VL_STATE_DIR).", secret=True),
+    _var("VL_ALLOWED_HOSTS", "", host_names, "host names separated by commas or spaces, or empty", B,
+         "Without keys: names the bridge answers to in `Host`, besides IP addresses, `localhost` and RunPod's "
+         "`<pod>-<port>.proxy.runpod.net` (any other is refused with a 403, against DNS rebinding)."),
     _var("VL_LOG_PROMPTS", "off", switch, one_of("on", "off"), B, "Include prompt text in the per-request trace."),
     _var("VL_MAX_BODY_MB", "64", integer(1, 1024), "a whole number of MiB in 1..1024", B,
          "Largest request body the bridge accepts (413 beyond)."),
+    _var("VL_KEY_CONCURRENCY", "", integer(1, optional=True), "a whole number >= 1, or empty", B,
+         "Requests one key may have in flight, streams until their last byte (beyond: 429 `rate_limit_error` "
+         "with `retry-after`, which clients retry); empty = the upstream pool (512) split evenly among the keys, "
+         "so that no key can take the others' share (one key, or none: no cap but the pool's 529)."),
+    _var("VL_CLIENT_STALL_S", "60", decimal(1.0, 3600.0), "a number of seconds in 1..3600", B,
+         "A client that reads nothing this long while its answer waits is dropped and its generation aborted "
+         "(trace `stop=client_stalled`); a bad link's hiccups pass, Claude Code reads continuously."),
     # --- the pod ---
     _var("VL_PORT", "8080", integer(1, 65535), "a TCP port", P, "Public port (bridge, or vLLM when VL_BRIDGE=off)."),
     _var("VL_ENGINE_PORT", "18081", integer(1, 65535), "a TCP port", P, "vLLM's loopback port behind the bridge."),
@@ -321,9 +377,9 @@ class Settings:
 
     def changed_scopes(self, other: Settings) -> set[Scope]:
         """The scopes whose settings differ between `self` and `other` (what a reload must restart).
-        Without the bridge, vLLM serves the aliases itself: their change is then the engine's too."""
+        Without the bridge, vLLM serves the aliases and checks the keys itself: their change is then the engine's too."""
         scopes = {v.scope for v in VARIABLES if self._values[v.attr] != other._values[v.attr]}
-        if not other.bridge and self.aliases != other.aliases:
+        if not other.bridge and (self.aliases != other.aliases or self.api_keys != other.api_keys):
             scopes.add(Scope.ENGINE)
         return scopes
 
@@ -333,7 +389,9 @@ def parse_value(variable: Variable, raw: str) -> Any:
         if "\x00" in raw:  # no environment holds a NUL (only the Hub file can), and no argv or file takes one
             raise ValueError
         return variable.parse(raw)
-    except (ValueError, TypeError):
+    except (ValueError, TypeError) as error:
+        if variable.secret:  # the value is never shown: the parser's reason names what is wrong instead
+            raise SettingsError(variable.env, "***", "; ".join(filter(None, (variable.allowed, str(error))))) from None
         raise SettingsError(variable.env, raw, variable.allowed) from None
 
 

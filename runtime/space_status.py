@@ -27,11 +27,6 @@ SPACE_PORT = 7860
 LOOKS_SECRET = re.compile(r"token|secret|key|passw|credential|auth", re.IGNORECASE)
 
 
-def in_space(environ: Mapping[str, str]) -> bool:
-    """True when running on a Hugging Face Space (its builder runs the image after building it)."""
-    return bool(environ.get("SPACE_ID"))
-
-
 def public_facts(facts: Mapping[str, Any]) -> dict[str, Any]:
     """The build facts minus anything whose name looks secret, at any depth."""
     return {key: public_facts(value) if isinstance(value, Mapping) else value

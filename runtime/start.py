@@ -3,13 +3,16 @@ sshd under the supervisor, the Hub log while the pod is not healthy, and live re
 
 Nothing heavy runs before vLLM is launched: settings, recipes and the GPU check (the Hub client only
 when a Hub repo is configured); HTTP clients and sshd's key generation come after, so that a
-prebaked pod launches vLLM within moments (the seeds' image took ~15 s).
+prebaked pod launches vLLM within moments (the seeds' image took ~15 s). A stock image (no marker)
+starts in the base's python, which has only the standard library: it installs the runtime into VL_VENV
+and re-executes itself there (runtime.install).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import logging
 import os
 import signal
@@ -21,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from runtime.engine import RUNTIME_ROOT, EngineCommand, prepare_engine
 from runtime.gpu import GpuError, inspect_gpu
-from runtime.install import InstallError, is_prebaked
+from runtime.install import InstallError, ensure_runtime, is_prebaked, runs_in_venv
 from runtime.settings import VARIABLES, Scope, Settings, SettingsError, load_settings
 from runtime.sshd import SshdLayout, prepare_sshd
 from runtime.supervisor import ChildSpec, Health, Supervisor
@@ -61,6 +64,8 @@ def run(args: argparse.Namespace) -> int:
 
         return serve_space_status(settings, environ)
     log_to(Path(settings.state_dir))
+    if not is_prebaked(settings) and not runs_in_venv(settings):
+        return enter_venv(settings, environ)
     pod = Pod(settings, environ)
     try:
         pod.prepare()
@@ -69,6 +74,21 @@ def run(args: argparse.Namespace) -> int:
         publish_refusal(str(error), environ, pod.hub_log)
         return REFUSED
     return asyncio.run(pod.serve())
+
+
+def enter_venv(settings: Settings, environ: Mapping[str, str]) -> int:
+    """A stock image's first process: installs the runtime into VL_VENV, then becomes `runtime start`
+    there (our code found through PYTHONPATH from any directory); returns only a refusal's status."""
+    log.info("no %s: a stock image, the runtime runs from %s", settings.prebaked_marker, settings.venv)
+    try:
+        ensure_runtime(settings, environ)
+    except InstallError as error:
+        log.error("%s", error)
+        publish_refusal(str(error), environ)
+        return REFUSED
+    python = str(Path(settings.venv) / "bin" / "python")
+    path = os.pathsep.join(filter(None, (str(RUNTIME_ROOT), environ.get("PYTHONPATH"))))
+    os.execve(python, [python, "-m", "runtime", *sys.argv[1:]], {**environ, "PYTHONPATH": path})
 
 
 def log_to(state_dir: Path) -> None:
@@ -83,9 +103,10 @@ def log_to(state_dir: Path) -> None:
 
 
 def publish_refusal(line: str, environ: Mapping[str, str], publisher: LogPublisher | None = None) -> None:
-    """The line that stopped start-up, to the Hub log when one is configured (the pod may have no SSH)."""
+    """The line that stopped start-up, to the Hub log when one is configured (the pod may have no SSH)
+    and its client is installed (a stock image's python has none before installing the runtime)."""
     repo = environ.get("VL_LOG_REPO", "").strip()
-    if publisher is None and repo:
+    if publisher is None and repo and importlib.util.find_spec("huggingface_hub") is not None:
         from runtime.hub import LogPublisher, Redactor
         from runtime.hub.repo import HubRepo, pod_id
 
@@ -271,8 +292,9 @@ def sshd_layout(settings: Settings) -> SshdLayout:
 
 
 def local_address(listen: str) -> str:
-    """Where this machine reaches a server listening on `listen`."""
-    return "127.0.0.1" if listen in ("0.0.0.0", "::", "") else listen
+    """Where this machine reaches a server listening on `listen`, as a URL's host (IPv6 in brackets)."""
+    host = "127.0.0.1" if listen in ("0.0.0.0", "::", "") else listen
+    return f"[{host}]" if ":" in host else host
 
 
 class Answers200:
@@ -302,7 +324,7 @@ def engine_generates(command: EngineCommand) -> Callable[[], Awaitable[bool]]:
         from runtime.probe import probe_engine
 
         health = await asyncio.to_thread(probe_engine, command.base_url, command.served_names[0],
-                                         ENGINE_HEALTH["timeout_s"])
+                                         ENGINE_HEALTH["timeout_s"], command.api_key)
         if not health:
             raise ProbeFailed(health.reason)
         return True

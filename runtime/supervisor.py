@@ -4,7 +4,8 @@ One asyncio loop watches every child at once, so no child ever waits on another 
 hours to a shell `wait` that waited on the wrong process). Each child runs in its own process group
 and is stopped through it: TERM, then KILL after a grace period; never a `pkill -f` pattern (one
 matched the agent running the script and killed it). Children are given as argv: the supervisor
-imports none of them.
+imports none of them. Their output comes through a pipe into `<name>.log`, which the supervisor
+rotates to `<name>.log.1` before it passes a cap: a child's log never fills the disk.
 """
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 STABLE_AFTER_S = 60.0  # a child without a health check that lived this long is no longer "dying in a row"
+LOG_CAP_BYTES = 64 * 2**20  # per child log file, one rotated file kept: ~200,000 trace lines, bounded on a small disk
+# After a child's exit, how long its output may take to drain into its log before the death is reported;
+# only a process that left the child's group (and so survived its kill) can hold the pipe open that long.
+DRAIN_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -84,6 +89,7 @@ class Child:
     request: Request | None = None
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    output: OutputPump | None = None  # its running process's output, on its way to the log
 
     @property
     def running(self) -> bool:
@@ -114,11 +120,15 @@ class Supervisor:
         on_incident: Callable[[str], None] = lambda message: None,
         grace_s: float = 5.0,
         backoff: Backoff = Backoff(),
+        log_cap_bytes: int = LOG_CAP_BYTES,
+        drain_s: float = DRAIN_S,
     ) -> None:
         self.state_dir = state_dir
         self.on_incident = on_incident  # a crash or a restart: the Hub log publishes now
         self.grace_s = grace_s  # Docker's default stop timeout is 10 s: TERM, wait this, then KILL
         self.backoff = backoff
+        self.log_cap_bytes = log_cap_bytes
+        self.drain_s = drain_s
         self.children: dict[str, Child] = {}
 
     # --- what the caller sees ---
@@ -187,18 +197,25 @@ class Supervisor:
         child.healthy = child.healthy_since_launch = False
         child.launches += 1
         child.launched_at = time.monotonic()
-        with open(log_path, "ab") as output:
-            output.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(spec.argv)}\n".encode())
-            output.flush()
-            try:
-                child.process = await asyncio.create_subprocess_exec(
-                    *spec.argv, env=spec.env, stdin=asyncio.subprocess.DEVNULL, stdout=output,
-                    stderr=asyncio.subprocess.STDOUT, start_new_session=True,  # its own process group
-                )
-            except OSError as error:
-                child.process = None
-                log.error("%s could not be launched: %s", spec.name, error)
-                return False
+        output = ChildLog(log_path, self.log_cap_bytes)
+        output.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(spec.argv)}\n".encode())
+        reading, writing = os.pipe()
+        try:
+            child.process = await asyncio.create_subprocess_exec(
+                *spec.argv, env=spec.env, stdin=asyncio.subprocess.DEVNULL, stdout=writing,
+                stderr=asyncio.subprocess.STDOUT, start_new_session=True,  # its own process group
+            )
+        except OSError as error:
+            child.process = None
+            os.close(reading)
+            output.close()
+            log.error("%s could not be launched: %s", spec.name, error)
+            return False
+        finally:
+            os.close(writing)  # the child's copy is the only writer: its exit (and its group's) ends the pipe
+        _, child.output = await asyncio.get_running_loop().connect_read_pipe(
+            lambda: OutputPump(output), os.fdopen(reading, "rb", buffering=0)
+        )
         (self.state_dir / f"{spec.name}.pid").write_text(f"{child.process.pid}\n")  # kill by pid, never by pattern
         log.info("%s started (pid %d)", spec.name, child.process.pid)
         return True
@@ -211,6 +228,7 @@ class Supervisor:
         asked.cancel()
         if exited.done():
             kill_group(child.process.pid, signal.SIGKILL)  # what it left behind in its group (vLLM's engine core)
+            await self._drain(child)
             self._forget_pid(child)
             return None
         exited.cancel()
@@ -243,7 +261,20 @@ class Supervisor:
             kill_group(process.pid, signal.SIGKILL)
             await process.wait()
         kill_group(process.pid, signal.SIGKILL)
+        await self._drain(child)
         self._forget_pid(child)
+
+    async def _drain(self, child: Child) -> None:
+        """Wait until the child's last output is in its log (a crash's traceback before its report), but
+        at most `drain_s`: a process that left the child's group may hold the pipe open for ever."""
+        pump, child.output = child.output, None
+        if pump is None:
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(pump.finished), self.drain_s)
+        except TimeoutError:
+            log.warning("%s: a process outside its group still holds its output open; no longer logged", child.spec.name)
+            pump.close()
 
     def _forget_pid(self, child: Child) -> None:
         (self.state_dir / f"{child.spec.name}.pid").unlink(missing_ok=True)
@@ -281,6 +312,81 @@ class Supervisor:
         """A death or a restart: in the boot log, and published to the Hub at once."""
         log.log(level, message)
         self.on_incident(message)
+
+
+def rotated(path: Path) -> Path:
+    """Where a child's log goes when it reaches its cap (`bridge.log` → `bridge.log.1`): tail readers look there too."""
+    return path.with_name(path.name + ".1")
+
+
+class ChildLog:
+    """A child's log file, rotated to `<path>.1` (replacing it) before a write would take it past `cap`
+    bytes; it is cut after a line when it can be, so each file reads on its own."""
+
+    def __init__(self, path: Path, cap: int) -> None:
+        self.path, self.cap = path, cap
+        self.file = path.open("ab")
+        self.size = self.file.tell()
+        self.failing = False  # said once: on a full disk, every line would say it again
+
+    def write(self, data: bytes) -> None:
+        """Append `data`; never raises: on a write error (a full disk) the data is lost, and the child
+        lives on (a supervisor that stopped reading would kill it through its closed pipe)."""
+        try:
+            self._write(data)
+        except OSError as error:
+            if not self.failing:
+                log.error("cannot write to %s (%s): output lost until it can", self.path, error)
+            self.failing = True
+        else:
+            self.failing = False
+
+    def _write(self, data: bytes) -> None:
+        while len(data) > (room := max(0, self.cap - self.size)):
+            cut = data.rfind(b"\n", 0, room) + 1 or (room if self.size == 0 else 0)  # a line longer than cap: cut
+            self._append(data[:cut])
+            self.rotate()
+            data = data[cut:]
+        self._append(data)
+
+    def _append(self, data: bytes) -> None:
+        self.file.write(data)
+        self.file.flush()  # readers (the Hub log's tail) see each piece at once
+        self.size += len(data)
+
+    def rotate(self) -> None:
+        self.path.replace(rotated(self.path))
+        old, self.file, self.size = self.file, self.path.open("ab"), 0  # opened first: a failure leaves one
+        old.close()
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):  # a last flush to a full disk: that output is lost
+            self.file.close()
+
+
+class OutputPump(asyncio.Protocol):
+    """Copies a child's output pipe into its log; `finished` is done once every writer closed the pipe."""
+
+    def __init__(self, output: ChildLog) -> None:
+        self.output = output
+        self.finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.transport: asyncio.BaseTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.output.write(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.output.close()
+        if not self.finished.done():
+            self.finished.set_result(None)
+
+    def close(self) -> None:
+        """Stop reading (what is still written to the pipe is lost); the log is closed once the pipe is."""
+        if self.transport is not None:
+            self.transport.close()
 
 
 async def probe_within(health: Health) -> tuple[bool, str]:

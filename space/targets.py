@@ -18,7 +18,7 @@ from typing import Any
 
 import jinja2
 
-from runtime.packages import engine_packages
+from runtime.packages import ImagePackages, PackagesError, image_packages
 from space import BuildError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,12 +28,15 @@ KINDS = ("gpu", "cpu")
 TARGET_KEYS = {"aliases", "kind", "description", "cuda-arch", "dockerfile", "committed"}
 BRIDGE_PORT, SSH_PORT = 8080, 22
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"  # Debian's and Ubuntu's, with docker/certs/ added
-# The bridge's /health where the pod serves it: VL_PORT on VL_LISTEN, reached on loopback when it
+# The pod is healthy once its model is served: the bridge's /health names it when vLLM answers (an
+# empty body is vLLM's own /health, with VL_BRIDGE=off). VL_PORT on VL_LISTEN, by loopback when the pod
 # listens everywhere (runtime.start.local_address's rule; the probe cannot afford the runtime's imports).
 HEALTH_PROBE = (
-    "import os, urllib.request; host = os.environ.get('VL_LISTEN') or '0.0.0.0'; "
-    "host = '127.0.0.1' if host in ('0.0.0.0', '::') else host; "
-    f"urllib.request.urlopen('http://%s:%s/health' % (host, os.environ.get('VL_PORT', '{BRIDGE_PORT}')), timeout=5)"
+    "import json, os, urllib.request; host = os.environ.get('VL_LISTEN') or '0.0.0.0'; "
+    "host = '127.0.0.1' if host in ('0.0.0.0', '::') else host; host = '[%s]' % host if ':' in host else host; "
+    "url = 'http://%s:%s/health' % (host, os.environ.get('VL_PORT', '" f"{BRIDGE_PORT}" "')); "
+    "body = urllib.request.urlopen(url, timeout=5).read(); "
+    "raise SystemExit(0 if not body or json.loads(body).get('model') else 1)"
 )
 TINY_RECIPE = ROOT / "runtime" / "models" / "tiny.toml"  # its `repo` is where the cpu image bakes the model
 
@@ -108,16 +111,12 @@ def project_version() -> str:
 # --- from a target to the template's values ----------------------------------------------------
 
 
-def torch_variant(target: Target, versions: dict[str, Any]) -> str:
-    """PyTorch's local version tag for the target: `cu130` for CUDA 13.0.x, `cpu`."""
-    if target.kind == "cpu":
-        return "cpu"
-    major, minor = versions["cuda"]["version"].split(".")[:2]
-    variant = f"cu{major}{minor}"
-    index = versions["torch-index"]["gpu"]
-    if not index.rstrip("/").endswith(variant):
-        raise BuildError(f"versions.toml: torch-index gpu={index!r} does not serve {variant} (CUDA {major}.{minor})")
-    return variant
+def target_packages(target: Target, versions: dict[str, Any]) -> ImagePackages:
+    """The target's pip layers (runtime/packages.py, which stock images install from too)."""
+    try:
+        return image_packages(target.kind, versions)
+    except PackagesError as error:
+        raise BuildError(str(error)) from None
 
 
 def os_packages(target: Target, versions: dict[str, Any]) -> list[str]:
@@ -159,11 +158,8 @@ def baked_models(target: Target) -> list[dict[str, Any]]:
 
 
 def template_values(target: Target, versions: dict[str, Any]) -> dict[str, Any]:
-    variant = torch_variant(target, versions)
-    packages = engine_packages(target.kind, versions)
-    torch = [f"{pin}+{variant}" for pin in packages.torch]
-    engine = list(packages.engine)
-    runtime = [f"{name}=={pin}" for name, pin in versions["runtime"].items()]
+    packages = target_packages(target, versions)
+    torch, engine, runtime = list(packages.torch), list(packages.engine), list(packages.runtime)
     base_image = versions["base"][target.kind]
     return {
         "command": f"python build.py --arch {target.name}",
@@ -186,7 +182,7 @@ def template_values(target: Target, versions: dict[str, Any]) -> dict[str, Any]:
         "env": image_env(target),
         "os_packages": os_packages(target, versions),
         "pip_install": f"pip install --no-cache-dir --cert {CA_BUNDLE}",
-        "torch_index_url": versions["torch-index"][target.kind],
+        "torch_index_url": packages.torch_index,
         "torch_packages": torch,
         "engine_packages": engine,
         "engine_fixes": [f"pip uninstall -y {' '.join(packages.remove)}"] if packages.remove else [],

@@ -104,7 +104,7 @@ def test_malformed_requests_get_a_400_envelope(bridge: Process, case: str, body:
 @pytest.mark.parametrize(("path", "body"), [("/v1/messages/count_tokens", {"model": "x"}), ("/v1/chat/completions", b"[")])
 def test_malformed_requests_elsewhere_get_a_400_envelope(bridge: Process, path: str, body: object) -> None:
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
-    assert_envelope(httpx.post(bridge.url + path, content=content), 400)
+    assert_envelope(httpx.post(bridge.url + path, content=content, headers={"content-type": "application/json"}), 400)
 
 
 def test_unknown_routes_and_methods_get_the_envelope(bridge: Process) -> None:
@@ -146,18 +146,21 @@ def test_client_gone_aborts_the_generation(bridge: Process, vllm_server: VllmSer
 @pytest.mark.parametrize("route", ["/v1/messages", "/v1/chat/completions"])
 def test_client_gone_drops_the_upstream_stream_and_asks_for_its_abort(route: str, tmp_path: Path) -> None:
     """Both, for a stream that would run for hours: with the shared vLLM a minute-long stall of this
-    machine (the kernel logs them) can outlast a generation, and prove nothing either way."""
+    machine (the kernel logs them) can outlast a generation, and prove nothing either way. Upstream, the
+    request goes by the bridge's own id (the trace line's `id`), never by the client's x-request-id."""
     request_id = f"gone-{uuid.uuid4().hex}"
     body = VALID | {"max_tokens": 1000000, "stream": True}
     with start_stand_in(tmp_path / "upstream.log", "--tokens", "1000000", "--pace-ms", "5") as upstream:
         with start_bridge(upstream.url, tmp_path / "bridge.log") as bridge:
             with httpx.stream("POST", f"{bridge.url}{route}", json=body, headers={"x-request-id": request_id},
                               timeout=SLOW_WAIT_S) as response:  # fmt: skip
-                first = next(line for line in response.iter_lines() if line.startswith("data: "))
-            generation = f"chatcmpl-{json.loads(first[6:])['message']['id'] if route == '/v1/messages' else request_id}"
+                first = json.loads(next(line for line in response.iter_lines() if line.startswith("data: "))[6:])
+            trace = bridge.wait_for_log(f"trace id=.* stop=client_gone client_id={request_id}$", SLOW_WAIT_S)
+            upstream_id = re.search(r"trace id=(\S+)", trace)[1]
+            assert upstream_id == (first["message"]["id"] if route == "/v1/messages" else first["id"].removeprefix("chatcmpl-"))
+            generation = f"chatcmpl-{upstream_id}"
             upstream.wait_for_log(f"stream dropped by its client: {re.escape(generation)}", SLOW_WAIT_S)
             upstream.wait_for_log(f"abort requested: {re.escape(generation)}", SLOW_WAIT_S)
-            assert "stop=client_gone" in bridge.wait_for_log("trace id=", SLOW_WAIT_S)
 
 
 def test_pool_saturation_is_a_fast_error_and_health_still_answers(tmp_path: Path) -> None:

@@ -1,8 +1,7 @@
-"""API keys (VL_API_KEYS): who gets in, and usage counted per key name or hash, never per key."""
+"""API keys (VL_API_KEYS): who gets in, and usage counted per key name or salted hash, never per key."""
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Iterator
 
@@ -11,18 +10,19 @@ import httpx
 import pytest
 
 from runtime import tinymodel as tiny
+from runtime.bridge.auth import SALT_FILE, label_of
 from tests.support.bridge import Process, start_bridge
 from tests.support.vllm_server import VllmServer
 
 ALICE, ANONYMOUS = "sk-alice-0123456789", "sk-anon-9876543210"
-ANONYMOUS_LABEL = "sha256:" + hashlib.sha256(ANONYMOUS.encode()).hexdigest()[:12]
 ASK = {"model": "claude-tiny", "max_tokens": 20, "messages": [{"role": "user", "content": tiny.MARK_TEXT}]}
 
 
 @pytest.fixture(scope="module")
 def guarded(vllm_server: VllmServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
-    log = tmp_path_factory.mktemp("guarded") / "bridge.log"
-    with start_bridge(vllm_server.url, log, {"VL_API_KEYS": f"alice:{ALICE}, {ANONYMOUS}"}) as bridge:
+    root = tmp_path_factory.mktemp("guarded")
+    settings = {"VL_API_KEYS": f"alice:{ALICE}, {ANONYMOUS}", "VL_STATE_DIR": str(root / "state")}
+    with start_bridge(vllm_server.url, root / "bridge.log", settings) as bridge:
         yield bridge
 
 
@@ -65,7 +65,8 @@ def test_usage_is_counted_per_key_name_never_per_key(guarded: Process) -> None:
     httpx.post(f"{guarded.url}/v1/messages", json=ASK, headers={"x-api-key": ALICE})
     httpx.post(f"{guarded.url}/v1/messages", json=ASK, headers={"x-api-key": ANONYMOUS})
     metrics = httpx.get(f"{guarded.url}/metrics", headers={"x-api-key": ALICE}).text
-    for label in ("alice", ANONYMOUS_LABEL):
+    anonymous = label_of(ANONYMOUS, (guarded.log_path.parent / "state" / SALT_FILE).read_bytes())
+    for label in ("alice", anonymous):
         assert re.search(rf'bridge_requests_total\{{error_type="",key="{re.escape(label)}",route="/v1/messages",status="200"\}} [1-9]', metrics)
         assert re.search(rf'bridge_tokens_total\{{key="{re.escape(label)}",kind="output"\}} [1-9]', metrics)
     assert re.search(r'bridge_requests_total\{error_type="authentication_error",key="-",route="/v1/messages",status="401"\}', metrics)

@@ -56,8 +56,9 @@ def test_models_in_openai_shape_without_anthropic_version(oai: openai.OpenAI, vl
 
 
 def test_relayed_stream_is_aborted_when_the_client_leaves(bridge: Process, vllm_server: VllmServer) -> None:
-    """The client reads the response head, then closes its socket; the client's x-request-id names the
-    request in vLLM's log. (A plain socket client: its close is a close, whatever a pool would keep.)"""
+    """The client reads the response head, then closes its socket; vLLM is told to abort the request by
+    the bridge's own id (the trace line gives it, beside the client's x-request-id). (A plain socket
+    client: its close is a close, whatever a pool would keep.)"""
     request_id = f"relay-{uuid.uuid4().hex}"
     body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": tiny.MARK_LONG}],
                        "max_tokens": LONG_STREAM_TOKENS, "stream": True})  # fmt: skip
@@ -65,7 +66,9 @@ def test_relayed_stream_is_aborted_when_the_client_leaves(bridge: Process, vllm_
     connection.request("POST", "/v1/chat/completions", body, {"content-type": "application/json", "x-request-id": request_id})
     assert connection.getresponse().status == 200  # the stream began
     connection.close()
-    vllm_server.wait_for_abort(f"chatcmpl-{request_id}", SLOW_WAIT_S)
+    trace = bridge.wait_for_log(f"trace id=relay_.* client_id={request_id}$", SLOW_WAIT_S)
+    upstream_id = re.search(r"trace id=(\S+)", trace)[1]
+    vllm_server.wait_for_abort(f"chatcmpl-{upstream_id}", SLOW_WAIT_S)
 
 
 def test_health_and_warm_up_need_no_engine_call(bridge: Process) -> None:

@@ -7,6 +7,7 @@ import tomllib
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from runtime.packages import torch_variant
 from space import targets
 from tests.support.repo_copy import ROOT
 
@@ -35,7 +36,7 @@ def test_the_gpu_torch_comes_from_the_index_of_the_base_images_cuda() -> None:
     cuda = VERSIONS["cuda"]["version"]
     assert VERSIONS["base"]["gpu"].startswith(f"nvidia/cuda:{cuda}-devel-")
     assert cuda.startswith("13.")
-    assert targets.torch_variant(targets.load_targets()["sm89"], VERSIONS) == "cu" + "".join(cuda.split(".")[:2])
+    assert torch_variant("gpu", VERSIONS) == "cu" + "".join(cuda.split(".")[:2])
 
 
 def test_the_keys_scripts_setup_reads_are_there() -> None:

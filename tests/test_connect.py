@@ -16,7 +16,7 @@ from tests.support.claude_code import CLAUDE, TIMEOUT_S, parse_result, quiet_env
 from tests.support.net import free_port
 from tests.support.vllm_server import VllmServer
 
-KEY = "sk-pod-'$HOME\"x"  # quotes and a dollar: the printed scripts must carry it literally
+KEY = "sk-pod-'$HOME\"x-0123456789"  # quotes and a dollar: the printed scripts must carry it literally
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +66,7 @@ def test_the_powershell_environment_is_literal(keyed_bridge: Process) -> None:
     assert "Remove-Item Env:ANTHROPIC_API_KEY" in done.stdout
     assert "$env:ANTHROPIC_MODEL = 'tiny'\n" in done.stdout
     assert "$env:CLAUDE_CODE_MAX_CONTEXT_TOKENS = '65536'\n" in done.stdout
-    assert "$env:ANTHROPIC_AUTH_TOKEN = 'sk-pod-''$HOME\"x'\n" in done.stdout  # nothing expanded, the quote doubled
+    assert "$env:ANTHROPIC_AUTH_TOKEN = 'sk-pod-''$HOME\"x-0123456789'\n" in done.stdout  # nothing expanded, the quote doubled
 
 
 def test_a_wrong_key_is_refused_in_one_line(keyed_bridge: Process) -> None:

@@ -173,7 +173,7 @@ def test_the_tiny_model_is_generated_under_the_state_dir_when_the_image_does_not
 
 def test_a_settings_change_that_touches_the_engine_changes_the_command():
     base = command_for(VL_MODEL="nemotron")
-    assert command_for(VL_MODEL="nemotron", VL_BRIDGE_PING_S="5", VL_API_KEYS="k") == base
+    assert command_for(VL_MODEL="nemotron", VL_BRIDGE_PING_S="5", VL_API_KEYS="key-0123456789abcdef") == base
     assert command_for(VL_MODEL="nemotron", VL_BATCHED="4096") != base
 
 

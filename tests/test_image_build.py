@@ -1,8 +1,8 @@
 """A real build of the cpu image through `build.py --build`, by a Docker engine this test starts itself.
 
-Then the image is checked from the inside: its build facts, vLLM importing and serving the baked tiny
-model, our code, its config, what no layer may keep, and that a change to our code rebuilds only the
-last, tiny layers.
+Then the image is checked from the inside: its build facts, vLLM importing, the baked tiny model, our
+code, its config, what no layer may keep, and that a change to our code rebuilds only the last, tiny
+layers. The image serving as a pod: tests/test_image_pod.py.
 Slow (a cold build takes minutes): marked `docker`, and run as its own step of .ci/run.
 """
 
@@ -13,7 +13,6 @@ import json
 import re
 import subprocess
 import tarfile
-import time
 from collections.abc import Iterable, Iterator
 from datetime import datetime
 from pathlib import Path
@@ -22,7 +21,6 @@ import docker
 import pytest
 
 from runtime.models import load_recipe
-from runtime.tinymodel import ANSWER, MARK_TEXT
 from space import targets
 from tests.support.docker_engine import PrivateEngine
 from tests.support.images import CPU_TAG as TAG
@@ -33,7 +31,6 @@ pytestmark = [pytest.mark.docker, pytest.mark.timeout(2400)]
 
 VERSIONS = targets.load_versions()
 TINY_DIR = load_recipe("tiny").repo
-ENGINE_START_TIMEOUT_S = 300  # ~30 s on two idle cores; the machine is shared
 # What no layer may hold: package lists, downloaded packages, pip caches, SSH host keys.
 FORBIDDEN = re.compile(r"^(var/lib/apt/lists/.|var/cache/apt/.*\.(deb|bin)$|root/\.cache/.|etc/ssh/ssh_host_)")
 
@@ -106,38 +103,6 @@ def test_the_tiny_model_is_baked_where_its_recipe_looks(engine: tuple[PrivateEng
     assert f" serve {TINY_DIR} " in command
     assert set(run_in(engine[1], cpu_image, "ls", TINY_DIR).split()) == {
         "config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"}
-
-
-def test_vllm_serves_the_baked_model_inside_the_image(engine: tuple[PrivateEngine, docker.DockerClient],
-                                                      cpu_image: str) -> None:
-    """The command `runtime engine-args` prints, run in the image: real kernels, real libraries."""
-    script = 'eval "$(python -m runtime engine-args | grep -v "^#")"'
-    container = engine[1].containers.run(cpu_image, ["sh", "-c", script], detach=True, network_mode="none",
-                                         shm_size="1g")  # the default 64 MiB kills the engine
-    try:
-        wait_for_engine(container)
-        ask = ("import json, urllib.request; body = json.dumps({'model': 'tiny', 'max_tokens': 16, 'messages': "
-               f"[{{'role': 'user', 'content': '{MARK_TEXT} hi'}}]}}).encode(); "
-               "request = urllib.request.Request('http://127.0.0.1:18081/v1/chat/completions', body, "
-               "{'Content-Type': 'application/json'}); "
-               "print(json.load(urllib.request.urlopen(request))['choices'][0]['message']['content'])")
-        code, output = container.exec_run(["python", "-c", ask])
-        assert (code, output.decode().strip()) == (0, ANSWER)
-    finally:
-        container.remove(force=True)
-
-
-def wait_for_engine(container: docker.models.containers.Container) -> None:
-    probe = ["python", "-c", "import urllib.request as r; r.urlopen('http://127.0.0.1:18081/health', timeout=5)"]
-    deadline = time.monotonic() + ENGINE_START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        container.reload()
-        assert container.status == "running", container.logs(tail=30).decode(errors="replace")
-        if container.exec_run(probe).exit_code == 0:
-            return
-        time.sleep(1)  # polling /health: the engine offers nothing else to wait on from outside
-    logs = container.logs(tail=30).decode(errors="replace")
-    pytest.fail(f"vLLM not healthy after {ENGINE_START_TIMEOUT_S} s:\n{logs}")
 
 
 class ChunkReader(io.RawIOBase):

@@ -14,13 +14,15 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 from dockerfile_parse import DockerfileParser
 
 from space import targets
 from runtime.settings import load_settings
-from tests.support.bridge import start_bridge
+from tests.support.bridge import start_bridge, start_stand_in
 from tests.support.net import free_port
+from tests.support.polling import wait_until
 from tests.support.repo_copy import ROOT
 
 TARGETS = targets.load_targets()
@@ -180,9 +182,9 @@ def test_the_build_facts_come_from_package_metadata_not_from_importing_vllm(name
     assert f"--pin vllm{'-cpu' if image.target.kind == 'cpu' else ''}==0.32.0" in facts
 
 
-def test_the_health_check_finds_the_bridge_where_the_pod_serves_it(tmp_path: Path) -> None:
-    """The HEALTHCHECK's own command, run against a real bridge (no engine needed for /health):
-    VL_PORT on VL_LISTEN, by loopback when the pod listens everywhere."""
+def test_the_health_check_passes_once_the_pod_serves_its_model(tmp_path: Path) -> None:
+    """The HEALTHCHECK's own command, run against a real bridge: VL_PORT on VL_LISTEN (by loopback when
+    the pod listens everywhere), healthy only once the bridge names the model its engine serves."""
     (health,) = rendered("cpu").instructions("HEALTHCHECK")
     argv = json.loads(health[health.index("CMD") + 3:])
     probe = [sys.executable, *argv[1:]]  # the image's /opt/venv python is not here
@@ -190,10 +192,15 @@ def test_the_health_check_finds_the_bridge_where_the_pod_serves_it(tmp_path: Pat
     def answers(**environ: str) -> bool:
         return subprocess.run(probe, env={"PATH": "/usr/bin:/bin", **environ}, capture_output=True, timeout=30).returncode == 0
 
-    with start_bridge(f"http://127.0.0.1:{free_port()}", tmp_path / "bridge.log") as bridge:
+    with start_bridge(f"http://127.0.0.1:{free_port()}", tmp_path / "starting.log") as bridge:
         port = bridge.url.rsplit(":", 1)[1]
+        assert not answers(VL_PORT=port, VL_LISTEN="127.0.0.1")  # the bridge is up, its engine is not
+    with start_stand_in(tmp_path / "engine.log") as engine, start_bridge(engine.url, tmp_path / "bridge.log") as bridge:
+        port = bridge.url.rsplit(":", 1)[1]
+        wait_until(lambda: httpx.get(f"{bridge.url}/health").json()["model"], "the bridge to learn the model")
         assert answers(VL_PORT=port, VL_LISTEN="127.0.0.1")
         assert answers(VL_PORT=port)  # the default 0.0.0.0: probed on loopback
+        assert answers(VL_PORT=engine.url.rsplit(":", 1)[1])  # VL_BRIDGE=off: vLLM's own /health, empty
     assert not answers(VL_PORT=port, VL_LISTEN="127.0.0.1")  # the bridge is gone
 
 

@@ -10,7 +10,6 @@ Slow: marked `docker`, run in .ci/run's image step.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -23,7 +22,7 @@ import pytest
 from space.engine import wheel_sources
 from tests.support.docker_engine import HostPip, host_pip_build_options, private_engine
 from tests.support.hub_server import HubServer
-from tests.support.images import Engine, report
+from tests.support.images import Engine, report, wait_for_status_page
 from tests.support.registry import LocalRegistry
 from tests.support.repo_copy import copy_repo
 from tests.support.space_builder import SpaceBuilder
@@ -32,7 +31,6 @@ pytestmark = [pytest.mark.docker, pytest.mark.timeout(3600)]
 
 SPACE = f"{HubServer.owner}/vllm-pod-cpu"
 IMAGE_NAME = "pod-owner-vllm-pod-cpu"  # the Hub's name for the Space's image: <owner>-<name>, lowercased
-STATUS_TIMEOUT_S = 120
 
 
 @pytest.fixture(scope="module")
@@ -119,22 +117,6 @@ def test_the_published_image_runs_from_the_registry_as_the_hub_runs_a_space(
             assert container.exec_run(["id", "-u"]).output.decode().strip() == "1000"
         finally:
             container.remove(force=True)
-
-
-def wait_for_status_page(container) -> dict:
-    """The status page's facts once it answers on 7860 (read from inside: the container has no network)."""
-    probe = ["python", "-c", "import urllib.request as r; print(r.urlopen('http://127.0.0.1:7860/facts', timeout=5).read().decode())"]
-    deadline = time.monotonic() + STATUS_TIMEOUT_S
-    while time.monotonic() < deadline:
-        container.reload()
-        assert container.status == "running", container.logs(tail=30).decode(errors="replace")
-        code, output = container.exec_run(probe)
-        if code == 0:
-            assert container.exec_run(["python", "-c", "import urllib.request as r; "
-                                       "r.urlopen('http://127.0.0.1:7860/', timeout=5)"]).exit_code == 0
-            return json.loads(output.decode())
-        time.sleep(0.5)  # polling: the status page offers nothing else to wait on from outside
-    pytest.fail(f"no status page after {STATUS_TIMEOUT_S} s:\n{container.logs(tail=30).decode(errors='replace')}")
 
 
 def test_a_failed_build_shows_its_log_and_exits_non_zero(published: subprocess.CompletedProcess[str], hub: HubServer,

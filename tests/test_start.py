@@ -293,10 +293,12 @@ def test_bridge_off_from_the_hub_hands_the_public_port_to_vllm(pod: RunningPod) 
     wait_until(lambda: pod.pid("engine") not in (None, engine), "a new engine", RELOAD_S, every_s=0.2)
     assert pod.pid("bridge") is None, "the bridge gave the public port up first"
     wait_until(pod.serves, "vLLM's own /v1/messages on the public port", ENGINE_START_S, every_s=0.5)
-    listing = httpx.get(f"{pod.url}/v1/models", timeout=10).json()
+    assert httpx.get(f"{pod.url}/v1/models", timeout=10).status_code == 401, "vLLM checks VL_API_KEYS itself"
+    listing = httpx.get(f"{pod.url}/v1/models", headers={"authorization": f"Bearer {pod.env['VL_API_KEYS']}"},
+                        timeout=10).json()  # fmt: skip
     assert {m["owned_by"] for m in listing["data"]} == {"vllm"}
     assert "my-alias" in [m["id"] for m in listing["data"]]  # vLLM serves the aliases itself
-    # The supervisor's probe follows vLLM to its new port: the pod turns healthy again.
+    # The supervisor's probe follows vLLM to its new port, with a key: the pod turns healthy again.
     wait_until(lambda: pod.boot_log().count("engine is healthy") > healthy_before, "the new engine's healthy probe",
                ENGINE_START_S, every_s=0.5)  # fmt: skip
 

@@ -13,7 +13,7 @@ from runtime.start import bridge_environ
 
 def test_the_bridge_reads_back_exactly_the_effective_bridge_settings() -> None:
     remote = {"VL_ALIASES": "claude-x, my-alias", "VL_BRIDGE_PING_S": "7.5", "VL_LOG_PROMPTS": "on"}
-    effective = load_settings({"VL_API_KEYS": "k1,k2", "VL_MAX_BODY_MB": "8"}, remote)
+    effective = load_settings({"VL_API_KEYS": "key-one-0123456789,ci:key-two-0123456789", "VL_MAX_BODY_MB": "8"}, remote)
     read_back = load_settings(bridge_environ(effective))
     for variable in VARIABLES:
         if variable.scope is Scope.BRIDGE:

@@ -35,7 +35,9 @@ BAD_VALUES = [
 
 def start(tmp_path: Path, **variables: str) -> subprocess.CompletedProcess[str]:
     outer = {k: v for k, v in os.environ.items() if not k.startswith(("VL_", "HF_"))}
-    env = outer | {"VL_STATE_DIR": str(tmp_path / "state"), "VL_PREBAKED_MARKER": str(tmp_path / "none")} | variables
+    # Not prebaked, and this interpreter is the pod's venv: past the settings, the engine's install comes next.
+    env = outer | {"VL_STATE_DIR": str(tmp_path / "state"), "VL_PREBAKED_MARKER": str(tmp_path / "none"),
+                   "VL_VENV": sys.prefix} | variables
     return subprocess.run([sys.executable, "-m", "runtime", "start"], cwd=REPO_ROOT, env=env,
                           capture_output=True, text=True, timeout=120)
 

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
@@ -21,7 +24,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from runtime.bridge.auth import ApiKeys, RequireKey
+from runtime.bridge.auth import AllowedHosts, ApiKeys, RequireKey
 from runtime.bridge.connection import read_body
 from runtime.bridge.errors import BridgeError, error_type, internal_failure
 from runtime.bridge.exchange import MessagesExchange, count_prompt
@@ -29,7 +32,9 @@ from runtime.bridge.metrics import CONTENT_TYPE, Metrics
 from runtime.bridge.models import Catalog
 from runtime.bridge.relay import Relay, rewrite_model
 from runtime.bridge.requests import CountTokensRequest, MessagesRequest, Translator, decode
+from runtime.bridge.sharing import KeyShare, key_cap
 from runtime.bridge.upstream import Upstream
+from runtime.logsafe import PROMPT_CHARS, loggable
 from runtime.settings import Settings
 
 log = logging.getLogger("runtime.bridge")
@@ -44,10 +49,14 @@ class Bridge:
         self.upstream = Upstream(upstream_url, max_connections, pool_timeout)
         self.catalog = Catalog(settings.aliases)
         self.metrics = Metrics(lambda: self.upstream.in_use)
-        self.keys = ApiKeys(settings.api_keys)
+        self.keys = ApiKeys.for_pod(settings.api_keys, Path(settings.state_dir))
+        self.hosts = AllowedHosts.for_pod(settings.allowed_hosts, os.environ)
         self.ping_s: float = settings.bridge_ping_s
         self.log_prompts: bool = settings.log_prompts
         self.max_body: int = settings.max_body_mb * 2**20
+        labels = {label for label, _ in self.keys.keys}  # none when open
+        self.key_concurrency: int | None = key_cap(max_connections, len(labels), settings.key_concurrency)
+        self.stall_s: float = settings.client_stall_s
 
     # --- Anthropic ---
 
@@ -158,13 +167,19 @@ class Accounting:
         if "ttft_s" in trace:
             metrics.ttft.observe(trace["ttft_s"])
         if route not in QUIET_ROUTES:
-            log.info(trace_line(scope["method"], route, status, key, duration, trace))
+            client_id = Headers(scope=scope).get("x-request-id")
+            log.info(trace_line(scope["method"], route, status, key, duration, trace, client_id))
 
 
-def trace_line(method: str, route: str, status: int, key: str, duration: float, trace: dict[str, Any]) -> str:
-    """`trace id=… POST /v1/messages 200 key=… model=… in=… cached=… out=… ttft_ms=… dur_ms=… stop=…`."""
-    fields = [f"trace id={trace.get('id', '-')} {method} {route} {status} key={key}"]
-    for name in ("model", "stream", "input", "cached", "output"):
+def trace_line(
+    method: str, route: str, status: int, key: str, duration: float, trace: dict[str, Any], client_id: str | None = None
+) -> str:
+    """`trace id=… POST /v1/messages 200 key=… model=… in=… … dur_ms=… stop=… client_id=…`: `id` is the
+    bridge's own; what the client chose (model, its x-request-id, prompt) is escaped and capped (`loggable`)."""
+    fields = [f"trace id={trace.get('id', '-')} {loggable(method)} {route} {status} key={key}"]
+    if "model" in trace:
+        fields.append(f"model={loggable(trace['model'])}")
+    for name in ("stream", "input", "cached", "output"):
         if name in trace:
             fields.append(f"{name.replace('input', 'in').replace('output', 'out')}={trace[name]}")
     if "ttft_s" in trace:
@@ -173,8 +188,10 @@ def trace_line(method: str, route: str, status: int, key: str, duration: float, 
     for name in ("stop", "error_type"):
         if trace.get(name):
             fields.append(f"{name.replace('_type', '')}={trace[name]}")
+    if client_id is not None:
+        fields.append(f"client_id={loggable(client_id)}")
     if "prompt" in trace:
-        fields.append(f"prompt={trace['prompt']!r}")
+        fields.append(f"prompt={loggable(trace['prompt'], PROMPT_CHARS)}")
     return " ".join(fields)
 
 
@@ -191,7 +208,7 @@ async def http_error(request: Request, error: Exception) -> Response:
 
 
 async def internal_error(request: Request, error: Exception) -> Response:
-    log.exception("internal error on %s %s", request.method, request.url.path, exc_info=error)
+    log.exception("internal error on %s %s", loggable(request.method), loggable(request.url.path), exc_info=error)
     return internal_failure().response()
 
 
@@ -207,7 +224,9 @@ def create_app(bridge: Bridge) -> Starlette:
 
     return Starlette(
         routes=bridge.routes(),
-        middleware=[Middleware(Accounting, bridge=bridge), Middleware(RequireKey, keys=bridge.keys)],
+        middleware=[Middleware(Accounting, bridge=bridge),
+                    Middleware(RequireKey, keys=bridge.keys, hosts=bridge.hosts),
+                    Middleware(KeyShare, cap=bridge.key_concurrency)],
         exception_handlers={BridgeError: bridge_error, HTTPException: http_error, Exception: internal_error},
         lifespan=lifespan,
     )

@@ -1,39 +1,84 @@
-"""API keys (VL_API_KEYS): who may call the bridge, and the name its usage is counted under.
+"""Who may call the public port: API keys (VL_API_KEYS), or, with none, only what no web page can send.
 
-An entry is `key` or `name:key`; metrics and logs show the name, or a short hash of the key, never
-the key. Keys arrive as `Authorization: Bearer` (ANTHROPIC_AUTH_TOKEN) or `x-api-key`
-(ANTHROPIC_API_KEY); both present and different is refused rather than guessed.
+An entry is `key` or `name:key`; metrics and logs show the name, or a hash of the key salted with a
+secret of the pod's, never the key. Keys arrive as `Authorization: Bearer` (ANTHROPIC_AUTH_TOKEN) or
+`x-api-key` (ANTHROPIC_API_KEY); both present and different is refused rather than guessed. Without
+keys (open), a POST must be `application/json` (a cross-site page cannot send that without a CORS
+preflight, which is never granted) and `Host` a name of the pod's (a rebound DNS name is not).
 """
 
 from __future__ import annotations
 
-import hashlib
 import hmac
-import re
-from collections.abc import Sequence
+import ipaddress
+import logging
+import os
+import secrets
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from runtime.bridge.errors import BridgeError
+from runtime.settings import BY_ENV, key_entry, parse_value
+
+log = logging.getLogger("runtime.bridge")
 
 OPEN_LABEL = "open"  # the usage label when no key is configured
-NAMED = re.compile(r"^([A-Za-z0-9_.-]{1,64}):(.+)$")
 UNGUARDED = frozenset({"/", "/health"})  # the warm-up HEAD / and the supervisor's watchdog
+SALT_FILE = "key-label.salt"  # in VL_STATE_DIR: made once, so labels survive bridge restarts
+SALT_BYTES = 32  # 256 bits: a label cannot be tested against guessed keys without the salt
+LABEL_HEX = 12  # 48 bits of the HMAC: enough to tell a pod's keys apart, all a label needs
+LOOPBACK_NAMES = frozenset({"localhost"})  # names a browser resolves to this machine only
+RUNPOD_PROXY = ".proxy.runpod.net"  # RunPod's HTTP proxy: `<pod>-<port>.proxy.runpod.net` reaches this pod's port
+JSON = "application/json"  # the only body type a cross-site page cannot POST without a preflight
+POLICY_VIOLATION = 1008  # a WebSocket refused before its handshake completes: the server answers 403
 
 
-def label_of(key: str) -> str:
-    return "sha256:" + hashlib.sha256(key.encode()).hexdigest()[:12]
+def label_salt(state_dir: Path) -> bytes:
+    """The pod's secret salt for key labels, made once (0600) in `state_dir`; a fresh one for this
+    process only (labels then change at each restart) when `state_dir` cannot keep it."""
+    path = state_dir / SALT_FILE
+    try:
+        if not path.exists():
+            state_dir.mkdir(parents=True, exist_ok=True)
+            partial = path.with_name(f"{SALT_FILE}.{os.getpid()}")
+            descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(descriptor, "wb") as file:
+                file.write(secrets.token_bytes(SALT_BYTES))
+            try:
+                os.link(partial, path)  # whole or not at all; a concurrent bridge's salt, made first, wins
+            except FileExistsError:
+                pass
+            finally:
+                partial.unlink()
+        return path.read_bytes()
+    except OSError as error:
+        log.warning("no key-label salt in %s (%s): labels of unnamed keys change at each restart",
+                    state_dir, error.strerror)
+        return secrets.token_bytes(SALT_BYTES)
+
+
+def label_of(key: str, salt: bytes) -> str:
+    """A key's label in traces and metrics: an HMAC under the pod's secret salt (a bare hash of a
+    weak key could be reversed offline by anyone who reads /metrics or the Hub log)."""
+    return "hmac:" + hmac.new(salt, key.encode(), "sha256").hexdigest()[:LABEL_HEX]
 
 
 class ApiKeys:
     """The accepted keys and their labels; empty means the bridge is open."""
 
-    def __init__(self, entries: Sequence[str]) -> None:
+    def __init__(self, entries: Sequence[str], salt: bytes) -> None:
         self.keys: list[tuple[str, bytes]] = []
         for entry in entries:
-            named = NAMED.match(entry)
-            label, key = (named.group(1), named.group(2)) if named else (label_of(entry), entry)
-            self.keys.append((label, key.encode()))
+            name, key = key_entry(entry)
+            self.keys.append((name or label_of(key, salt), key.encode()))
+
+    @classmethod
+    def for_pod(cls, entries: Sequence[str], state_dir: Path) -> ApiKeys:
+        """The keys, labelled with the salt kept in `state_dir` (read only when a key has no name)."""
+        unnamed = any(key_entry(entry)[0] is None for entry in entries)
+        return cls(entries, label_salt(state_dir) if unnamed else b"")
 
     @property
     def open(self) -> bool:
@@ -58,27 +103,99 @@ class ApiKeys:
         return found
 
 
-class RequireKey:
-    """ASGI middleware: checks the key of every request except UNGUARDED paths; puts its label in
-    `scope["state"]["key"]` for the usage counters."""
+class AllowedHosts:
+    """What the open bridge accepts in `Host`: any IP address (a page served from an address is the
+    pod's own origin), `localhost`, RunPod's proxy names of this pod, and VL_ALLOWED_HOSTS."""
 
-    def __init__(self, app: ASGIApp, keys: ApiKeys) -> None:
+    def __init__(self, names: Iterable[str], pod_id: str | None = None) -> None:
+        self.names = frozenset(LOOPBACK_NAMES | set(names))
+        self.pod_id = pod_id.lower() if pod_id else None
+
+    @classmethod
+    def for_pod(cls, extra: Iterable[str], environ: Mapping[str, str]) -> AllowedHosts:
+        return cls(extra, environ.get("RUNPOD_POD_ID", "").strip() or None)
+
+    def describe(self) -> str:
+        """The rule in words, for the start-up warning."""
+        proxy = [f"{self.pod_id}-<port>{RUNPOD_PROXY}"] if self.pod_id else []
+        return ", ".join(["an IP address", *sorted(self.names), *proxy])
+
+    def admits(self, header: str) -> bool:
+        name = host_name(header)
+        try:
+            ipaddress.ip_address(name)
+            return True
+        except ValueError:
+            return name in self.names or self.is_proxy(name)
+
+    def is_proxy(self, name: str) -> bool:
+        """Whether `name` is RunPod's proxy name of one of this pod's ports (any: each leads here)."""
+        pod, _, port = name.removesuffix(RUNPOD_PROXY).rpartition("-")
+        return self.pod_id is not None and name.endswith(RUNPOD_PROXY) and pod == self.pod_id and port.isdigit()
+
+
+def host_name(header: str) -> str:
+    """The name or address of a `Host` header: no port, brackets or final dot, lower-cased."""
+    if header.startswith("["):
+        return header[1:].partition("]")[0].lower()
+    return header.partition(":")[0].rstrip(".").lower()  # a name or an IPv4 address holds no colon
+
+
+def media_type(content_type: bytes | None) -> str:
+    return (content_type or b"").decode("latin-1").partition(";")[0].strip().lower()
+
+
+class RequireKey:
+    """ASGI middleware: admits every request to a path outside UNGUARDED, by its key, or when the
+    bridge is open by its `Host` and body type; puts the key's label in `scope["state"]["key"]`."""
+
+    def __init__(self, app: ASGIApp, keys: ApiKeys, hosts: AllowedHosts) -> None:
         self.app = app
         self.keys = keys
+        self.hosts = hosts
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            label = OPEN_LABEL
-            if scope["path"] not in UNGUARDED and not self.keys.open:
-                headers = dict(scope["headers"])
-                authorization, api_key = headers.get(b"authorization"), headers.get(b"x-api-key")
-                try:
-                    label = self.keys.identify(
-                        authorization.decode("latin-1") if authorization is not None else None,
-                        api_key.decode("latin-1") if api_key is not None else None,
-                    )
-                except BridgeError as error:
-                    await error.response({"www-authenticate": "Bearer"})(scope, receive, send)
-                    return
+        if scope["type"] in ("http", "websocket"):  # vLLM serves its realtime API over a WebSocket
+            try:
+                label = self.admit(scope)
+            except BridgeError as error:
+                await refuse(error, scope, receive, send)
+                return
             scope.setdefault("state", {})["key"] = label
         await self.app(scope, receive, send)
+
+    def admit(self, scope: Scope) -> str:
+        """The caller's label; BridgeError: 401 (key), or when open 403 (`Host`) and 415 (body type)."""
+        if scope["path"] in UNGUARDED:
+            return OPEN_LABEL
+        headers = dict(scope["headers"])
+        if not self.keys.open:
+            authorization, api_key = headers.get(b"authorization"), headers.get(b"x-api-key")
+            return self.keys.identify(authorization.decode("latin-1") if authorization is not None else None,
+                                      api_key.decode("latin-1") if api_key is not None else None)  # fmt: skip
+        host = headers.get(b"host")
+        if host is not None and not self.hosts.admits(host.decode("latin-1")):
+            raise BridgeError(403, "the bridge is open (no VL_API_KEYS), so it answers only to its own names in Host: "
+                                   "add this one to VL_ALLOWED_HOSTS, or configure keys")  # fmt: skip
+        if scope.get("method") == "POST" and media_type(headers.get(b"content-type")) != JSON:
+            raise BridgeError(415, f"the body must be sent as Content-Type: {JSON}")
+        return OPEN_LABEL
+
+
+async def refuse(error: BridgeError, scope: Scope, receive: Receive, send: Send) -> None:
+    """Answers `error` in the envelope (a 401 with its challenge), or closes a WebSocket before it opens."""
+    if scope["type"] == "websocket":
+        await send({"type": "websocket.close", "code": POLICY_VIOLATION, "reason": error.message[:120]})
+        return
+    challenge = {"www-authenticate": "Bearer"} if error.status == 401 else None
+    await error.response(challenge)(scope, receive, send)
+
+
+class EngineKeys(RequireKey):
+    """vLLM's `--middleware` when it serves the public port itself (VL_BRIDGE=off): the keys of
+    VL_API_KEYS in its environment on every path but /health (its own --api-key leaves /invocations open)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        entries = parse_value(BY_ENV["VL_API_KEYS"], os.environ.get("VL_API_KEYS", ""))
+        labels = secrets.token_bytes(SALT_BYTES)  # vLLM shows no label: a salt of its own will do
+        super().__init__(app, ApiKeys(entries, labels), AllowedHosts(()))

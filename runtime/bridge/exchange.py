@@ -19,9 +19,10 @@ import aiohttp
 import msgspec
 from starlette.types import Send
 
-from runtime.bridge.connection import LeavableAnswer, Writer
+from runtime.bridge.connection import Writer
 from runtime.bridge.errors import BridgeError, from_upstream, internal_failure
 from runtime.bridge.requests import MessagesRequest, Translation, Translator
+from runtime.bridge.sharing import WatchedAnswer
 from runtime.bridge.sse import PING, AnthropicSse, SseParser
 from runtime.bridge.stream import MessageAssembler, StreamTranslator
 from runtime.bridge.upstream import BROKEN
@@ -63,7 +64,7 @@ async def count_prompt(bridge: Bridge, translation: Translation) -> tuple[int, i
     return int(answer["count"]), int(answer["max_model_len"])
 
 
-class MessagesExchange(LeavableAnswer):
+class MessagesExchange(WatchedAnswer):
     """The ASGI response for one `/v1/messages` request; records its outcome in `trace`."""
 
     def __init__(self, bridge: Bridge, request: MessagesRequest, body_size: int, trace: dict[str, Any]) -> None:

@@ -15,9 +15,10 @@ import msgspec
 from starlette.requests import Request
 from starlette.types import Send
 
-from runtime.bridge.connection import LeavableAnswer, Writer
+from runtime.bridge.connection import Writer
 from runtime.bridge.errors import BridgeError
 from runtime.bridge.nesting import refuse_deep_nesting
+from runtime.bridge.sharing import WatchedAnswer
 from runtime.bridge.sse import COMMENT_PING, SseParser
 from runtime.bridge.upstream import BROKEN
 
@@ -42,16 +43,17 @@ def rewrite_model(bridge: Bridge, body: bytes) -> tuple[bytes, bool]:
     return msgspec.json.encode(payload), payload.get("stream") is True
 
 
-class Relay(LeavableAnswer):
+class Relay(WatchedAnswer):
     """The ASGI response relaying one request to `path` upstream; records usage in `trace`."""
 
     def __init__(self, bridge: Bridge, request: Request, body: bytes | None = None, stream: bool = False) -> None:
         self.bridge, self.body, self.stream = bridge, body, stream
         self.method, self.path, self.trace = request.method, request.url.path, request.state.trace
         self.headers = {"content-type": "application/json"} if body is not None else {}
-        # vLLM names the generation after it: its log matches the client's, and the bridge can abort it.
-        self.headers["x-request-id"] = request.headers.get("x-request-id") or f"relay_{uuid.uuid4().hex[:24]}"
-        self.trace["id"] = self.headers["x-request-id"]
+        # vLLM names the generation after it, and the bridge aborts it by that name. Never the client's
+        # id: vLLM aborts every generation under an id, so a reused one would abort another client's
+        # (the trace line logs the client's beside this one).
+        self.headers["x-request-id"] = self.trace["id"] = f"relay_{uuid.uuid4().hex[:24]}"
 
     async def serve(self, send: Send) -> None:
         try:

@@ -27,6 +27,13 @@ GENERATION_IDS = {"/v1/chat/completions": "chatcmpl-{}", "/v1/completions": "cmp
 ABORT_PATH = "/inference/v1/abort_requests"
 # What a broken upstream raises once its answer began (reset, truncated body, …).
 BROKEN = (aiohttp.ClientError,)
+# Idle upstream connections are not reused after this long: vLLM's uvicorn closes them after 5 s, and a
+# request sent as it closed one was lost (7 in 300 got a spurious 529 with aiohttp's default 15 s).
+KEEPALIVE_S = 4.0
+# What a kept-alive connection raises when the upstream closed it as the request went out: no answer
+# began, so the request is sent once more (as aiohttp does for idempotent methods only; a generation
+# is safe to repeat: vLLM drops a request whose connection closed before its answer).
+CLOSED_UNDER_US = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientConnectionResetError)
 
 
 class Upstream:
@@ -43,7 +50,7 @@ class Upstream:
     def client(self) -> aiohttp.ClientSession:
         if self.session is None:
             self.session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0),
+                connector=aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0, keepalive_timeout=KEEPALIVE_S),
                 # `connect` bounds the wait for a pooled connection; no read timeout: a cold prefill
                 # of a long prompt is silent for minutes (pings cover the client meanwhile).
                 timeout=aiohttp.ClientTimeout(total=None, connect=self.pool_timeout, sock_connect=10, sock_read=None),
@@ -58,7 +65,7 @@ class Upstream:
     ) -> AsyncIterator[aiohttp.ClientResponse]:
         """Send a request and yield the response with its body unread; leaving early aborts it upstream."""
         try:
-            response = await self.client().request(method, self.base_url + path, data=body, headers=headers)
+            response = await self.send(method, path, body, headers)
         except aiohttp.ConnectionTimeoutError:
             if self.in_use >= self.max_connections:
                 raise BridgeError(529, "the bridge is at its limit of concurrent upstream requests; retry shortly") from None
@@ -75,6 +82,19 @@ class Upstream:
             else:
                 response.close()  # drops the connection, and nothing is read from it any more
                 self.abort(path, headers or {})
+
+    async def send(
+        self, method: str, path: str, body: bytes | None, headers: dict[str, str] | None
+    ) -> aiohttp.ClientResponse:
+        """The response to a request, its body unread; sent a second time when the connection broke
+        before any answer (a kept-alive one, closed by the upstream as the request went out)."""
+        try:
+            return await self.client().request(method, self.base_url + path, data=body, headers=headers)
+        except aiohttp.ClientConnectorError:
+            raise  # no connection at all: the upstream is down, not a stale connection
+        except CLOSED_UNDER_US:
+            log.info("the model server closed a connection under %s %s: sent again", method, path)
+            return await self.client().request(method, self.base_url + path, data=body, headers=headers)
 
     def abort(self, path: str, headers: dict[str, str]) -> None:
         """Tell vLLM to stop a generation nobody will read, in the background.

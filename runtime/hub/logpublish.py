@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import threading
 import time
 from collections import deque
@@ -21,7 +20,9 @@ from pathlib import Path
 from runtime.hub.budget import CommitBudget
 from runtime.hub.redact import Redactor
 from runtime.hub.repo import HubRepo, pod_id
+from runtime.logsafe import strip_controls
 from runtime.settings import Settings
+from runtime.supervisor import rotated
 
 log = logging.getLogger("runtime.hub.log")
 
@@ -30,7 +31,6 @@ TAIL_LINES = 150  # per source: enough to see a traceback and what led to it
 TAIL_BYTES = 32 * 1024  # per source: engine lines can be long; keeps the file small and "regular" on the Hub
 NOTES_KEPT = 50
 RETRY_S = (5.0, 300.0)  # back-off after a failed upload: first wait, longest wait
-ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
 def log_path(pod: str) -> str:
@@ -39,21 +39,32 @@ def log_path(pod: str) -> str:
 
 
 def tail(path: Path, lines: int = TAIL_LINES, max_bytes: int = TAIL_BYTES) -> list[str]:
-    """The last `lines` lines of a log, without colours, and only the final state of `\\r` progress bars."""
+    """The last `lines` lines of a log, read on through its rotated file (the supervisor's cap) when it is
+    short, without control sequences, and only the final state of `\\r` progress bars."""
+    try:
+        data, cut = end_of(path, max_bytes)
+        if not cut and len(data) < max_bytes:
+            older, cut = end_of(rotated(path), max_bytes - len(data))
+            data = older + data
+    except OSError as error:
+        return [f"(cannot read {path}: {error})"]
+    rows = data.decode("utf-8", "replace").split("\n")
+    if cut:
+        rows = rows[1:]  # cut in the middle
+    if rows and not rows[-1]:
+        rows.pop()
+    return [strip_controls(row.rstrip("\r").rsplit("\r", 1)[-1]) for row in rows[-lines:]]
+
+
+def end_of(path: Path, max_bytes: int) -> tuple[bytes, bool]:
+    """The last `max_bytes` of a file (none when there is no file), and whether the file was longer."""
     try:
         with path.open("rb") as file:
             size = file.seek(0, os.SEEK_END)
             file.seek(max(0, size - max_bytes))
-            rows = file.read().decode("utf-8", "replace").split("\n")
+            return file.read(), size > max_bytes
     except FileNotFoundError:
-        return []
-    except OSError as error:
-        return [f"(cannot read {path}: {error})"]
-    if size > max_bytes:
-        rows = rows[1:]  # cut in the middle
-    if rows and not rows[-1]:
-        rows.pop()
-    return [ANSI.sub("", row.rstrip("\r").rsplit("\r", 1)[-1]) for row in rows[-lines:]]
+        return b"", False
 
 
 def utc_now() -> str:
@@ -137,7 +148,7 @@ class LogPublisher:
         rows = [f"# vllm-pod {self.pod} · {state} since {self._since}"]
         for name, path in self.sources.items():
             rows += [f"{name:<{width}} | {row}" for row in tail(path)]
-        rows += [f"{'note':<{width}} | {note}" for note in notes]
+        rows += [f"{'note':<{width}} | {strip_controls(note)}" for note in notes]
         return self.redact("\n".join(rows) + "\n")
 
     def _run(self) -> None:

@@ -2,6 +2,8 @@
 
 With `--follow`, it keeps polling (one HEAD request per check; the file is read only when it changed) and
 prints only the lines that are new, until Ctrl-C. Anonymous for a public repo, `HF_TOKEN` for a private one.
+Control sequences are stripped before anything is printed: whoever can write to the repo (or reach a
+pod's log) must not reach the terminal (OSC 52 writes the clipboard, others retitle or rewrite the screen).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from huggingface_hub.errors import HfHubHTTPError, RemoteEntryNotFoundError, Rep
 
 from runtime.hub.logpublish import LOG_FOLDER, log_path
 from runtime.hub.repo import FileVersion, HubRepo, pod_id
+from runtime.logsafe import strip_controls
 
 
 class Waiting(Exception):
@@ -57,12 +60,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def read(repo: HubRepo, path: str, known: FileVersion | None = None) -> tuple[FileVersion, str]:
-    """The log's version and text (empty text when it is still `known`), with Hub errors made plain."""
+    """The log's version and text, control sequences stripped (empty text when it is still `known`), with
+    Hub errors made plain."""
     try:
         version = repo.version(path)
         if known is not None and version.etag == known.etag:  # other pods' commits move the repo, not this file
             return version, ""
-        return version, repo.read_text(path, version)
+        return version, strip_controls(repo.read_text(path, version))
     except RemoteEntryNotFoundError:
         raise Waiting(no_log_yet(repo, path)) from None
     except RepositoryNotFoundError:
@@ -103,7 +107,7 @@ def follow(repo: HubRepo, path: str, interval_s: float) -> None:
             said = ""
         except Waiting as reason:
             if str(reason) != said:
-                print(f"runtime logs: {reason}; still trying (Ctrl-C to stop)", file=sys.stderr, flush=True)
+                print(strip_controls(f"runtime logs: {reason}; still trying (Ctrl-C to stop)"), file=sys.stderr, flush=True)
                 said = str(reason)
         time.sleep(interval_s)
 
@@ -116,5 +120,5 @@ def new_lines(before: list[str], after: list[str]) -> list[str]:
 
 
 def fail(message: str, code: int) -> int:
-    print(f"runtime logs: {message}", file=sys.stderr)
+    print(strip_controls(f"runtime logs: {message}"), file=sys.stderr)  # a Hub's error text, too
     return code

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import tomllib
 from functools import cache
-from pathlib import Path
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-RECIPES_DIR = Path(__file__).parent
+from runtime.settings import RECIPES_DIR, recipe_names
 
 # A vLLM option's value in a recipe: true → `--flag`, false → `--no-flag`, a table → compact JSON,
 # a list → one argument per item, anything else → its text.
@@ -93,11 +92,6 @@ class Recipe(Strict):
         if self.yarn and "hf-overrides" in self.vllm:
             raise ValueError("hf-overrides is computed from [yarn]; do not set both")
         return self
-
-
-def recipe_names() -> tuple[str, ...]:
-    """Every recipe shipped with the runtime, sorted (the allowed values of VL_MODEL)."""
-    return tuple(sorted(path.stem for path in RECIPES_DIR.glob("*.toml")))
 
 
 @cache

@@ -122,6 +122,22 @@ class PrivateEngine:
             subprocess.run(["ip", "link", "delete", DEFAULT_BRIDGE.name], check=False, capture_output=True)
 
 
+def stop_left_engine(root: Path) -> None:
+    """Stop a private dockerd that was left running (`scripts/demo --keep`) by its pidfile, then remove
+    its folder: what `PrivateEngine.stop` does for an engine this process still holds."""
+    pidfile = root / "dockerd.pid"
+    if pidfile.exists():
+        pid = int(pidfile.read_text())
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + STOP_TIMEOUT_S
+            while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+                time.sleep(0.2)  # polling: not our child, nothing to wait on
+            os.killpg(pid, signal.SIGKILL)  # its session: dockerd's containerd
+    unmount_under(root)
+    shutil.rmtree(root, ignore_errors=True)
+
+
 def system_tool(name: str, package: str) -> str:
     """The path of an administrator's tool, also where root's PATH would find it (/usr/sbin)."""
     path = shutil.which(name) or shutil.which(name, path="/usr/sbin:/usr/local/sbin")

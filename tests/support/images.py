@@ -6,6 +6,7 @@ the first cpu build serves every later one (a cold build takes minutes; a cached
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from tests.support.docker_engine import PrivateEngine, host_pip_build_options, i
 from tests.support.repo_copy import ROOT
 
 CPU_TAG = "vllm-pod-test:cpu"
+STATUS_TIMEOUT_S = 120
 Engine = tuple[PrivateEngine, docker.DockerClient]
 
 
@@ -74,3 +76,19 @@ def cold_build(image_engine: Engine, image_base: str, request: pytest.FixtureReq
 @pytest.fixture(scope="session")
 def cpu_image(cold_build: subprocess.CompletedProcess[str]) -> str:
     return CPU_TAG
+
+
+def wait_for_status_page(container: docker.models.containers.Container) -> dict:
+    """The Space status page's facts once it answers on 7860 (read from inside: the container may have no network)."""
+    probe = ["python", "-c", "import urllib.request as r; print(r.urlopen('http://127.0.0.1:7860/facts', timeout=5).read().decode())"]
+    deadline = time.monotonic() + STATUS_TIMEOUT_S
+    while time.monotonic() < deadline:
+        container.reload()
+        assert container.status == "running", container.logs(tail=30).decode(errors="replace")
+        code, output = container.exec_run(probe)
+        if code == 0:
+            assert container.exec_run(["python", "-c", "import urllib.request as r; "
+                                       "r.urlopen('http://127.0.0.1:7860/', timeout=5)"]).exit_code == 0
+            return json.loads(output.decode())
+        time.sleep(0.5)  # polling: the status page offers nothing else to wait on from outside
+    pytest.fail(f"no status page after {STATUS_TIMEOUT_S} s:\n{container.logs(tail=30).decode(errors='replace')}")
