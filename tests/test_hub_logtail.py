@@ -13,6 +13,7 @@ import pytest
 
 from tests.support.hub_server import HubServer
 from tests.support.polling import wait_until
+from tests.support.signals import ctrl_c_as_at_a_terminal
 
 ROOT = Path(__file__).resolve().parents[1]
 REPO = "pod-owner/pod-logs"
@@ -94,7 +95,8 @@ class Following:
 
     def __init__(self, env: dict[str, str], *args: str) -> None:
         self.process = subprocess.Popen([sys.executable, "-m", "runtime", "logs", *args], cwd=ROOT, env=env,
-                                        text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                                        text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        preexec_fn=ctrl_c_as_at_a_terminal)
         self.stdout: list[str] = []
         self.stderr: list[str] = []
         for stream, lines in ((self.process.stdout, self.stdout), (self.process.stderr, self.stderr)):

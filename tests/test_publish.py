@@ -20,6 +20,7 @@ import yaml
 from space.context import DOCKERFILE
 from tests.support.hub_server import HubServer
 from tests.support.repo_copy import ROOT, copy_repo
+from tests.support.signals import ctrl_c_as_at_a_terminal
 
 SPACE = f"{HubServer.owner}/vllm-pod-cpu"
 REGISTRY = "registry.example.test"  # only named in output: nothing is pulled in these tests
@@ -134,7 +135,7 @@ def test_ctrl_c_stops_following_and_leaves_the_space_building(repo: Path, hub: d
                                                               hub_server: HubServer) -> None:
     command = [sys.executable, "build.py", "--arch", "cpu", "--push", "--space-registry", REGISTRY]
     with subprocess.Popen(command, cwd=repo, env=user_env(hub), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True) as process:
+                          text=True, preexec_fn=ctrl_c_as_at_a_terminal) as process:
         assert process.stdout is not None
         for line in process.stdout:
             if " BUILDING" in line:  # the progress line: the build is being followed
