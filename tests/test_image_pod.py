@@ -77,8 +77,10 @@ class Pod:
 
 # Every process's full command line, read from /proc inside the container (`docker top` cuts them short).
 LIST_PROCESSES = """
-import pathlib
+import os, pathlib
 for entry in pathlib.Path("/proc").glob("[0-9]*/cmdline"):
+    if entry.parent.name == str(os.getpid()):
+        continue
     try:
         print(entry.parent.name, entry.read_bytes().replace(bytes(1), b" ").replace(b"\\n", b" ").decode(errors="replace"))
     except OSError:
@@ -90,8 +92,7 @@ def processes(container: Container) -> list[tuple[int, str]]:
     """(pid, command line) of every process in the container but this listing itself."""
     code, output = container.exec_run(["python", "-c", LIST_PROCESSES])
     assert code == 0, output
-    rows = [line.split(" ", 1) for line in output.decode().splitlines()]
-    return [(int(pid), command) for pid, command in rows if "pathlib" not in command]
+    return [(int(pid), command) for pid, command in (line.split(" ", 1) for line in output.decode().splitlines())]
 
 
 def make_key(path: Path) -> Path:
