@@ -38,6 +38,9 @@ def parse_args(argv: Sequence[str] | None, targets: dict[str, Target]) -> argpar
     what.add_argument("--all", action="store_true", help="render every target's Dockerfile")
     what.add_argument("--check", action="store_true",
                       help="exit non-zero with a diff when a committed Dockerfile differs from its rendering")
+    parser.add_argument("--verify-deps", action="store_true",
+                        help="resolve a GPU target's pip layers with pip (dry run, for the image's platform) and "
+                             "check its engine's libraries (CUDA runtime, glibc); no build, no GPU needed")
     local = parser.add_argument_group("building with a local Docker engine")
     local.add_argument("--build", action="store_true", help="then build the image with the local Docker engine")
     local.add_argument("--tag", help="image tag for --build (default: vllm-pod:TARGET)")
@@ -70,6 +73,8 @@ def parse_args(argv: Sequence[str] | None, targets: dict[str, Target]) -> argpar
     args = parser.parse_args(argv)
     if (args.build or args.push or args.runpod_template or args.runpod) and not args.arch:
         parser.error("--build, --push, --runpod-template and --runpod need --arch")
+    if args.verify_deps and args.check:
+        parser.error("--verify-deps needs --arch or --all")
     if args.registry and args.space:
         parser.error("--registry and --space are two ways to publish: choose one")
     for pair in args.build_arg:
@@ -181,6 +186,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         chosen = unique_targets(targets) if args.all else [targets[args.arch]]
         for target in chosen:
             say(f"wrote {write(target, render(target, versions)).relative_to(ROOT)}")
+        if args.verify_deps:
+            return verify_deps(chosen, versions)
         if not (args.build or args.push or args.runpod_template or args.runpod):
             return 0
         return publish(args, chosen[0])
@@ -190,6 +197,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("build.py: interrupted", file=sys.stderr)
         return 130
+
+
+def verify_deps(targets: list[Target], versions: dict[str, Any]) -> int:
+    from space.deps import verify
+
+    for target in targets:
+        if target.kind == "gpu":
+            verify(target, versions, say)
+            say(f"{target.name}: dependencies verified")
+        else:
+            say(f"{target.name}: skipped (--verify-deps checks the GPU images; this one is built and tested here)")
+    return 0
 
 
 def publish(args: argparse.Namespace, target: Target) -> int:

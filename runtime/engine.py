@@ -15,14 +15,16 @@ import os
 import shlex
 import shutil
 import sys
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from runtime.gpu import GpuError, inspect_gpu
 from runtime.install import ensure_engine
-from runtime.settings import VARIABLES, Settings, SettingsError, key_entry, load_settings
+from runtime.settings import MODEL_REPO_ID, VARIABLES, Settings, SettingsError, key_entry, load_settings
+from runtime.volume import cache_env, cache_root, make_cache_dirs
+from runtime.weights import ensure_weights, is_complete
 
 if TYPE_CHECKING:
     from runtime.models import Recipe
@@ -52,6 +54,11 @@ class EngineCommand:
     port: int
     # The key the runtime's own probe sends when vLLM checks keys (VL_BRIDGE=off with VL_API_KEYS).
     api_key: str | None = None
+    hub_repos: tuple[str, ...] = ()  # what vLLM reads from the Hub: the checkpoint, a tokenizer repo
+
+    @property
+    def hub_cache(self) -> Path:
+        return Path(self.env["HF_HUB_CACHE"])
 
     @property
     def base_url(self) -> str:
@@ -100,15 +107,22 @@ def engine_command(settings: Settings, extra_env: Mapping[str, str] | None = Non
     elif settings.api_keys:  # vLLM is the public server: it checks the keys itself
         options["middleware"] = ENGINE_KEYS_MIDDLEWARE
     python = Path(settings.venv) / "bin" / "python"
-    argv = [str(python), "-m", "runtime.vllm_cli", "serve", settings.repo or model_source(recipe, settings)]
+    source = settings.repo or model_source(recipe, settings)
+    argv = [str(python), "-m", "runtime.vllm_cli", "serve", source]
     argv += [word for name, value in options.items() for word in _option_words(name, value)]
     argv += _extra_args(settings.extra_args)
     env = _engine_env(settings, recipe, options, environ) | dict(extra_env or {})
+    repos = tuple(dict.fromkeys(r for r in (source, options.get("tokenizer")) if is_hub_repo(r)))
     if "middleware" not in options:
-        return EngineCommand(tuple(argv), env, recipe, names, window, port)
+        return EngineCommand(tuple(argv), env, recipe, names, window, port, hub_repos=repos)
     # The middleware reads the effective keys (the Hub file's too) from the engine's environment.
     env["VL_API_KEYS"] = ",".join(settings.api_keys)
-    return EngineCommand(tuple(argv), env, recipe, names, window, port, key_entry(settings.api_keys[0])[1])
+    return EngineCommand(tuple(argv), env, recipe, names, window, port, key_entry(settings.api_keys[0])[1], repos)
+
+
+def is_hub_repo(value: object) -> bool:
+    """Whether vLLM reads `value` (a checkpoint, a tokenizer) from the Hub rather than from a directory."""
+    return isinstance(value, str) and not value.startswith("/") and MODEL_REPO_ID.fullmatch(value) is not None
 
 
 def _tuning(settings: Settings, recipe: Recipe) -> tuple[dict[str, object], int]:
@@ -234,6 +248,7 @@ def _engine_env(settings: Settings, recipe: Recipe, options: Mapping[str, object
     env["VLLM_USE_FLASHINFER_SAMPLER"] = "1" if settings.flashinfer else "0"
     if settings.fastok and _installed(Path(settings.venv), "fastokens"):
         env["VLLM_USE_FASTOKENS"] = "1"  # Rust tokenizer: -12% median TTFT
+    env |= cache_env(cache_root(settings))  # weights and compile caches: on the volume, for warm restarts
     paths = environ.get("PYTHONPATH", "").split(os.pathsep)
     if str(RUNTIME_ROOT) not in paths:
         env["PYTHONPATH"] = os.pathsep.join(p for p in [str(RUNTIME_ROOT), *paths] if p)
@@ -244,17 +259,46 @@ def _installed(venv: Path, distribution: str) -> bool:
     return any(venv.glob(f"lib/python3*/site-packages/{distribution}-*.dist-info"))
 
 
-def prepare_engine(settings: Settings, accelerator: str, extra_env: Mapping[str, str] | None = None) -> EngineCommand:
+def prepare_engine(settings: Settings, accelerator: str, extra_env: Mapping[str, str] | None = None,
+                   slow_work_begins: Callable[[], None] = lambda: None) -> EngineCommand:
     """Everything between validated settings and exec: the engine installed (unless the image is
-    prebaked), a generated model written if the recipe needs one, then the command.
+    prebaked), a generated model written if the recipe needs one, the weights downloaded into the
+    cache unless complete there (vLLM then starts offline), then the command.
 
-    `accelerator` is runtime.gpu's verdict ("cuda" or "cpu"); raises SettingsError or InstallError.
+    `accelerator` is runtime.gpu's verdict ("cuda" or "cpu"); `slow_work_begins` is called before a
+    download; raises SettingsError, InstallError or WeightsError.
     """
     command = engine_command(settings, extra_env)  # bad settings fail before minutes of installing
     ensure_engine(settings, accelerator)
+    refuse_missing_requirements(command.recipe, Path(settings.venv))
     if command.recipe.generate and not settings.repo:
         ensure_generated_model(Path(model_source(command.recipe, settings)))
-    return command
+    make_cache_dirs(cache_root(settings))
+    if not command.hub_repos:
+        return command
+    if not all(is_complete(command.hub_cache, repo) for repo in command.hub_repos):
+        slow_work_begins()
+    ensure_weights(command.hub_repos, command.hub_cache)
+    # Complete in the cache: vLLM asks the Hub nothing (the seeds: ~20 s of every start spent on Hub calls).
+    return replace(command, env={**command.env, "HF_HUB_OFFLINE": "1"})
+
+
+def refuse_missing_requirements(recipe: Recipe, venv: Path) -> None:
+    """SettingsError (VL_MODEL) when the engine in `venv` lacks a module the recipe cannot run without."""
+    for module, where in recipe.requires.items():
+        if not _has_module(venv, module):
+            raise SettingsError("VL_MODEL", recipe.name, f"a model this image's engine can serve: {recipe.name} "
+                                f"needs {module}, which {venv} does not have ({where})")  # fmt: skip
+
+
+def _has_module(venv: Path, module: str) -> bool:
+    """Whether `module` (dotted) is installed in the venv, looked up on disk: importing vLLM takes seconds."""
+    *packages, last = module.split(".")
+    for site in venv.glob("lib/python3*/site-packages"):
+        folder = site.joinpath(*packages)
+        if (folder / last / "__init__.py").is_file() or (folder / f"{last}.py").is_file():
+            return True
+    return False
 
 
 def ensure_generated_model(directory: Path) -> None:

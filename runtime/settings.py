@@ -167,6 +167,10 @@ def local_path(raw: str) -> str:
     return value
 
 
+def optional_local_path(raw: str) -> str | None:
+    return local_path(raw) if raw.strip() else None
+
+
 def repo_file(raw: str) -> str:
     """A relative path inside a Hub repo: plain segments, none empty, `.` or `..`, no backslash."""
     value = raw.strip()
@@ -348,6 +352,12 @@ VARIABLES: tuple[Variable, ...] = (
          "CUDA forward compatibility (`/usr/local/cuda/compat`): auto = only when the host driver is older "
          "than the image's CUDA and the GPU is data-center class (elsewhere error 804; over a newer driver, 803)."),
     _var("VL_STATE_DIR", "/var/lib/vlpod", local_path, ABSOLUTE_DIRECTORY, P, "Where the runtime keeps its logs and state."),
+    _var("VL_VOLUME", "/workspace", local_path, ABSOLUTE_DIRECTORY, P,
+         "The pod's volume (RunPod mounts it at /workspace): when it is a mount point, VL_CACHE_DIR defaults to a folder on it."),
+    _var("VL_CACHE_DIR", "", optional_local_path, f"{ABSOLUTE_DIRECTORY}, or empty", P,
+         "Weights (the Hub cache) and compile caches (vLLM, torch inductor, Triton, FlashInfer); empty = "
+         "`VL_VOLUME/vllm-pod-cache` when VL_VOLUME is mounted (survives a stop: a warm restart), else "
+         "`VL_STATE_DIR/cache` on the container disk (lost on a stop)."),
     _var("VL_VENV", "/opt/venv", local_path, ABSOLUTE_DIRECTORY, P, "The engine's virtual environment."),
     _var("VL_PREBAKED_MARKER", "/opt/.image_prebaked", local_path, ABSOLUTE_FILE, P,
          "The image's build facts; when absent, the engine is installed at start."),

@@ -28,6 +28,7 @@ from runtime.install import InstallError, ensure_runtime, is_prebaked, runs_in_v
 from runtime.settings import VARIABLES, Scope, Settings, SettingsError, load_settings
 from runtime.sshd import SshdLayout, prepare_sshd
 from runtime.supervisor import ChildSpec, Health, Supervisor
+from runtime.weights import WeightsError
 
 if TYPE_CHECKING:
     import httpx
@@ -69,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     pod = Pod(settings, environ)
     try:
         pod.prepare()
-    except (SettingsError, GpuError, InstallError) as error:
+    except (SettingsError, GpuError, InstallError, WeightsError) as error:
         log.error("%s", error)
         publish_refusal(str(error), environ, pod.hub_log)
         return REFUSED
@@ -147,11 +148,16 @@ class Pod:
             self.connect_hub()
         if self.remote is not None:
             self.settings = self.remote.load()
-        if self.hub_log is not None and not is_prebaked(self.settings):
-            self.hub_log.start()  # installing takes minutes: the Hub log shows its progress
+        if not is_prebaked(self.settings):
+            self.publish_progress()
         gpu = inspect_gpu(self.settings, self.environ)
         self.accelerator, self.engine_env = gpu.accelerator, gpu.engine_env(self.environ)
-        self.command = prepare_engine(self.settings, self.accelerator, self.engine_env)
+        self.command = prepare_engine(self.settings, self.accelerator, self.engine_env, self.publish_progress)
+
+    def publish_progress(self) -> None:
+        """Installing or downloading takes minutes: the Hub log shows their progress from now on."""
+        if self.hub_log is not None:
+            self.hub_log.start()
 
     def connect_hub(self) -> None:
         from runtime.hub import LogPublisher, Redactor, RemoteConfig
@@ -244,7 +250,7 @@ class Pod:
         if Scope.ENGINE in scopes:
             try:
                 command = await asyncio.to_thread(prepare_engine, new, self.accelerator, self.engine_env)
-            except (SettingsError, InstallError) as error:
+            except (SettingsError, InstallError, WeightsError) as error:
                 line = f"refused the new settings: {error}; the current configuration keeps serving"
                 log.error("%s", line)
                 self.incident(line)

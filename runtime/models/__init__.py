@@ -69,6 +69,9 @@ class Recipe(Strict):
     env: dict[str, str] = {}
     vllm: dict[str, OptionValue] = {}  # `vllm serve` options in printed order, without the leading --
     quirks: list[str] = []  # what the operator must know and the runtime cannot fix
+    # Engine modules the model cannot run without (dotted name → where to get them): a start on an
+    # engine that lacks one stops with that line instead of failing deep inside vLLM.
+    requires: dict[Annotated[str, Field(pattern=r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")], str] = {}
 
     @property
     def names(self) -> tuple[str, ...]:

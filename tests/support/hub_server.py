@@ -1,9 +1,11 @@
 """A strict local stand-in for the Hugging Face Hub: exactly the routes `huggingface_hub` uses for what the
 runtime does, answered the way the Hub answers, refusing what the Hub refuses.
 
-Routes: create a repo, repo info (with its sha), tree listing, preupload + NDJSON commit (small text files go
-"regular"; LFS/Xet uploads are refused as unsupported), and HEAD/GET `resolve/<revision>/<path>` with the ETag
-and `X-Repo-Commit` headers the client relies on. Errors carry the `X-Error-Code` header that the client maps
+Routes: create a repo, repo info (with its sha; sizes and LFS facts with `blobs=true`), tree listing, preupload +
+NDJSON commit (small text files go "regular"; LFS/Xet uploads are refused as unsupported), and HEAD/GET
+`resolve/<revision>/<path>` with the ETag and `X-Repo-Commit` headers the client relies on: an LFS file (a
+safetensors or a big one, put there by `put_folder`) redirects to an object store, as the Hub does to its CDN;
+both honour `Range` (a resumed download), and `throttle()` slows their bodies. Errors carry the `X-Error-Code` header that the client maps
 to `RepositoryNotFoundError`, `RevisionNotFoundError` and `RemoteEntryNotFoundError`. Every request is recorded
 (`received`, once its answer ended) so tests can assert on what reached "the Hub"; `outage()` refuses or hangs
 connections. Also `whoami-v2` and `validate-yaml`, and Spaces (hub_spaces.py): creation (402 for a compute SDK
@@ -26,9 +28,10 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TypeVar
 
 import pytest
@@ -158,6 +161,8 @@ class HubState:
         self.users = users
         self.repos: dict[tuple[str, str], Repo] = {}
         self.received: list[Received] = []
+        self.lfs_objects: dict[str, bytes] = {}  # by sha256: what LFS redirects point to
+        self.download_rate: float | None = None  # bytes/s for file bodies (HubServer.throttle); None: at once
         self.commits_per_hour = commits_per_hour
         self.spaces: dict[str, SpaceState] = {}
         self.notifier = Notifier()  # wakes the log streams; closed when the server stops
@@ -270,6 +275,7 @@ class HubApp:
     def __init__(self, state: HubState) -> None:
         self.state = state
         self.endpoint = ""  # set once the server listens; used in the URLs it returns
+        self.object_store = ""  # where LFS redirects point: set with the endpoint
 
     def routes(self) -> list[Route]:
         api = "/api/{kind}/{namespace}/{name}"
@@ -290,6 +296,7 @@ class HubApp:
             Route("/datasets" + resolve, self.resolve, methods=["GET", "HEAD"]),
             Route("/spaces" + resolve, self.resolve, methods=["GET", "HEAD"]),
             Route(resolve, self.resolve, methods=["GET", "HEAD"]),
+            Route("/lfs-objects/{sha256}", self.lfs_object, methods=["GET", "HEAD"]),
         ]
 
     def asgi(self) -> Starlette:
@@ -347,7 +354,8 @@ class HubApp:
                 "author": repo.owner, "sha": commit.oid, "private": repo.private, "disabled": False,
                 "gated": False, "lastModified": iso(commit.at), "createdAt": iso(repo.commits[0].at),
                 "tags": [], "downloads": 0, "likes": 0,
-                "siblings": [{"rfilename": path} for path in sorted(commit.files)],
+                "siblings": [sibling(path, commit.files[path], request.query_params.get("blobs") == "true")
+                             for path in sorted(commit.files)],
             }
             if repo.repo_type == "space":
                 info |= self.state.spaces[repo.repo_id].info(commit.files.get("README.md"))
@@ -457,6 +465,8 @@ class HubApp:
             return JSONResponse(entries)
 
     async def resolve(self, request: Request) -> Response:
+        """A file at a revision: a regular one served here (a `Range` honoured); an LFS one (see `is_lfs`)
+        answered, as the Hub does, by a redirect to the object store with `X-Linked-Etag`/`X-Linked-Size`."""
         with self.state.lock:
             repo_type = "dataset" if request.url.path.startswith("/datasets/") else "model"
             if request.url.path.startswith("/spaces/"):
@@ -468,9 +478,70 @@ class HubApp:
         headers = {"X-Repo-Commit": commit.oid}
         if content is None:
             raise Refusal(404, "Entry not found", "EntryNotFound", headers)
-        headers |= {"ETag": f'"{git_hash(content)}"', "Content-Length": str(len(content)),
-                    "Content-Type": "text/plain; charset=utf-8", "Accept-Ranges": "bytes"}
-        return Response(b"" if request.method == "HEAD" else content, headers=headers)
+        if is_lfs(params["path"], content):
+            sha256 = hashlib.sha256(content).hexdigest()
+            with self.state.lock:
+                self.state.lfs_objects[sha256] = content
+            headers |= {"ETag": f'"{git_hash(lfs_pointer(content))}"', "X-Linked-Etag": f'"{sha256}"',
+                        "X-Linked-Size": str(len(content)), "Location": f"{self.object_store}/{sha256}"}
+            return Response(status_code=302, headers=headers)
+        headers |= {"ETag": f'"{git_hash(content)}"', "Content-Type": "text/plain; charset=utf-8"}
+        return self.file_response(request, content, headers)
+
+    async def lfs_object(self, request: Request) -> Response:
+        """The object store an LFS redirect points to (the Hub's CDN): bytes by sha256, no auth, ranges honoured."""
+        with self.state.lock:
+            content = self.state.lfs_objects.get(request.path_params["sha256"])
+        if content is None:
+            raise Refusal(404, "Not Found")
+        return self.file_response(request, content, {"ETag": f'"{request.path_params["sha256"]}"'})
+
+    def file_response(self, request: Request, content: bytes, headers: dict[str, str]) -> Response:
+        """The bytes asked for: all (200), or from a `Range: bytes=N-[M]` on (206 with `Content-Range`; 416 past
+        the end), sent at `HubServer.throttle`'s pace when one is set."""
+        start, end, status = 0, len(content), 200
+        if match := re.fullmatch(r"bytes=(\d+)-(\d*)", request.headers.get("range", "")):
+            start, end, status = int(match[1]), min(int(match[2] or len(content) - 1) + 1, len(content)), 206
+            if start >= len(content):
+                return Response(status_code=416, headers={"Content-Range": f"bytes */{len(content)}"})
+            headers["Content-Range"] = f"bytes {start}-{end - 1}/{len(content)}"
+        headers |= {"Content-Length": str(end - start), "Accept-Ranges": "bytes"}
+        headers.setdefault("Content-Type", "application/octet-stream")
+        if request.method == "HEAD":
+            return Response(b"", status, headers=headers)
+        rate = self.state.download_rate
+        if rate is None:
+            return Response(content[start:end], status, headers=headers)
+        return StreamingResponse(paced(content[start:end], rate), status, headers=headers)
+
+
+def is_lfs(path: str, content: bytes) -> bool:
+    """Whether the Hub keeps a file in LFS: the `.gitattributes` patterns (safetensors), or a big file."""
+    return path.endswith(".safetensors") or len(content) >= LFS_THRESHOLD
+
+
+def lfs_pointer(content: bytes) -> bytes:
+    """The git-lfs pointer file that stands in the repo for an LFS file."""
+    return (f"version https://git-lfs.github.com/spec/v1\noid sha256:{hashlib.sha256(content).hexdigest()}\n"
+            f"size {len(content)}\n").encode()
+
+
+def sibling(path: str, content: bytes, blobs: bool) -> dict:
+    """One entry of a repo info's `siblings`; with `blobs=true` (files_metadata), its size, blob id and LFS facts."""
+    if not blobs:
+        return {"rfilename": path}
+    if not is_lfs(path, content):
+        return {"rfilename": path, "size": len(content), "blobId": git_hash(content)}
+    pointer = lfs_pointer(content)
+    return {"rfilename": path, "size": len(content), "blobId": git_hash(pointer),
+            "lfs": {"size": len(content), "sha256": hashlib.sha256(content).hexdigest(), "pointerSize": len(pointer)}}
+
+
+async def paced(content: bytes, rate: float, piece: int = 16 * 1024) -> AsyncIterator[bytes]:
+    """`content` in pieces, at `rate` bytes/s on average (a slow link, for tests that stop a download midway)."""
+    for offset in range(0, len(content), piece):
+        yield content[offset:offset + piece]
+        await asyncio.sleep(piece / rate)
 
 
 def new_repo(body: dict, user: User) -> tuple[str, str, bool]:
@@ -553,6 +624,8 @@ class HubServer:
     def __enter__(self) -> HubServer:
         front_sock, app_sock = listening_socket(), listening_socket()
         self.endpoint = self.app.endpoint = f"http://127.0.0.1:{front_sock.getsockname()[1]}"
+        # Another origin, as the Hub's CDN is: the client follows no redirect there with its token.
+        self.app.object_store = f"http://127.0.0.1:{app_sock.getsockname()[1]}/lfs-objects"
         ready = threading.Event()
         self._thread = threading.Thread(target=asyncio.run, args=(self._serve(front_sock, app_sock, ready),),
                                         name="hub-server", daemon=True)
@@ -644,6 +717,24 @@ class HubServer:
             commit = repo.add_commit(f"Upload {path}", {**repo.head.files, path: data})
             self.state.committed(repo, commit)
             return commit.oid
+
+    def put_folder(self, repo_id: str, folder: Path) -> str:
+        """Commits every file under `folder` at once (test setup: a model pushed with git and git-lfs)."""
+        files = {str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
+        with self.state.lock:
+            repo = self.state.repos[("model", repo_id)]
+            commit = repo.add_commit("Upload folder", {**repo.head.files, **files})
+            self.state.committed(repo, commit)
+            return commit.oid
+
+    @contextlib.contextmanager
+    def throttle(self, bytes_per_s: float) -> Iterator[None]:
+        """Within the block, file bodies begun are sent at `bytes_per_s` (they keep that pace to their end)."""
+        self.state.download_rate = bytes_per_s
+        try:
+            yield
+        finally:
+            self.state.download_rate = None
 
     def file(self, repo_id: str, path: str, repo_type: str = "model") -> bytes | None:
         with self.state.lock:

@@ -1,0 +1,199 @@
+"""The model's files from the Hub, fetched before vLLM starts: with progress in the boot log, taken up again
+after a restart (finished files are kept; Xet transfers resume from their chunk cache, HF_XET_CACHE, on the
+volume), and never asked for again once complete (vLLM then starts with HF_HUB_OFFLINE=1).
+
+The seeds' pods spent ~20 s of every start on Hub calls and re-downloaded weights after each stop;
+vLLM's own download shows no progress in any log a user can read while the pod has no SSH yet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import sys
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+REPORT_EVERY_S = 5.0  # a progress line in the boot log (and so in the Hub log) at most this often
+COMPLETE = "vllm-pod-complete.json"  # in a repo's cache folder: the revision and files known complete
+# vLLM loads safetensors when a repo has them: other weight formats and the originals are never read.
+SKIPPED_WITH_SAFETENSORS = re.compile(r"(?:^|/)original/|\.(?:bin|pt|pth|gguf|onnx|h5|msgpack|ckpt)$")
+
+
+class WeightsError(RuntimeError):
+    """The weights cannot be fetched; `str()` is one line naming the repo and the fix."""
+
+
+@dataclass(frozen=True)
+class Listing:
+    """What a repo holds at its current revision: the files vLLM reads and their total size."""
+
+    revision: str
+    files: tuple[str, ...]
+    size: int
+
+
+def repo_folder(cache: Path, repo: str) -> Path:
+    """huggingface_hub's folder for a model repo in the hub cache."""
+    return cache / ("models--" + repo.replace("/", "--"))
+
+
+def is_complete(cache: Path, repo: str) -> bool:
+    """Whether a download of `repo` finished, its revision is still the one `main` points to in the cache,
+    and every file it listed is there: then nothing needs the Hub, and vLLM may start offline."""
+    folder = repo_folder(cache, repo)
+    try:
+        record = json.loads((folder / COMPLETE).read_text())
+        main = (folder / "refs" / "main").read_text().strip()
+    except (OSError, ValueError):
+        return False
+    snapshot = folder / "snapshots" / main
+    return record.get("revision") == main and all((snapshot / name).is_file() for name in record.get("files", []))
+
+
+def ensure_weights(repos: Iterable[str], cache: Path) -> None:
+    """Download every repo not complete in `cache` (resuming what a killed start left); WeightsError when
+    the Hub refuses. Reads HF_ENDPOINT and HF_TOKEN from the environment, like vLLM."""
+    for repo in repos:
+        if is_complete(cache, repo):
+            log.info("weights of %s: complete in %s, nothing to download (vLLM starts offline)", repo, cache)
+        else:
+            download(repo, cache)
+
+
+def download(repo: str, cache: Path) -> None:
+    # Xet's parallel transfers: the seeds' 135 GB took ~25 min without them. Read by hf_xet at its first use.
+    os.environ["HF_XET_HIGH_PERFORMANCE"] = "1"
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+    from huggingface_hub.utils import disable_progress_bars
+
+    disable_progress_bars()  # the lines below say the same in the boot log, without a bar's carriage returns
+    drop_partial_files(repo_folder(cache, repo))
+    try:
+        listing = list_repo(repo)
+        log.info("downloading %s (revision %s): %d files, %s, into %s", repo, listing.revision[:12],
+                 len(listing.files), human_bytes(listing.size), cache)  # fmt: skip
+        started = time.monotonic()
+        with Progress(repo, repo_folder(cache, repo), listing.size):
+            snapshot_download(repo, allow_patterns=[glob_literal(name) for name in listing.files], cache_dir=cache)
+    except (RepositoryNotFoundError, GatedRepoError) as error:
+        raise WeightsError(f"the Hub has no model repo {repo} that HF_TOKEN may read "
+                           f"(check VL_REPO, the token, and the model's terms): {type(error).__name__}") from None  # fmt: skip
+    except Exception as error:  # HTTP, network, disk and Xet errors alike: one line, and resumed next time
+        raise WeightsError(f"downloading {repo} failed: {one_line(error)}; the next start resumes it") from None
+    seconds = time.monotonic() - started
+    folder = repo_folder(cache, repo)
+    revision = (folder / "refs" / "main").read_text().strip()
+    (folder / COMPLETE).write_text(json.dumps({"revision": revision, "files": list(listing.files)}) + "\n")
+    log.info("downloaded %s: %s in %.1f s (%s/s)", repo, human_bytes(listing.size), seconds,
+             human_bytes(listing.size / max(seconds, 1e-3)))  # fmt: skip
+
+
+def drop_partial_files(folder: Path) -> None:
+    """Remove the temporary files a stopped download left: huggingface_hub never reuses them (each attempt
+    writes its own), and on a volume they would pile up at a shard's size each."""
+    partial = list((folder / "blobs").glob("*.incomplete"))
+    if partial:
+        size = sum(path.stat().st_size for path in partial)
+        for path in partial:
+            path.unlink(missing_ok=True)
+        log.info("removed %d partial file%s a stopped download left (%s); finished files are kept",
+                 len(partial), "" if len(partial) == 1 else "s", human_bytes(size))  # fmt: skip
+
+
+def list_repo(repo: str) -> Listing:
+    """The files vLLM reads from `repo` (not the originals or other formats beside safetensors), with sizes."""
+    from huggingface_hub import HfApi
+
+    info = HfApi().model_info(repo, files_metadata=True)
+    siblings = info.siblings or []
+    has_safetensors = any(s.rfilename.endswith(".safetensors") for s in siblings)
+    kept = [s for s in siblings if not (has_safetensors and SKIPPED_WITH_SAFETENSORS.search(s.rfilename))]
+    return Listing(info.sha or "main", tuple(s.rfilename for s in kept), sum(s.size or 0 for s in kept))
+
+
+def glob_literal(name: str) -> str:
+    """A file name as an fnmatch pattern that matches only itself (`[` opens a character class)."""
+    return re.sub(r"([\[\]*?])", r"[\1]", name)
+
+
+class Progress:
+    """A thread that logs a download's progress every REPORT_EVERY_S: bytes in the repo's cache folder
+    (finished blobs and `.incomplete` ones) against the total, the rate, and the time left."""
+
+    def __init__(self, repo: str, folder: Path, total: int) -> None:
+        self.repo, self.folder, self.total = repo, folder, total
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.report, name="weights-progress", daemon=True)
+
+    def __enter__(self) -> Progress:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+
+    def on_disk(self) -> int:
+        blobs = self.folder / "blobs"
+        return sum(path.stat().st_size for path in blobs.iterdir()) if blobs.is_dir() else 0
+
+    def report(self) -> None:
+        start_bytes, started = self.on_disk(), time.monotonic()
+        while not self.stop.wait(REPORT_EVERY_S):
+            done = self.on_disk()
+            rate = (done - start_bytes) / (time.monotonic() - started)
+            left = f", about {human_seconds((self.total - done) / rate)} left" if rate > 0 and done < self.total else ""
+            share = f" ({100 * done / self.total:.0f}%)" if self.total else ""
+            log.info("downloading %s: %s of %s%s, %s/s%s", self.repo, human_bytes(done), human_bytes(self.total),
+                     share, human_bytes(rate), left)  # fmt: skip
+
+
+def human_bytes(count: float) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if abs(count) < 1000:
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1000
+    return f"{count:.1f} TB"
+
+
+def human_seconds(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
+
+
+def one_line(error: BaseException) -> str:
+    return " ".join(str(error).split())[:300] or type(error).__name__
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = ("Reads the VL_* variables (VL_MODEL, VL_REPO, VL_CACHE_DIR…) and HF_TOKEN, like `python -m runtime "
+                     "start`: run it on a pod's volume before the first start, or to resume a download.")
+
+
+def run(args: argparse.Namespace) -> int:
+    from runtime.engine import engine_command
+    from runtime.settings import SettingsError, load_settings
+    from runtime.volume import cache_root, make_cache_dirs
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    try:
+        settings = load_settings(os.environ)
+        command = engine_command(settings)
+        if not command.hub_repos:
+            print(f"nothing to download: {command.argv[4]} is a directory on this machine", file=sys.stderr)
+            return 0
+        make_cache_dirs(cache_root(settings))
+        ensure_weights(command.hub_repos, command.hub_cache)
+    except (SettingsError, WeightsError) as error:
+        print(error, file=sys.stderr)
+        return 2
+    return 0

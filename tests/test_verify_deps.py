@@ -1,0 +1,69 @@
+"""`python build.py --verify-deps`: the GPU images' pip layers resolved by pip's real resolver (dry run, for
+the image's Python and platform, from PyPI: PyTorch's CUDA index is out of reach here) and the engine's
+real wheels read for the CUDA runtime and glibc they link. Each check fails on a deliberately wrong pin."""
+
+from __future__ import annotations
+
+import copy
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from space import BuildError, deps
+from space.targets import load_targets, load_versions
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def verified() -> str:
+    """One run for both GPU targets, as CI runs it (it fills the cache the other tests reuse)."""
+    result = subprocess.run([sys.executable, "build.py", "--all", "--verify-deps"], cwd=REPO_ROOT,
+                            capture_output=True, text=True, timeout=1200)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    print("\n" + result.stdout)
+    return result.stdout
+
+
+@pytest.mark.parametrize("target", ["sm89", "sm120"])
+def test_every_layer_resolves_and_the_engine_links_the_base_s_cuda(verified: str, target: str) -> None:
+    lines = [line.removeprefix(f"build.py: {target}: ") for line in verified.splitlines() if line.startswith(f"build.py: {target}: ")]
+    assert lines[0].startswith("PyTorch's index https://download.pytorch.org/whl/cu130 is unreachable from here")
+    assert [line.split(":")[0] for line in lines[1:4]] == ["torch layer", "engine layer", "runtime layer"]
+    assert " GB of wheels (torch==2.13.0" in lines[1] and " GB of wheels (vllm==0.32.0" in lines[2]
+    assert any(line.startswith("vllm==0.32.0: ") and "links libcudart.so.13" in line and line.endswith(": ok") for line in lines)
+    assert "flashinfer-python==0.7.0.post1: no compiled library" in verified and lines[-1] == "dependencies verified"
+    assert "build.py: cpu: skipped" in verified
+
+
+def gpu_versions(**changes: dict) -> dict:
+    versions = copy.deepcopy(load_versions())
+    for table, values in changes.items():
+        versions[table] |= values
+    return versions
+
+
+def test_an_engine_pin_vllm_does_not_take_fails_with_pip_s_own_message(verified: str) -> None:
+    """vLLM 0.32.0 pins FlashInfer 0.7.0.post1: the engine layer with 0.7.4 cannot install."""
+    with pytest.raises(BuildError, match=r"(?s)pip cannot resolve .*vllm==0\.32\.0 flashinfer-python==0\.7\.4.*"
+                                         r"conflicting dependencies"):  # fmt: skip
+        deps.verify(load_targets()["sm89"], gpu_versions(engine={"flashinfer-python": "0.7.4"}), print)
+
+
+def test_an_engine_built_for_another_cuda_than_the_base_s_fails(verified: str) -> None:
+    """The base moved to CUDA 12.8 while vLLM 0.32.0's wheel links CUDA 13's runtime: the image would
+    start and fail to load vLLM's kernels on every GPU."""
+    versions = gpu_versions(cuda={"version": "12.8.1"}, **{"torch-index": {"gpu": "https://download.pytorch.org/whl/cu128"}})
+    with pytest.raises(BuildError, match=r"vllm==0\.32\.0: 10 libraries link libcudart\.so\.13 \(vllm/.+\.so…\), but the base has CUDA 12$"):
+        deps.verify(load_targets()["sm89"], versions, print)
+
+
+def test_a_library_needing_a_newer_glibc_than_the_base_s_is_found(verified: str) -> None:
+    wheel = next((deps.CACHE / "wheels").glob("vllm-0.32.0-*.whl"))
+    found = deps.check_wheel(wheel, "13", "2.17")
+    assert len(found.problems) == 1 and re.fullmatch(r"\d+ libraries need up to GLIBC_2\.26 \(vllm/.+\.so…\), "
+                                                     r"but the base has glibc 2\.17", found.problems[0]), found  # fmt: skip
+    assert deps.check_wheel(wheel, "13", "2.39").problems == []
