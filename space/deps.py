@@ -81,6 +81,9 @@ def verify(target: Target, versions: dict[str, Any], say: Callable[[str], None])
     problems = []
     for name in NATIVE + (("torch",) if index != PYPI else ()):
         wheel = installed[name]
+        if wheel.filename.endswith("-none-any.whl"):  # its tags say so: nothing compiled, nothing to download
+            say(f"{target.name}: {wheel.pin}: {Libraries().summary()}")
+            continue
         libraries = check_wheel(download(wheel, platform), cuda_major, versions["glibc"][target.kind])
         problems += [f"{wheel.pin}: {problem}" for problem in libraries.problems]
         say(f"{target.name}: {wheel.pin}: {libraries.summary()}")

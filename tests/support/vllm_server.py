@@ -89,6 +89,7 @@ def vllm_command(model_dir: Path, port: int) -> list[str]:
         "--enable-prompt-tokens-details",  # cached prompt tokens in usage: the bridge reports them
         "--enable-log-requests",  # the bridge tests read aborts of disconnected clients in the log
         "--enable-scale-out",  # the abort route the bridge calls when its client leaves
+        "--trust-request-chat-template",  # tests render prompts with a recipe-like template (test_history_reasoning)
     ]  # fmt: skip
 
 
