@@ -60,8 +60,8 @@ def is_complete(cache: Path, repo: str) -> bool:
 
 
 def ensure_weights(repos: Iterable[str], cache: Path) -> None:
-    """Download every repo not complete in `cache` (resuming what a killed start left); WeightsError when
-    the Hub refuses. Reads HF_ENDPOINT and HF_TOKEN from the environment, like vLLM."""
+    """Download every repo not complete in `cache` (keeping the files a stopped start finished); WeightsError
+    when the Hub refuses. Reads HF_ENDPOINT and HF_TOKEN from the environment, like vLLM."""
     for repo in repos:
         if is_complete(cache, repo):
             log.info("weights of %s: complete in %s, nothing to download (vLLM starts offline)", repo, cache)
@@ -89,7 +89,7 @@ def download(repo: str, cache: Path) -> None:
         raise WeightsError(f"the Hub has no model repo {repo} that HF_TOKEN may read "
                            f"(check VL_REPO, the token, and the model's terms): {type(error).__name__}") from None  # fmt: skip
     except Exception as error:  # HTTP, network, disk and Xet errors alike: one line, and resumed next time
-        raise WeightsError(f"downloading {repo} failed: {one_line(error)}; the next start resumes it") from None
+        raise WeightsError(f"downloading {repo} failed: {one_line(error)}; the next start takes it up again") from None
     seconds = time.monotonic() - started
     folder = repo_folder(cache, repo)
     revision = (folder / "refs" / "main").read_text().strip()
