@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from runtime.gpu import GpuError, inspect_gpu
 from runtime.install import ensure_engine
 from runtime.settings import MODEL_REPO_ID, VARIABLES, Settings, SettingsError, key_entry, load_settings
-from runtime.volume import cache_env, cache_root, make_cache_dirs
+from runtime.volume import cache_env, cache_root, hub_cache, make_cache_dirs
 from runtime.weights import ensure_weights, is_complete
 
 if TYPE_CHECKING:
@@ -52,13 +52,10 @@ class EngineCommand:
     served_names: tuple[str, ...]
     window: int
     port: int
+    hub_repos: tuple[str, ...]  # what vLLM reads from the Hub: the checkpoint, a tokenizer repo
+    cache: Path  # runtime.volume's cache root: weights and compile caches
     # The key the runtime's own probe sends when vLLM checks keys (VL_BRIDGE=off with VL_API_KEYS).
     api_key: str | None = None
-    hub_repos: tuple[str, ...] = ()  # what vLLM reads from the Hub: the checkpoint, a tokenizer repo
-
-    @property
-    def hub_cache(self) -> Path:
-        return Path(self.env["HF_HUB_CACHE"])
 
     @property
     def base_url(self) -> str:
@@ -111,13 +108,15 @@ def engine_command(settings: Settings, extra_env: Mapping[str, str] | None = Non
     argv = [str(python), "-m", "runtime.vllm_cli", "serve", source]
     argv += [word for name, value in options.items() for word in _option_words(name, value)]
     argv += _extra_args(settings.extra_args)
-    env = _engine_env(settings, recipe, options, environ) | dict(extra_env or {})
+    cache = cache_root(settings)
+    env = _engine_env(settings, recipe, options, environ) | cache_env(cache) | dict(extra_env or {})
     repos = tuple(dict.fromkeys(r for r in (source, options.get("tokenizer")) if is_hub_repo(r)))
-    if "middleware" not in options:
-        return EngineCommand(tuple(argv), env, recipe, names, window, port, hub_repos=repos)
-    # The middleware reads the effective keys (the Hub file's too) from the engine's environment.
-    env["VL_API_KEYS"] = ",".join(settings.api_keys)
-    return EngineCommand(tuple(argv), env, recipe, names, window, port, key_entry(settings.api_keys[0])[1], repos)
+    api_key = None
+    if "middleware" in options:
+        # The middleware reads the effective keys (the Hub file's too) from the engine's environment.
+        env["VL_API_KEYS"] = ",".join(settings.api_keys)
+        api_key = key_entry(settings.api_keys[0])[1]
+    return EngineCommand(tuple(argv), env, recipe, names, window, port, repos, cache, api_key)
 
 
 def is_hub_repo(value: object) -> bool:
@@ -248,7 +247,6 @@ def _engine_env(settings: Settings, recipe: Recipe, options: Mapping[str, object
     env["VLLM_USE_FLASHINFER_SAMPLER"] = "1" if settings.flashinfer else "0"
     if settings.fastok and _installed(Path(settings.venv), "fastokens"):
         env["VLLM_USE_FASTOKENS"] = "1"  # Rust tokenizer: -12% median TTFT
-    env |= cache_env(cache_root(settings))  # weights and compile caches: on the volume, for warm restarts
     paths = environ.get("PYTHONPATH", "").split(os.pathsep)
     if str(RUNTIME_ROOT) not in paths:
         env["PYTHONPATH"] = os.pathsep.join(p for p in [str(RUNTIME_ROOT), *paths] if p)
@@ -273,12 +271,12 @@ def prepare_engine(settings: Settings, accelerator: str, extra_env: Mapping[str,
     refuse_missing_requirements(command.recipe, Path(settings.venv))
     if command.recipe.generate and not settings.repo:
         ensure_generated_model(Path(model_source(command.recipe, settings)))
-    make_cache_dirs(cache_root(settings))
+    make_cache_dirs(command.cache)  # weights and compile caches: on the volume, for warm restarts
     if not command.hub_repos:
         return command
-    if not all(is_complete(command.hub_cache, repo) for repo in command.hub_repos):
+    if not all(is_complete(hub_cache(command.cache), repo) for repo in command.hub_repos):
         slow_work_begins()
-    ensure_weights(command.hub_repos, command.hub_cache)
+    ensure_weights(command.hub_repos, hub_cache(command.cache))
     # Complete in the cache: vLLM asks the Hub nothing (the seeds: ~20 s of every start spent on Hub calls).
     return replace(command, env={**command.env, "HF_HUB_OFFLINE": "1"})
 

@@ -182,17 +182,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from runtime.engine import engine_command
     from runtime.settings import SettingsError, load_settings
-    from runtime.volume import cache_root, make_cache_dirs
+    from runtime.volume import hub_cache, make_cache_dirs
 
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     try:
-        settings = load_settings(os.environ)
-        command = engine_command(settings)
+        command = engine_command(load_settings(os.environ))
         if not command.hub_repos:
             print(f"nothing to download: {command.argv[4]} is a directory on this machine", file=sys.stderr)
             return 0
-        make_cache_dirs(cache_root(settings))
-        ensure_weights(command.hub_repos, command.hub_cache)
+        make_cache_dirs(command.cache)
+        ensure_weights(command.hub_repos, hub_cache(command.cache))
     except (SettingsError, WeightsError) as error:
         print(error, file=sys.stderr)
         return 2

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
 import hashlib
 import io
 import json
@@ -25,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from runtime.weights import human_bytes
 from space import BuildError
 from space.targets import ROOT, Target, target_packages
 
@@ -135,17 +137,18 @@ def resolve(requirements: list[str], indexes: list[str], platform: list[str]) ->
 
 def sizes(wheels: list[Wheel]) -> list[int]:
     """Each wheel's size in bytes, from its index's Content-Length (0 when the index does not say)."""
-
-    def size(wheel: Wheel) -> int:
-        request = urllib.request.Request(wheel.url.split("#", 1)[0], method="HEAD")
-        try:
-            with urllib.request.urlopen(request, timeout=30) as response:
-                return int(response.headers.get("Content-Length") or 0)
-        except (urllib.error.URLError, OSError, ValueError):
-            return 0
-
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
-        return list(pool.map(size, wheels))
+        return list(pool.map(wheel_size, (wheel.url.split("#", 1)[0] for wheel in wheels)))
+
+
+@functools.cache
+def wheel_size(url: str) -> int:
+    """One HEAD request per wheel and process: every GPU target shares the same layers."""
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=30) as response:
+            return int(response.headers.get("Content-Length") or 0)
+    except (urllib.error.URLError, OSError, ValueError):
+        return 0
 
 
 def download(wheel: Wheel, platform: list[str]) -> Path:
@@ -220,11 +223,3 @@ def check_wheel(path: Path, cuda_major: str, glibc: str) -> Libraries:
 
 def count(items: list[str], one: str, many: str) -> str:
     return f"1 {one}" if len(items) == 1 else f"{len(items)} {many}"
-
-
-def human_bytes(count: float) -> str:
-    for unit in ("B", "kB", "MB", "GB"):
-        if count < 1000:
-            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
-        count /= 1000
-    return f"{count:.1f} TB"

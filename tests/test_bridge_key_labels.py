@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import os
 import re
 import stat
 import subprocess
@@ -22,6 +21,7 @@ import pytest
 
 from runtime.settings import SettingsError, load_settings
 from tests.support.bridge import ROOT, Process, start_bridge
+from tests.support.environ import outer_environ
 from tests.support.net import free_port
 
 KEY = "sk-unnamed-0123456789abcdef"
@@ -52,7 +52,7 @@ def test_a_key_that_cannot_work_is_refused_in_one_line_without_the_key(value: st
 @pytest.mark.parametrize("command", ["settings", "start"])
 def test_settings_and_start_refuse_it_alike(command: str, tmp_path: Path) -> None:
     value, reason, secrets = REFUSED[1]
-    outer = {k: v for k, v in os.environ.items() if not k.startswith(("VL_", "HF_"))}
+    outer = outer_environ()
     (tmp_path / "prebaked").write_text("{}")
     # Prebaked, and a window the engine's command refuses: were the key let through, start would stop
     # there, before installing or launching anything.

@@ -47,17 +47,20 @@ def connect(bridge: Process) -> socket.socket:
     return socket.create_connection((host, int(port)), timeout=DEADLINE_S)
 
 
+def read_some(sock: socket.socket) -> bytes | None:
+    """What the bridge has sent, or None once it closed the connection (a reset counts as the close)."""
+    try:
+        return sock.recv(65536) or None
+    except ConnectionResetError:
+        return None
+
+
 def answer_then_close(sock: socket.socket) -> bytes:
-    """All the bridge sends until it closes the connection (a reset counts as the close)."""
+    """All the bridge sends until it closes the connection."""
     received = b""
-    while True:
-        try:
-            data = sock.recv(65536)
-        except ConnectionResetError:
-            return received
-        if not data:
-            return received
+    while (data := read_some(sock)) is not None:
         received += data
+    return received
 
 
 def drip(sock: socket.socket, start: bytes, byte: bytes) -> bytes:
@@ -67,11 +70,7 @@ def drip(sock: socket.socket, start: bytes, byte: bytes) -> bytes:
     received = b""
     for _ in range(int(DEADLINE_S / 0.2)):
         if select.select([sock], [], [], 0.2)[0]:
-            try:
-                data = sock.recv(65536)
-            except ConnectionResetError:
-                return received
-            if not data:
+            if (data := read_some(sock)) is None:
                 return received
             received += data
             continue

@@ -19,6 +19,7 @@ import pytest
 from runtime.engine import EngineCommand, engine_command
 from runtime.settings import load_settings
 from runtime.tinymodel import ANSWER, MARK_TEXT, write_tiny_model
+from tests.support.environ import outer_environ
 from tests.support.net import free_port
 from tests.support.polling import wait_until
 from tests.support.vllm_server import VllmServer
@@ -32,7 +33,7 @@ PROMPT = ("You are Claude Code. Read `src/app.py` and fix the failing test in te
 
 
 def pod_environ(tmp_path: Path, model: Path, fastok: str) -> dict[str, str]:
-    outer = {k: v for k, v in os.environ.items() if not k.startswith(("VL_", "HF_"))}
+    outer = outer_environ()
     return outer | {"VL_MODEL": "tiny", "VL_REPO": str(model), "VL_FASTOK": fastok, "VL_VENV": sys.prefix,
                     "VL_STATE_DIR": str(tmp_path / "state"), "VL_ENGINE_PORT": str(free_port())}  # fmt: skip
 

@@ -14,6 +14,7 @@ import pytest
 from runtime.install import InstallError, ensure_engine, ensure_runtime
 from runtime.packages import ImagePackages, image_packages, read_versions
 from runtime.settings import load_settings
+from tests.support.environ import outer_environ
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -140,7 +141,7 @@ def test_torch_comes_from_the_torch_index_that_TORCH_INDEX_URL_overrides(tmp_pat
 def test_runtime_copied_without_docker_versions_toml_is_refused_with_one_line(tmp_path):
     app = tmp_path / "app"
     shutil.copytree(REPO_ROOT / "runtime", app / "runtime", ignore=shutil.ignore_patterns("__pycache__"))
-    outer = {k: v for k, v in os.environ.items() if not k.startswith(("VL_", "HF_", "PYTHONPATH"))}
+    outer = outer_environ("PYTHONPATH")
     result = subprocess.run([sys.executable, "-m", "runtime", "start"], cwd=app, env=outer | stock(tmp_path),
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2, result.stderr

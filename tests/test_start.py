@@ -28,6 +28,7 @@ import psutil
 import pytest
 
 from runtime.tinymodel import ANSWER, MARK_TEXT, write_tiny_model
+from tests.support.environ import outer_environ
 from tests.support.hub_server import HubServer
 from tests.support.net import free_port
 from tests.support.polling import wait_until
@@ -146,7 +147,7 @@ def pod(hub: HubServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ru
     (root / "image_prebaked").write_text('{"target": "cpu"}\n')
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(root / "client_key")], check=True)
     marker = secrets.token_hex(8)
-    outer = {k: v for k, v in os.environ.items() if not k.startswith(("VL_", "HF_", "PUBLIC_KEY", "SSH_PUBLIC_KEY"))}
+    outer = outer_environ("PUBLIC_KEY", "SSH_PUBLIC_KEY")
     env = outer | hub.env() | {
         MARKER: marker,
         "RUNPOD_POD_ID": POD_ID,

@@ -3,7 +3,6 @@ what is allowed, exits non-zero, launches nothing, and publishes the line when a
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from runtime.settings import BY_ENV
+from tests.support.environ import outer_environ
 from tests.support.hub_server import HubServer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -34,7 +34,7 @@ BAD_VALUES = [
 
 
 def start(tmp_path: Path, **variables: str) -> subprocess.CompletedProcess[str]:
-    outer = {k: v for k, v in os.environ.items() if not k.startswith(("VL_", "HF_"))}
+    outer = outer_environ()
     # Not prebaked, and this interpreter is the pod's venv: past the settings, the engine's install comes next.
     env = outer | {"VL_STATE_DIR": str(tmp_path / "state"), "VL_PREBAKED_MARKER": str(tmp_path / "none"),
                    "VL_VENV": sys.prefix} | variables

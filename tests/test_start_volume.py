@@ -8,7 +8,6 @@ The measured times are printed (`-s`): the report's numbers, never asserted on.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -20,6 +19,7 @@ import anthropic
 import pytest
 
 from runtime.tinymodel import ANSWER, MARK_TEXT, write_tiny_model
+from tests.support.environ import outer_environ
 from tests.support.hub_server import HubServer
 from tests.support.net import free_port
 from tests.support.polling import wait_until
@@ -41,7 +41,7 @@ def start_pod(hub: HubServer, volume: Path, disk: Path) -> Pod:
     """A pod on `volume` with a fresh container disk (`disk`), once healthy."""
     disk.mkdir()
     (disk / "image_prebaked").write_text('{"target": "cpu"}\n')
-    outer = {k: v for k, v in os.environ.items() if not k.startswith(("VL_", "HF_", "PUBLIC_KEY"))}
+    outer = outer_environ("PUBLIC_KEY")
     env = outer | hub.env(hub.read_token) | {
         "VL_MODEL": "tiny", "VL_REPO": REPO, "VL_VOLUME": str(volume), "VL_CACHE_DIR": str(volume / "vllm-pod-cache"),
         "VL_STATE_DIR": str(disk / "state"), "VL_VENV": sys.prefix, "VL_PREBAKED_MARKER": str(disk / "image_prebaked"),

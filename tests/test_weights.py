@@ -17,7 +17,8 @@ import pytest
 from runtime.settings import load_settings
 from runtime.tinymodel import write_tiny_model
 from runtime.volume import cache_env, cache_root, is_mount_point, make_cache_dirs
-from runtime.weights import COMPLETE, is_complete, repo_folder
+from runtime.weights import is_complete, repo_folder
+from tests.support.environ import outer_environ
 from tests.support.hub_server import HubServer
 from tests.support.polling import wait_for_log_line, wait_until
 
@@ -50,7 +51,7 @@ def hub(model: Path) -> HubServer:
 
 
 def weights_env(hub: HubServer, cache: Path, repo: str = REPO) -> dict[str, str]:
-    outer = {k: v for k, v in os.environ.items() if not k.startswith(("VL_", "HF_"))}
+    outer = outer_environ()
     return outer | hub.env(hub.read_token) | {"VL_MODEL": "tiny", "VL_REPO": repo, "VL_CACHE_DIR": str(cache),
                                               "VL_STATE_DIR": str(cache.parent / "state"), "VL_VENV": sys.prefix}
 
@@ -123,6 +124,8 @@ def test_a_killed_download_keeps_its_finished_files_and_drops_its_partial_one(hu
         os.killpg(first.pid, signal.SIGKILL)  # as a pod's stop would, mid-file
         first.wait()
     assert len(list(blobs.glob("*.incomplete"))) == 1 and not is_complete(cache / "huggingface" / "hub", REPO)
+    # The Hub records a request once its answer ends: the cut-off one, at its next write to the dead socket.
+    wait_until(lambda: any(r.path.startswith("/lfs-objects/") for r in hub.received), "the cut-off download's record", 30)
     asked = len(hub.received)
     second = subprocess.run([sys.executable, "-m", "runtime", "weights"], cwd=REPO_ROOT, env=env, capture_output=True, text=True)
     assert second.returncode == 0, second.stderr
