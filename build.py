@@ -36,40 +36,79 @@ def parse_args(argv: Sequence[str] | None, targets: dict[str, Target]) -> argpar
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--arch", choices=list(targets), help="render this target's Dockerfile")
     what.add_argument("--all", action="store_true", help="render every target's Dockerfile")
-    what.add_argument("--check", action="store_true",
-                      help="exit non-zero with a diff when a committed Dockerfile differs from its rendering")
-    parser.add_argument("--verify-deps", action="store_true",
-                        help="resolve a GPU target's pip layers with pip (dry run, for the image's platform) and "
-                             "check its engine's libraries (CUDA runtime, glibc); no build, no GPU needed")
+    what.add_argument(
+        "--check",
+        action="store_true",
+        help="exit non-zero with a diff when a committed Dockerfile differs from its rendering",
+    )
+    parser.add_argument(
+        "--verify-deps",
+        action="store_true",
+        help="resolve a GPU target's pip layers with pip (dry run, for the image's platform) and "
+        "check its engine's libraries (CUDA runtime, glibc); no build, no GPU needed",
+    )
     local = parser.add_argument_group("building with a local Docker engine")
     local.add_argument("--build", action="store_true", help="then build the image with the local Docker engine")
     local.add_argument("--tag", help="image tag for --build (default: vllm-pod:TARGET)")
-    local.add_argument("--build-arg", action="append", default=[], metavar="NAME=VALUE",
-                       help="a build argument (BASE_IMAGE, TORCH_INDEX_URL, PIP_FIND_LINKS, ...); repeatable")
-    local.add_argument("--find-links", action="append", default=[], metavar="DIR_OR_URL",
-                       help="an extra wheel location for pip; a local directory is served on loopback; repeatable")
-    local.add_argument("--network", metavar="MODE",
-                       help="the build's network (e.g. host; default: the engine's, or host with a --find-links DIR)")
-    parser.add_argument("--ca-cert", type=Path, metavar="FILE",
-                        help="a PEM CA certificate (or bundle) to trust during the build, e.g. a TLS proxy's "
-                             "(with --push, uploaded with the build context)")
+    local.add_argument(
+        "--build-arg",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a build argument (BASE_IMAGE, TORCH_INDEX_URL, PIP_FIND_LINKS, ...); repeatable",
+    )
+    local.add_argument(
+        "--find-links",
+        action="append",
+        default=[],
+        metavar="DIR_OR_URL",
+        help="an extra wheel location for pip; a local directory is served on loopback; repeatable",
+    )
+    local.add_argument(
+        "--network",
+        metavar="MODE",
+        help="the build's network (e.g. host; default: the engine's, or host with a --find-links DIR)",
+    )
+    parser.add_argument(
+        "--ca-cert",
+        type=Path,
+        metavar="FILE",
+        help="a PEM CA certificate (or bundle) to trust during the build, e.g. a TLS proxy's "
+        "(with --push, uploaded with the build context)",
+    )
     publish = parser.add_argument_group("publishing")
-    publish.add_argument("--push", action="store_true",
-                         help="publish through a Hugging Face Docker Space (HF_TOKEN), or to --registry")
+    publish.add_argument(
+        "--push", action="store_true", help="publish through a Hugging Face Docker Space (HF_TOKEN), or to --registry"
+    )
     publish.add_argument("--space", metavar="OWNER/NAME", help="the Space (default: YOUR_USER/vllm-pod-TARGET)")
     publish.add_argument("--public", action="store_true", help="make a new Space public (default: private)")
-    publish.add_argument("--registry", metavar="REF",
-                         help="build locally and push to this OCI repository instead (e.g. ghcr.io/acme/vllm-pod; "
-                              "tag: TARGET unless REF has one)")
-    publish.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_MIN, metavar="MIN",
-                         help=f"stop following the Space's build after MIN minutes (default {DEFAULT_TIMEOUT_MIN})")
+    publish.add_argument(
+        "--registry",
+        metavar="REF",
+        help="build locally and push to this OCI repository instead (e.g. ghcr.io/acme/vllm-pod; "
+        "tag: TARGET unless REF has one)",
+    )
+    publish.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT_MIN,
+        metavar="MIN",
+        help=f"stop following the Space's build after MIN minutes (default {DEFAULT_TIMEOUT_MIN})",
+    )
     publish.add_argument("--detach", action="store_true", help="upload to the Space without following its build")
-    publish.add_argument("--space-registry", default=None, metavar="HOST",
-                         help="where the Hub serves Space images (default registry.hf.space)")
+    publish.add_argument(
+        "--space-registry",
+        default=None,
+        metavar="HOST",
+        help="where the Hub serves Space images (default registry.hf.space)",
+    )
     runpod = parser.add_argument_group("RunPod")
     runpod.add_argument("--runpod-template", action="store_true", help="print the RunPod template for the image")
-    runpod.add_argument("--runpod", action="store_true",
-                        help="create or update the RunPod template through RunPod's API (RUNPOD_API_KEY)")
+    runpod.add_argument(
+        "--runpod",
+        action="store_true",
+        help="create or update the RunPod template through RunPod's API (RUNPOD_API_KEY)",
+    )
     args = parser.parse_args(argv)
     if (args.build or args.push or args.runpod_template or args.runpod) and not args.arch:
         parser.error("--build, --push, --runpod-template and --runpod need --arch")
@@ -98,8 +137,12 @@ def registry_reference(registry: str, target: Target) -> str:
 def build_locally(args: argparse.Namespace, target: Target, files: dict[str, bytes], tag: str) -> None:
     from space.engine import BuildOptions, build
 
-    options = BuildOptions(tag=tag, build_args=dict(pair.split("=", 1) for pair in args.build_arg),
-                           find_links=tuple(args.find_links), network=args.network)
+    options = BuildOptions(
+        tag=tag,
+        build_args=dict(pair.split("=", 1) for pair in args.build_arg),
+        find_links=tuple(args.find_links),
+        network=args.network,
+    )
     build(files, options)
 
 
@@ -117,8 +160,10 @@ def push_to_space(args: argparse.Namespace, target: Target, files: dict[str, byt
     else:
         started = time.monotonic()
         commit = hub.upload(api, space, plan, f"vllm-pod {target.name}: build.py --push")
-        say(f"uploaded {len(plan.changed)} file(s), {plan.size / 1e3:.1f} kB, removed {len(plan.deleted)}, "
-            f"in {time.monotonic() - started:.1f} s: {space.url} (commit {commit[:12]})")
+        say(
+            f"uploaded {len(plan.changed)} file(s), {plan.size / 1e3:.1f} kB, removed {len(plan.deleted)}, "
+            f"in {time.monotonic() - started:.1f} s: {space.url} (commit {commit[:12]})"
+        )
         if args.detach:
             say(f"not following the build (--detach): {space.url}")
         else:
@@ -148,8 +193,10 @@ def show_template(args: argparse.Namespace, target: Target, published: Published
     from space import runpod
 
     if published.pull_user:
-        say(f"the image is private: RunPod pulls it with a registry credential (user: {published.pull_user}, "
-            "password: a read token from https://huggingface.co/settings/tokens)")
+        say(
+            f"the image is private: RunPod pulls it with a registry credential (user: {published.pull_user}, "
+            "password: a read token from https://huggingface.co/settings/tokens)"
+        )
     name = f"vllm-pod {target.name}"
     print(runpod.render_template(runpod.template_body(name, published.image), private=bool(published.pull_user)))
     if args.runpod:
@@ -166,8 +213,10 @@ def save_template(name: str, published: Published) -> None:
     if published.pull_user:
         password = os.environ.get("HF_READ_TOKEN", "")
         if not password:
-            raise BuildError("a private image needs a registry credential on RunPod: set HF_READ_TOKEN to a read "
-                             "token (not the write token), or publish with --public")
+            raise BuildError(
+                "a private image needs a registry credential on RunPod: set HF_READ_TOKEN to a read "
+                "token (not the write token), or publish with --public"
+            )
         credential = (published.pull_user, password)
     runpod.save_template(published.image, name, key, credential)
 

@@ -344,7 +344,10 @@ async def compare_vllm(bridge_env: dict[str, str], quick: bool) -> dict:
                             runs[target.name].append(await run_round(target, concurrency, concurrency * 2))
                             after = cpu_seconds(engine.pid), cpu_seconds(bridge_proc.pid)
                             for n, who in enumerate(("api_server", "bridge")):
-                                cpu[target.name][who] = [c + a - b for c, a, b in zip(cpu[target.name][who], after[n], before[n], strict=True)]
+                                cpu[target.name][who] = [
+                                    c + a - b
+                                    for c, a, b in zip(cpu[target.name][who], after[n], before[n], strict=True)
+                                ]
                     results[str(concurrency)] = {}
                     for name, rs in runs.items():
                         served = tokens * sum(len(r.ttfts) for r in rs)
@@ -372,9 +375,13 @@ async def main(args: argparse.Namespace) -> dict:
                 with process(bridge_argv, LISTENING, bridge_env) as (proc, found):
                     bridge = int(found.group(1))
                     if name == "fast":
-                        report["fast_upstream"] = await compare_fast(fast, bridge, proc.pid, 200, 2 if args.quick else 4, args.quick)
+                        report["fast_upstream"] = await compare_fast(
+                            fast, bridge, proc.pid, 200, 2 if args.quick else 4, args.quick
+                        )
                     else:
-                        report["paced_upstream_20ms"] = await compare_paced(paced, bridge, proc.pid, 50 if args.quick else 100, 2 if args.quick else 3)
+                        report["paced_upstream_20ms"] = await compare_paced(
+                            paced, bridge, proc.pid, 50 if args.quick else 100, 2 if args.quick else 3
+                        )
     if not args.no_vllm:
         report["vllm_cpu_tiny_model"] = await compare_vllm(bridge_env, args.quick)
     return report

@@ -106,7 +106,12 @@ def gauges(bridge: Process, key: str) -> dict[str, float]:
 
 def figures(bridge: Process, upstream_port: int, key: str) -> Figures:
     pid = bridge.process.pid
-    return Figures(rss_mb(pid), len(list(Path(f"/proc/{pid}/fd").iterdir())), connections_to(pid, upstream_port), gauges(bridge, key))
+    return Figures(
+        rss_mb(pid),
+        len(list(Path(f"/proc/{pid}/fd").iterdir())),
+        connections_to(pid, upstream_port),
+        gauges(bridge, key),
+    )
 
 
 async def settled(bridge: Process, upstream_port: int, key: str) -> tuple[Figures, float]:
@@ -124,7 +129,12 @@ async def settled(bridge: Process, upstream_port: int, key: str) -> tuple[Figure
 def request(port: int, route: str, key: str, tokens: int) -> bytes:
     """A streamed request on `route`, closing the connection after its answer."""
     if route == "/v1/messages":
-        payload = {"model": "claude-fake", "max_tokens": tokens, "stream": True, "messages": [{"role": "user", "content": "soak"}]}
+        payload = {
+            "model": "claude-fake",
+            "max_tokens": tokens,
+            "stream": True,
+            "messages": [{"role": "user", "content": "soak"}],
+        }
     else:
         payload = {"max_tokens": tokens, "stream": True, "messages": [{"role": "user", "content": "soak"}]}
     body = json.dumps(payload).encode()
@@ -209,13 +219,17 @@ async def soak(args: argparse.Namespace, upstream: Process, bridge: Process) -> 
     key = KEYS[0].split(":", 1)[1]
     print(f"soak: {args.clients} clients for {args.minutes:g} min; bridge pid {bridge.process.pid}, stand-in at {PACE_MS} ms a token; "
           f"stalls up to {args.max_stall_s:g} s", flush=True)  # fmt: skip
-    await asyncio.gather(*(one_stream(port, "/v1/messages", key, random.Random(n), "read", 0) for n in range(args.clients)))
+    await asyncio.gather(
+        *(one_stream(port, "/v1/messages", key, random.Random(n), "read", 0) for n in range(args.clients))
+    )
     start, waited = await settled(bridge, upstream_port, key)
     print(f"start    {start.line()} (settled in {waited:.1f} s)", flush=True)
     outcomes: Counter[str] = Counter()
     began = time.monotonic()
     deadline = began + args.minutes * 60
-    load = asyncio.gather(*(client(n, port, deadline, outcomes, args.seed, args.max_stall_s) for n in range(args.clients)))
+    load = asyncio.gather(
+        *(client(n, port, deadline, outcomes, args.seed, args.max_stall_s) for n in range(args.clients))
+    )
     while not load.done():
         await asyncio.wait([load], timeout=60)
         if not load.done():
@@ -257,7 +271,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, required=True, help="how long the clients run")
     parser.add_argument("--clients", type=int, default=64, help="concurrent streaming clients (default: 64)")
-    parser.add_argument("--max-stall-s", type=float, default=20.0, help="longest time a stalling client stops reading (default: 20)")
+    parser.add_argument(
+        "--max-stall-s", type=float, default=20.0, help="longest time a stalling client stops reading (default: 20)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the clients' choices (default: 0)")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped soak still stops what it started

@@ -23,7 +23,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 # Claude Code's requests are prose and code: this project's own README and sources, as a stand-in.
-SOURCES = ("README.md", "runtime/bridge/exchange.py", "runtime/bridge/stream.py", "runtime/start.py", "runtime/settings.py")
+SOURCES = (
+    "README.md",
+    "runtime/bridge/exchange.py",
+    "runtime/bridge/stream.py",
+    "runtime/start.py",
+    "runtime/settings.py",
+)
 
 
 def worker(model: str, fastokens: bool, prompt_chars: int) -> None:

@@ -71,7 +71,12 @@ class Upstream(asyncio.Protocol):
     """One client connection; requests on it are served one after the other (HTTP/1.1 keep-alive)."""
 
     def __init__(self, tokens: int, pace_s: float, first_token_delay_s: float, reasoning: bool) -> None:
-        self.tokens, self.pace_s, self.first_token_delay_s, self.reasoning = tokens, pace_s, first_token_delay_s, reasoning
+        self.tokens, self.pace_s, self.first_token_delay_s, self.reasoning = (
+            tokens,
+            pace_s,
+            first_token_delay_s,
+            reasoning,
+        )
         self.buffer = b""
         self.transport: asyncio.Transport | None = None
         self.streaming: asyncio.Task[None] | None = None
@@ -89,7 +94,9 @@ class Upstream(asyncio.Protocol):
         while b"\r\n\r\n" in self.buffer:
             head, _, rest = self.buffer.partition(b"\r\n\r\n")
             lines = head.split(b"\r\n")
-            length = next((int(line.split(b":")[1]) for line in lines[1:] if line.lower().startswith(b"content-length:")), 0)
+            length = next(
+                (int(line.split(b":")[1]) for line in lines[1:] if line.lower().startswith(b"content-length:")), 0
+            )
             if len(rest) < length:
                 return
             body, self.buffer = rest[:length], rest[length:]
@@ -101,10 +108,15 @@ class Upstream(asyncio.Protocol):
     def serve(self, method: bytes, path: bytes, body: bytes, request_id: str | None) -> None:
         assert self.transport is not None
         if path == b"/v1/models":
-            listing = {"object": "list", "data": [{"id": SERVED, "object": "model", "created": 0, "max_model_len": WINDOW}]}
+            listing = {
+                "object": "list",
+                "data": [{"id": SERVED, "object": "model", "created": 0, "max_model_len": WINDOW}],
+            }
             self.transport.write(response(200, json.dumps(listing).encode()))
         elif path == b"/tokenize":
-            self.transport.write(response(200, json.dumps({"count": len(body) // 4, "max_model_len": WINDOW, "tokens": []}).encode()))
+            self.transport.write(
+                response(200, json.dumps({"count": len(body) // 4, "max_model_len": WINDOW, "tokens": []}).encode())
+            )
         elif path == b"/v1/chat/completions":
             request = json.loads(body)
             if "thinking_token_budget" in request and not self.reasoning:

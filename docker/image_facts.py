@@ -43,12 +43,16 @@ def version_problems(pins: dict[str, str], installed: dict[str, str | None]) -> 
 
 def enabled_compat_paths() -> list[str]:
     """Where a CUDA forward-compatibility directory is on the loader path (the runtime gates it)."""
-    places = [f"LD_LIBRARY_PATH={entry}" for entry in os.environ.get("LD_LIBRARY_PATH", "").split(":")
-              if "compat" in entry]
+    places = [
+        f"LD_LIBRARY_PATH={entry}" for entry in os.environ.get("LD_LIBRARY_PATH", "").split(":") if "compat" in entry
+    ]
     for config in LOADER_CONFIG:
         if config.is_file():
-            places += [f"{config}: {line.strip()}" for line in config.read_text().splitlines()
-                       if "compat" in line and not line.lstrip().startswith("#")]
+            places += [
+                f"{config}: {line.strip()}"
+                for line in config.read_text().splitlines()
+                if "compat" in line and not line.lstrip().startswith("#")
+            ]
     return places
 
 
@@ -79,8 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     pins = dict(args.pin)
     installed = {name: installed_version(name) for name in pins}
     problems = version_problems(pins, installed)
-    problems += [f"CUDA forward compatibility must not be enabled in the image: {place}"
-                 for place in enabled_compat_paths()]
+    problems += [
+        f"CUDA forward compatibility must not be enabled in the image: {place}" for place in enabled_compat_paths()
+    ]
     for problem in problems:
         print(f"image_facts: {problem}", file=sys.stderr)
     if problems:

@@ -74,8 +74,9 @@ class EngineCommand:
         return " \\\n  ".join(env + [" ".join(group) for group in groups])
 
 
-def engine_command(settings: Settings, extra_env: Mapping[str, str] | None = None,
-                   environ: Mapping[str, str] = os.environ) -> EngineCommand:
+def engine_command(
+    settings: Settings, extra_env: Mapping[str, str] | None = None, environ: Mapping[str, str] = os.environ
+) -> EngineCommand:
     """The vLLM command for `settings`; SettingsError when settings and recipe disagree.
 
     `extra_env` is added as is (e.g. runtime.gpu's LD_LIBRARY_PATH for CUDA forward compatibility).
@@ -135,9 +136,14 @@ def _tuning(settings: Settings, recipe: Recipe) -> tuple[dict[str, object], int]
     if speculation:
         options["speculative-config"] = speculation
     _memory(settings, options, speculating=bool(speculation))
-    for value, option in ((settings.kv, "kv-cache-dtype"), (settings.batched, "max-num-batched-tokens"),
-                          (settings.seqs, "max-num-seqs"), (settings.async_, "async-scheduling"),
-                          (settings.tp, "tensor-parallel-size"), (settings.attn, "attention-backend")):
+    for value, option in (
+        (settings.kv, "kv-cache-dtype"),
+        (settings.batched, "max-num-batched-tokens"),
+        (settings.seqs, "max-num-seqs"),
+        (settings.async_, "async-scheduling"),
+        (settings.tp, "tensor-parallel-size"),
+        (settings.attn, "attention-backend"),
+    ):
         if value is not None:
             options[option] = value
     if settings.dp > 1:
@@ -200,7 +206,9 @@ def _memory(settings: Settings, options: dict[str, object], speculating: bool) -
     """GPU memory: a fixed KV size (VL_KVBYTES) or a fraction (VL_UTIL), capped under speculation."""
     if settings.kvbytes is not None:
         if settings.util is not None:
-            raise SettingsError("VL_UTIL", str(settings.util), "empty when VL_KVBYTES is set (the KV size is then fixed)")
+            raise SettingsError(
+                "VL_UTIL", str(settings.util), "empty when VL_KVBYTES is set (the KV size is then fixed)"
+            )
         options.pop("gpu-memory-utilization", None)
         options["kv-cache-memory-bytes"] = settings.kvbytes
         return
@@ -213,9 +221,12 @@ def _memory(settings: Settings, options: dict[str, object], speculating: bool) -
     if util <= SPECULATION_MAX_UTIL:
         return
     if settings.util is not None:
-        raise SettingsError("VL_UTIL", str(settings.util),
-                            f"at most {SPECULATION_MAX_UTIL} with speculation (VL_SPEC={settings.spec}): "
-                            "above it the OOM comes at the last step, in the rejection sampler")
+        raise SettingsError(
+            "VL_UTIL",
+            str(settings.util),
+            f"at most {SPECULATION_MAX_UTIL} with speculation (VL_SPEC={settings.spec}): "
+            "above it the OOM comes at the last step, in the rejection sampler",
+        )
     options["gpu-memory-utilization"] = SPECULATION_MAX_UTIL
 
 
@@ -239,8 +250,9 @@ def _extra_args(text: str) -> list[str]:
         raise SettingsError("VL_EXTRA_ARGS", text, f"shell-quoted vLLM arguments ({error})") from None
 
 
-def _engine_env(settings: Settings, recipe: Recipe, options: Mapping[str, object],
-                environ: Mapping[str, str]) -> dict[str, str]:
+def _engine_env(
+    settings: Settings, recipe: Recipe, options: Mapping[str, object], environ: Mapping[str, str]
+) -> dict[str, str]:
     env = dict(recipe.env)
     if int(options.get("tensor-parallel-size", 1)) > 1:  # type: ignore[call-overload]
         env["NCCL_P2P_DISABLE"] = "1"  # without it NCCL init never returned on RunPod A40 pairs (NUMA: SYS)
@@ -257,8 +269,12 @@ def _installed(venv: Path, distribution: str) -> bool:
     return any(venv.glob(f"lib/python3*/site-packages/{distribution}-*.dist-info"))
 
 
-def prepare_engine(settings: Settings, accelerator: str, extra_env: Mapping[str, str] | None = None,
-                   slow_work_begins: Callable[[], None] = lambda: None) -> EngineCommand:
+def prepare_engine(
+    settings: Settings,
+    accelerator: str,
+    extra_env: Mapping[str, str] | None = None,
+    slow_work_begins: Callable[[], None] = lambda: None,
+) -> EngineCommand:
     """Everything between validated settings and exec: the engine installed (unless the image is
     prebaked), a generated model written if the recipe needs one, the weights downloaded into the
     cache unless complete there (vLLM then starts offline), then the command.

@@ -29,9 +29,18 @@ COMPAT_DIR = Path("/usr/local/cuda/compat")
 # The first Linux driver of each CUDA release (NVIDIA's release notes): a driver runs every CUDA up to
 # the newest one whose minimum it meets. Used when nvidia-smi cannot say, and to name the fix.
 CUDA_MIN_DRIVER: tuple[tuple[str, str], ...] = (
-    ("11.8", "520.61.05"), ("12.0", "525.60.13"), ("12.1", "530.30.02"), ("12.2", "535.54.03"),
-    ("12.3", "545.23.06"), ("12.4", "550.54.14"), ("12.5", "555.42.02"), ("12.6", "560.28.03"),
-    ("12.8", "570.26"), ("12.9", "575.51.03"), ("13.0", "580.65.06"), ("13.1", "590.44.01"),
+    ("11.8", "520.61.05"),
+    ("12.0", "525.60.13"),
+    ("12.1", "530.30.02"),
+    ("12.2", "535.54.03"),
+    ("12.3", "545.23.06"),
+    ("12.4", "550.54.14"),
+    ("12.5", "555.42.02"),
+    ("12.6", "560.28.03"),
+    ("12.8", "570.26"),
+    ("12.9", "575.51.03"),
+    ("13.0", "580.65.06"),
+    ("13.1", "590.44.01"),
 )
 # Forward compatibility is for data-center GPUs (and a few server SKUs): A40, A100, H100, L40S, T4, …
 DATA_CENTER = re.compile(r"^(?:NVIDIA |Tesla )*(?:[ABHLTVPK]\d{1,3}[A-Z]?|G[HB]\d{3})\b|Server Edition|^Tesla ")
@@ -170,9 +179,14 @@ def image_cuda_version(facts: Mapping[str, object] | None, environ: Mapping[str,
     return ".".join(map(str, version_key(str(raw))[:2])) if raw else None
 
 
-def inspect_gpu(settings: Settings, environ: Mapping[str, str] = os.environ, *,
-                proc_version: Path = PROC_VERSION, nvidia_smi: Sequence[str] = NVIDIA_SMI,
-                compat_dir: Path = COMPAT_DIR) -> GpuReport:
+def inspect_gpu(
+    settings: Settings,
+    environ: Mapping[str, str] = os.environ,
+    *,
+    proc_version: Path = PROC_VERSION,
+    nvidia_smi: Sequence[str] = NVIDIA_SMI,
+    compat_dir: Path = COMPAT_DIR,
+) -> GpuReport:
     """Reads the host, decides, logs the verdict; raises GpuError when the host cannot run the image."""
     host = read_host(proc_version, nvidia_smi)
     image_cuda = image_cuda_version(read_image_facts(Path(settings.prebaked_marker)), environ)

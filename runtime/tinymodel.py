@@ -74,9 +74,10 @@ EOS = TURN_END
 REPLIES = {"text": ANSWER_PIECES, "tool": TOOL_CALL_PIECES, "after_tool": AFTER_TOOL_PIECES, "long": LONG_PIECES}
 REASONING_MODES = ("think", "ponder")
 
-CHAT_TEMPLATE = "{%- set marks = " + json.dumps(
-    {"text": MARK_TEXT, "tool": MARK_TOOL, "long": MARK_LONG, "ponder": MARK_PONDER}
-) + """ -%}
+CHAT_TEMPLATE = (
+    "{%- set marks = "
+    + json.dumps({"text": MARK_TEXT, "tool": MARK_TOOL, "long": MARK_LONG, "ponder": MARK_PONDER})
+    + """ -%}
 {%- macro text(content) -%}
 {%- if content is string -%}{{ content }}
 {%- elif content is iterable -%}{%- for part in content if part.type == 'text' -%}{{ part.text }}{%- endfor -%}
@@ -121,6 +122,7 @@ CHAT_TEMPLATE = "{%- set marks = " + json.dumps(
 {%- endif -%}
 {%- endif -%}
 """
+)
 
 
 def mode_token(mode: str, *, thinking: bool = False) -> str:

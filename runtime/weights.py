@@ -175,8 +175,10 @@ def one_line(error: BaseException) -> str:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.epilog = ("Reads the VL_* variables (VL_MODEL, VL_REPO, VL_CACHE_DIR…) and HF_TOKEN, like `python -m runtime "
-                     "start`: run it on a pod's volume before the first start, or to resume a download.")
+    parser.epilog = (
+        "Reads the VL_* variables (VL_MODEL, VL_REPO, VL_CACHE_DIR…) and HF_TOKEN, like `python -m runtime "
+        "start`: run it on a pod's volume before the first start, or to resume a download."
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -65,18 +65,30 @@ def verify(target: Target, versions: dict[str, Any], say: Callable[[str], None])
     torch, index = list(packages.torch), packages.torch_index
     if not reachable(index):
         torch, index = [pin.split("+", 1)[0] for pin in torch], PYPI
-        say(f"{target.name}: PyTorch's index {packages.torch_index} is unreachable from here: torch is resolved "
-            "from PyPI (its own CUDA build), not the image's +" + packages.torch[0].split("+", 1)[1] + " wheels")
-    layers = (("torch", torch, index), ("engine", list(packages.engine), None), ("runtime", list(packages.runtime), None))
+        say(
+            f"{target.name}: PyTorch's index {packages.torch_index} is unreachable from here: torch is resolved "
+            "from PyPI (its own CUDA build), not the image's +" + packages.torch[0].split("+", 1)[1] + " wheels"
+        )
+    layers = (
+        ("torch", torch, index),
+        ("engine", list(packages.engine), None),
+        ("runtime", list(packages.runtime), None),
+    )
     pinned: list[str] = []  # the layers' own pins stay as they are; what they pulled in may move, as pip moves it
     installed: dict[str, Wheel] = {}
     for name, requirements, layer_index in layers:
         indexes = [layer_index] if layer_index else [PYPI] + ([index] if index != PYPI else [])
         wheels = {w.name: w for w in resolve(pinned + requirements, indexes, platform)}
         added = [w for w in wheels.values() if w.name not in installed or installed[w.name].version != w.version]
-        moved = [f"{n} {installed[n].version} → {w.version}" for n, w in wheels.items() if n in installed and installed[n].version != w.version]
-        say(f"{target.name}: {name} layer: {len(added)} packages, {human_bytes(sum(sizes(added)))} of wheels "
-            f"({', '.join(requirements)})" + (f"; it replaces {', '.join(moved)}" if moved else ""))
+        moved = [
+            f"{n} {installed[n].version} → {w.version}"
+            for n, w in wheels.items()
+            if n in installed and installed[n].version != w.version
+        ]
+        say(
+            f"{target.name}: {name} layer: {len(added)} packages, {human_bytes(sum(sizes(added)))} of wheels "
+            f"({', '.join(requirements)})" + (f"; it replaces {', '.join(moved)}" if moved else "")
+        )
         installed |= wheels
         pinned += requirements
     cuda_major = versions["cuda"]["version"].split(".")[0]
@@ -119,7 +131,13 @@ def resolve(requirements: list[str], indexes: list[str], platform: list[str]) ->
     """What pip would install for `requirements` from `indexes` (the first is the index, the others
     extra ones), for the image's platform: its real resolver, dry-run, with no configuration of this
     machine (`--isolated`); BuildError with pip's message on a conflict."""
-    args = ["--index-url", indexes[0], *(a for i in indexes[1:] for a in ("--extra-index-url", i)), *platform, *requirements]
+    args = [
+        "--index-url",
+        indexes[0],
+        *(a for i in indexes[1:] for a in ("--extra-index-url", i)),
+        *platform,
+        *requirements,
+    ]
     cached = CACHE / "resolutions" / (hashlib.sha256("\n".join(args).encode()).hexdigest()[:24] + ".json")
     if not (cached.is_file() and time.time() - cached.stat().st_mtime < RESOLUTION_TTL_S):
         cached.parent.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,7 @@ import random
 import subprocess
 import threading
 from collections.abc import Iterator, Mapping
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -89,8 +89,10 @@ def wheel_sources(find_links: tuple[str, ...]) -> Iterator[WheelSources]:
     """Serve the local directories among `find_links` while the block runs; URLs pass through as they are."""
     local = [location for location in find_links if Path(location).is_dir()]
     with contextlib.ExitStack() as stack:
-        served = {location: stack.enter_context(served_directory(Path(location), f"vllm-pod-wheels-{index}"))
-                  for index, location in enumerate(local)}
+        served = {
+            location: stack.enter_context(served_directory(Path(location), f"vllm-pod-wheels-{index}"))
+            for index, location in enumerate(local)
+        }
         links = [served[location].url if location in served else location for location in find_links]
         hosts = {server.name: server.address for server in served.values()}
         args = {"PIP_FIND_LINKS": " ".join(links)} if links else {}
@@ -110,12 +112,13 @@ def git_revision() -> str:
 
 
 def default_build_args() -> dict[str, str]:
-    return {"GIT_REVISION": git_revision(), "BUILD_DATE": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    return {"GIT_REVISION": git_revision(), "BUILD_DATE": datetime.now(UTC).isoformat(timespec="seconds")}
 
 
 def docker_client() -> Any:
-    import docker
     from docker.errors import DockerException
+
+    import docker
 
     try:
         return docker.from_env(timeout=600)
@@ -131,9 +134,15 @@ def stream_build(client: Any, files: Mapping[str, bytes], options: BuildOptions,
     image_id = ""
     try:
         for chunk in client.api.build(
-            fileobj=context_tar(files), custom_context=True, dockerfile=DOCKERFILE, tag=options.tag,
+            fileobj=context_tar(files),
+            custom_context=True,
+            dockerfile=DOCKERFILE,
+            tag=options.tag,
             buildargs=default_build_args() | sources.build_args | options.build_args,
-            network_mode=options.network, extra_hosts=sources.extra_hosts or None, rm=True, forcerm=True,
+            network_mode=options.network,
+            extra_hosts=sources.extra_hosts or None,
+            rm=True,
+            forcerm=True,
             decode=True,
         ):
             if "stream" in chunk:
@@ -152,7 +161,9 @@ def build(files: Mapping[str, bytes], options: BuildOptions) -> str:
     """Build the context `files` into `options.tag` with the local engine; returns the image id."""
     if any(Path(location).is_dir() for location in options.find_links):
         if options.network not in (None, "host"):
-            raise BuildError(f"--find-links directories are served on loopback, which --network {options.network} hides")
+            raise BuildError(
+                f"--find-links directories are served on loopback, which --network {options.network} hides"
+            )
         options = dataclasses.replace(options, network="host")  # loopback is reachable only on the host's network
     client = docker_client()
     with wheel_sources(options.find_links) as sources:

@@ -73,16 +73,22 @@ def hub_api() -> Any:
 
     token = get_token()
     if not token:
-        raise BuildError("no Hugging Face token: set HF_TOKEN to a token with write access "
-                         "(https://huggingface.co/settings/tokens), or publish to any registry with --registry REF")
+        raise BuildError(
+            "no Hugging Face token: set HF_TOKEN to a token with write access "
+            "(https://huggingface.co/settings/tokens), or publish to any registry with --registry REF"
+        )
     return HfApi(token=token)
 
 
 def space_readme(target: Target, image: str) -> str:
-    template = jinja2.Environment(loader=jinja2.FileSystemLoader(ROOT / "space" / "files"),
-                                  undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    template = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(ROOT / "space" / "files"),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+    )
     return template.get_template("README.md.j2").render(
-        target=target.name, description=target.description, image=image, app_port=SPACE_PORT)
+        target=target.name, description=target.description, image=image, app_port=SPACE_PORT
+    )
 
 
 def resolve_space(api: Any, space_id: str | None, target: Target, public: bool, registry: str) -> Space:
@@ -90,8 +96,9 @@ def resolve_space(api: Any, space_id: str | None, target: Target, public: bool, 
     who = hub_call(api.whoami, "check the token")
     role = ((who.get("auth") or {}).get("accessToken") or {}).get("role")
     if role == "read":
-        raise BuildError("HF_TOKEN is read-only: publishing needs a token with write access "
-                         "(https://huggingface.co/settings/tokens)")
+        raise BuildError(
+            "HF_TOKEN is read-only: publishing needs a token with write access (https://huggingface.co/settings/tokens)"
+        )
     space_id = space_id or f"{who['name']}/vllm-pod-{target.name}"
     return Space(space_id, not public, who["name"], api.endpoint, registry)
 
@@ -99,12 +106,17 @@ def resolve_space(api: Any, space_id: str | None, target: Target, public: bool, 
 def ensure_space(api: Any, space: Space) -> Space:
     """Create the Docker Space when it is missing; refuse one made with another SDK. An existing Space keeps
     its visibility: the returned Space says which it has."""
-    hub_call(lambda: api.create_repo(space.space_id, repo_type="space", space_sdk="docker", private=space.private,
-                                     exist_ok=True), f"create the Space {space.space_id}")
+    hub_call(
+        lambda: api.create_repo(
+            space.space_id, repo_type="space", space_sdk="docker", private=space.private, exist_ok=True
+        ),
+        f"create the Space {space.space_id}",
+    )
     info = hub_call(lambda: api.space_info(space.space_id), f"read the Space {space.space_id}")
     if info.sdk != "docker":
-        raise BuildError(f"{space.space_id} is a {info.sdk} Space, not a Docker one: choose another name with "
-                         "--space OWNER/NAME")
+        raise BuildError(
+            f"{space.space_id} is a {info.sdk} Space, not a Docker one: choose another name with --space OWNER/NAME"
+        )
     return dataclasses.replace(space, private=bool(info.private))
 
 
@@ -112,8 +124,10 @@ def plan_upload(api: Any, space: Space, files: Mapping[str, bytes]) -> Upload:
     """Compare our files with the Space's by their git blob ids: only what differs travels."""
     from huggingface_hub.hf_api import RepoFile
 
-    tree = hub_call(lambda: list(api.list_repo_tree(space.space_id, repo_type="space", recursive=True)),
-                    f"list the files of {space.space_id}")
+    tree = hub_call(
+        lambda: list(api.list_repo_tree(space.space_id, repo_type="space", recursive=True)),
+        f"list the files of {space.space_id}",
+    )
     remote = {entry.path: entry.blob_id for entry in tree if isinstance(entry, RepoFile)}
     changed = {path: content for path, content in files.items() if remote.get(path) != git_blob_id(content)}
     deleted = sorted(set(remote) - set(files) - KEPT_REMOTE)
@@ -126,8 +140,10 @@ def upload(api: Any, space: Space, plan: Upload, message: str) -> str:
 
     operations = [CommitOperationAdd(path, content) for path, content in sorted(plan.changed.items())]
     operations += [CommitOperationDelete(path) for path in plan.deleted]
-    commit = hub_call(lambda: api.create_commit(space.space_id, operations, commit_message=message,
-                                                repo_type="space"), f"upload to {space.space_id}")
+    commit = hub_call(
+        lambda: api.create_commit(space.space_id, operations, commit_message=message, repo_type="space"),
+        f"upload to {space.space_id}",
+    )
     return commit.oid
 
 
@@ -151,8 +167,10 @@ def hub_refusal(error: Any, doing: str) -> str:
     said = (error.server_message or "").strip().splitlines()
     reason = said[0] if said else f"HTTP {status}"
     if status == 402:
-        return (f"could not {doing}: the Hub needs a paid plan for new Docker Spaces (HTTP 402: {reason}); "
-                "upgrade the account, or publish to any registry with --registry REF")
+        return (
+            f"could not {doing}: the Hub needs a paid plan for new Docker Spaces (HTTP 402: {reason}); "
+            "upgrade the account, or publish to any registry with --registry REF"
+        )
     if status == 401:
         return f"could not {doing}: the Hub refused HF_TOKEN (HTTP 401: {reason}); create a new token"
     if status == 403:
@@ -219,8 +237,10 @@ def follow(api: Any, space: Space, timeout_s: float, clock: Callable[[], float] 
             if stage not in ON_THE_WAY and (seen_build or elapsed > GRACE_S):
                 return stage
             if elapsed > timeout_s:
-                raise BuildError(f"{space.space_id} is still {stage} after {timeout_s / 60:.0f} min; it keeps "
-                                 f"building: follow it at {space.url} or run the same --push again")
+                raise BuildError(
+                    f"{space.space_id} is still {stage} after {timeout_s / 60:.0f} min; it keeps "
+                    f"building: follow it at {space.url} or run the same --push again"
+                )
             time.sleep(POLL_S)  # the Hub offers no notification of a stage change: poll it
     finally:
         progress.end()
@@ -237,5 +257,5 @@ def build_log_tail(api: Any, space_id: str, lines: int = LOG_TAIL_LINES) -> list
 def tail(log: Iterable[str], lines: int) -> list[str]:
     kept: list[str] = []
     for line in log:
-        kept = [*kept[-(lines - 1):], line.rstrip("\n")]
+        kept = [*kept[-(lines - 1) :], line.rstrip("\n")]
     return kept

@@ -94,15 +94,19 @@ def registry_name(image: str) -> str:
 def render_template(body: dict[str, Any], *, private: bool = False) -> str:
     """A template body (`template_body`) for a person: the JSON for `POST /v2/templates`, the secrets to create,
     and the registry credential a private image needs (never a value: only names and where to set them)."""
-    lines = [f"RunPod template {body['name']!r} (body for POST {API_URL}/v2/templates, or the console's fields):",
-             json.dumps(body, indent=2),
-             "Create these secrets, named exactly so, at https://console.runpod.io/user/secrets:"]
+    lines = [
+        f"RunPod template {body['name']!r} (body for POST {API_URL}/v2/templates, or the console's fields):",
+        json.dumps(body, indent=2),
+        "Create these secrets, named exactly so, at https://console.runpod.io/user/secrets:",
+    ]
     lines += [f"  {secret}: {why}" for secret, why in SECRETS.items()]
     if private:
         host = repository(body["image"])[0]
-        lines.append(f"The image is private: add a container registry credential for {host} "
-                     "(https://console.runpod.io/user/settings: your username and a read token), select it in the "
-                     "template, or run build.py with --runpod and RUNPOD_API_KEY to save both.")
+        lines.append(
+            f"The image is private: add a container registry credential for {host} "
+            "(https://console.runpod.io/user/settings: your username and a read token), select it in the "
+            "template, or run build.py with --runpod and RUNPOD_API_KEY to save both."
+        )
     return "\n".join(lines)
 
 
@@ -113,8 +117,9 @@ class RunPodAPI:
         self.api_key = usable_key(api_key)
         self.base_url = (base_url or os.environ.get(API_URL_VARIABLE) or API_URL).rstrip("/")
         self.secrets = (self.api_key, *[s for s in secrets if s])  # never in a message, whatever the server says
-        self.client = httpx.Client(base_url=self.base_url, timeout=TIMEOUT,
-                                   headers={"Authorization": f"Bearer {self.api_key}"})
+        self.client = httpx.Client(
+            base_url=self.base_url, timeout=TIMEOUT, headers={"Authorization": f"Bearer {self.api_key}"}
+        )
 
     def __enter__(self) -> RunPodAPI:
         return self
@@ -139,21 +144,27 @@ class RunPodAPI:
         body = {"name": name, "username": username, "password": password}
         return self.call("POST", "/v2/registries", f"create the registry credential {name!r}", body)
 
-    def call(self, method: str, path: str, action: str, body: dict[str, Any] | None = None,
-             expect: str = "id") -> dict[str, Any]:
+    def call(
+        self, method: str, path: str, action: str, body: dict[str, Any] | None = None, expect: str = "id"
+    ) -> dict[str, Any]:
         """One request, answered by a JSON object holding `expect`; `action` says what it was for in an error
         line (e.g. "create the template 'x'")."""
         try:
             response = self.client.request(method, path, json=body)
         except httpx.TimeoutException:
-            raise BuildError(f"RunPod's API at {self.base_url} did not answer within {TIMEOUT.read:g} s "
-                             f"(trying to {action}): try again, or check {API_URL_VARIABLE} if you set it") from None
+            raise BuildError(
+                f"RunPod's API at {self.base_url} did not answer within {TIMEOUT.read:g} s "
+                f"(trying to {action}): try again, or check {API_URL_VARIABLE} if you set it"
+            ) from None
         except httpx.UnsupportedProtocol:
-            raise BuildError(f"RunPod's API URL {self.base_url!r} is not an http(s) URL: fix or unset "
-                             f"{API_URL_VARIABLE}") from None
+            raise BuildError(
+                f"RunPod's API URL {self.base_url!r} is not an http(s) URL: fix or unset {API_URL_VARIABLE}"
+            ) from None
         except (httpx.TransportError, httpx.InvalidURL) as exc:
-            raise BuildError(f"RunPod's API at {self.base_url} could not be reached ({type(exc).__name__}, "
-                             f"trying to {action}): check the network, or {API_URL_VARIABLE} if you set it") from None
+            raise BuildError(
+                f"RunPod's API at {self.base_url} could not be reached ({type(exc).__name__}, "
+                f"trying to {action}): check the network, or {API_URL_VARIABLE} if you set it"
+            ) from None
         if response.is_error:
             raise BuildError(self.scrub(refusal(response, action)))
         try:
@@ -161,8 +172,10 @@ class RunPodAPI:
         except ValueError:
             answer = None
         if not isinstance(answer, dict) or expect not in answer:
-            raise BuildError(f"RunPod answered {method} {path} with an unexpected body (HTTP {response.status_code}, "
-                             f"trying to {action}): check {API_URL_VARIABLE} if you set it")
+            raise BuildError(
+                f"RunPod answered {method} {path} with an unexpected body (HTTP {response.status_code}, "
+                f"trying to {action}): check {API_URL_VARIABLE} if you set it"
+            )
         return answer
 
     def scrub(self, line: str) -> str:
@@ -187,8 +200,10 @@ def refusal(response: httpx.Response, action: str) -> str:
     reason = "; ".join(p for p in (problem.get("title"), problem.get("detail"), *problem.get("errors", [])) if p)
     reason = " ".join((reason or f"HTTP {response.status_code}").split())  # one line, whatever the server sent
     if response.status_code in (401, 403):
-        return (f"RUNPOD_API_KEY was refused: {reason} (trying to {action}): use a key with All or Read/Write "
-                "permission (console Settings, API Keys: https://console.runpod.io/user/settings)")
+        return (
+            f"RUNPOD_API_KEY was refused: {reason} (trying to {action}): use a key with All or Read/Write "
+            "permission (console Settings, API Keys: https://console.runpod.io/user/settings)"
+        )
     return f"RunPod refused to {action}: HTTP {response.status_code}: {reason}"
 
 
@@ -201,8 +216,11 @@ def problem_of(response: httpx.Response) -> dict[str, Any]:
     if not isinstance(problem, dict):
         return {}
     errors = problem.get("errors")
-    return {"title": str(problem.get("title") or ""), "detail": str(problem.get("detail") or ""),
-            "errors": [str(e) for e in errors] if isinstance(errors, list) else []}
+    return {
+        "title": str(problem.get("title") or ""),
+        "detail": str(problem.get("detail") or ""),
+        "errors": [str(e) for e in errors] if isinstance(errors, list) else [],
+    }
 
 
 def ensure_registry(api: RunPodAPI, image: str, username: str, password: str) -> str:
@@ -214,8 +232,10 @@ def ensure_registry(api: RunPodAPI, image: str, username: str, password: str) ->
     name = registry_name(image)
     existing = [r for r in api.registries() if r.get("name") == name]
     if existing:
-        print(f"RunPod: reusing the registry credential {name!r} ({existing[0]['id']}); RunPod cannot update one: "
-              "to change its password, delete it in the console (Settings, container registry auth) and run again")
+        print(
+            f"RunPod: reusing the registry credential {name!r} ({existing[0]['id']}); RunPod cannot update one: "
+            "to change its password, delete it in the console (Settings, container registry auth) and run again"
+        )
         return existing[0]["id"]
     created = api.create_registry(name, username, password)
     print(f"RunPod: created the registry credential {name!r} ({created['id']})")
@@ -228,8 +248,10 @@ def ensure_template(api: RunPodAPI, body: dict[str, Any]) -> str:
     same_name = [t for t in api.templates() if t.get("name") == name]
     if len(same_name) > 1:
         ids = ", ".join(t["id"] for t in same_name)
-        raise BuildError(f"{len(same_name)} RunPod templates are named {name!r} ({ids}): delete or rename all but "
-                         "one in the console (My Templates), then run again")
+        raise BuildError(
+            f"{len(same_name)} RunPod templates are named {name!r} ({ids}): delete or rename all but "
+            "one in the console (My Templates), then run again"
+        )
     if not same_name:
         created = api.create_template(body)
         print(f"RunPod: created the template {name!r} ({created['id']})")
@@ -237,13 +259,16 @@ def ensure_template(api: RunPodAPI, body: dict[str, Any]) -> str:
     current = same_name[0]
     kept = sorted(set(current.get("env") or {}) - set(body["env"]))
     updated = api.update_template(current["id"], {**body, "env": {**(current.get("env") or {}), **body["env"]}})
-    print(f"RunPod: updated the template {name!r} ({updated['id']})"
-          + (f"; kept the variables added in the console: {', '.join(kept)}" if kept else ""))
+    print(
+        f"RunPod: updated the template {name!r} ({updated['id']})"
+        + (f"; kept the variables added in the console: {', '.join(kept)}" if kept else "")
+    )
     return updated["id"]
 
 
-def save_template(image: str, name: str, api_key: str, registry_auth: tuple[str, str] | None,
-                  base_url: str | None = None) -> str:
+def save_template(
+    image: str, name: str, api_key: str, registry_auth: tuple[str, str] | None, base_url: str | None = None
+) -> str:
     """Creates or updates the template `name` for `image` (and, for a private image, the registry credential
     from `registry_auth` = (username, password)); prints a line per step and returns the template id."""
     if registry_auth and not all(registry_auth):

@@ -34,7 +34,9 @@ CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"  # Debian's and Ubuntu's, with 
 HEALTH_PROBE = (
     "import json, os, urllib.request; host = os.environ.get('VL_LISTEN') or '0.0.0.0'; "
     "host = '127.0.0.1' if host in ('0.0.0.0', '::') else host; host = '[%s]' % host if ':' in host else host; "
-    "url = 'http://%s:%s/health' % (host, os.environ.get('VL_PORT', '" f"{BRIDGE_PORT}" "')); "
+    "url = 'http://%s:%s/health' % (host, os.environ.get('VL_PORT', '"
+    f"{BRIDGE_PORT}"
+    "')); "
     "body = urllib.request.urlopen(url, timeout=5).read(); "
     "raise SystemExit(0 if not body or json.loads(body).get('model') else 1)"
 )
@@ -233,7 +235,11 @@ def stale_diff(target: Target, text: str) -> str:
     """A unified diff from the committed file to a fresh rendering; empty when they match."""
     committed = target.dockerfile.read_text() if target.dockerfile.exists() else ""
     relative = target.dockerfile.relative_to(ROOT)
-    return "".join(difflib.unified_diff(
-        committed.splitlines(keepends=True), text.splitlines(keepends=True),
-        fromfile=f"{relative} (committed)", tofile=f"{relative} (rendered)",
-    ))
+    return "".join(
+        difflib.unified_diff(
+            committed.splitlines(keepends=True),
+            text.splitlines(keepends=True),
+            fromfile=f"{relative} (committed)",
+            tofile=f"{relative} (rendered)",
+        )
+    )

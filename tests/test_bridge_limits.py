@@ -31,7 +31,9 @@ from tests.support.net import free_port
 DEADLINE_S = 30.0  # for what the bridge must do within a second or two
 SHORT = ("--keep-alive-s", "1", "--head-timeout-s", "1", "--body-timeout-s", "1")
 HOST = b"Host: 127.0.0.1\r\n"  # an open bridge answers only to its own names
-BODY_HEAD = b"POST /v1/messages HTTP/1.1\r\n" + HOST + b"content-type: application/json\r\ncontent-length: 100000\r\n\r\n{"
+BODY_HEAD = (
+    b"POST /v1/messages HTTP/1.1\r\n" + HOST + b"content-type: application/json\r\ncontent-length: 100000\r\n\r\n{"
+)
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +80,9 @@ def drip(sock: socket.socket, start: bytes, byte: bytes) -> bytes:
             sock.sendall(byte)
         except (BrokenPipeError, ConnectionResetError):
             return received + answer_then_close(sock)
-    raise AssertionError(f"the bridge still takes a byte every 0.2 s after {DEADLINE_S:g} s; it answered {received[:300]!r}")
+    raise AssertionError(
+        f"the bridge still takes a byte every 0.2 s after {DEADLINE_S:g} s; it answered {received[:300]!r}"
+    )
 
 
 def flood(sock: socket.socket, total: int) -> tuple[int, bytes]:
@@ -86,7 +90,9 @@ def flood(sock: socket.socket, total: int) -> tuple[int, bytes]:
     sock.setblocking(False)
     chunk, sent, deadline = b"a" * 65536, 0, time.monotonic() + DEADLINE_S
     while sent < total:
-        assert time.monotonic() < deadline, f"the bridge read {sent} bytes of header in {DEADLINE_S:g} s, still no answer"
+        assert time.monotonic() < deadline, (
+            f"the bridge read {sent} bytes of header in {DEADLINE_S:g} s, still no answer"
+        )
         readable, writable, _ = select.select([sock], [sock], [], DEADLINE_S)
         if readable:
             break
@@ -129,7 +135,9 @@ def test_an_endless_header_gets_a_431_before_it_is_read_whole(bridge: Process) -
      ({f"x-extra-{n}": "1" for n in range(90)}, 200), ({"x-big": "a" * 60000}, 200)],
     ids=["101 headers", "a 70 KB header", "90 headers", "a 60 KB header"],
 )  # fmt: skip
-def test_heads_over_the_limits_get_a_431_and_those_within_pass(bridge: Process, headers: dict[str, str], status: int) -> None:
+def test_heads_over_the_limits_get_a_431_and_those_within_pass(
+    bridge: Process, headers: dict[str, str], status: int
+) -> None:
     response = httpx.get(f"{bridge.url}/health", headers=headers, timeout=DEADLINE_S)
     assert response.status_code == status
     if status == 431:
@@ -169,9 +177,10 @@ def test_a_client_that_leaves_mid_body_leaves_a_trace_and_no_traceback(bridge: P
 
 def test_a_slow_body_after_a_401_is_closed(tmp_path: Path) -> None:
     """Without a key the bridge answers before reading the body: dripping the rest holds nothing."""
-    with start_bridge(f"http://127.0.0.1:{free_port()}", tmp_path / "bridge.log", {"VL_API_KEYS": "sk-test-key-0123456789"}, *SHORT) as bridge:
-        with connect(bridge) as sock:
-            answer = drip(sock, BODY_HEAD, b" ")
+    with start_bridge(
+        f"http://127.0.0.1:{free_port()}", tmp_path / "bridge.log", {"VL_API_KEYS": "sk-test-key-0123456789"}, *SHORT
+    ) as bridge, connect(bridge) as sock:
+        answer = drip(sock, BODY_HEAD, b" ")
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 401 ") and json.loads(body)["error"]["type"] == "authentication_error"
 

@@ -34,7 +34,9 @@ def test_client_values_cannot_forge_a_log_line_nor_fill_the_log(tmp_path: Path) 
             traces = []
             for model, prompt, request_id in asks:
                 body = VALID | {"model": model, "messages": [{"role": "user", "content": prompt}]}
-                response = httpx.post(f"{bridge.url}/v1/messages", json=body, headers={"x-request-id": request_id}, timeout=60)
+                response = httpx.post(
+                    f"{bridge.url}/v1/messages", json=body, headers={"x-request-id": request_id}, timeout=60
+                )
                 assert response.status_code == 200, response.text
                 traces.append(bridge.wait_for_log(f"trace id={response.json()['id']} "))
     log = bridge.log()
@@ -59,9 +61,13 @@ def completed(route: str, lines: list[str]) -> tuple[str, str]:
     data = data_of(lines)
     if route == "/v1/messages":
         text = "".join(d["delta"].get("text", "") for d in data if d["type"] == "content_block_delta")
-        return text, next(d["delta"]["stop_reason"] for d in data if d["type"] == "message_delta" and d["delta"]["stop_reason"])
+        return text, next(
+            d["delta"]["stop_reason"] for d in data if d["type"] == "message_delta" and d["delta"]["stop_reason"]
+        )
     choices = [choice for d in data for choice in d["choices"]]
-    return "".join(c["delta"].get("content") or "" for c in choices), next(c["finish_reason"] for c in choices if c["finish_reason"])
+    return "".join(c["delta"].get("content") or "" for c in choices), next(
+        c["finish_reason"] for c in choices if c["finish_reason"]
+    )
 
 
 @pytest.mark.parametrize("route", ["/v1/messages", "/v1/chat/completions"])
@@ -82,7 +88,10 @@ def test_a_reused_request_id_aborts_only_the_stream_that_left(route: str, tmp_pa
                 left_id = trace_id(left)
                 upstream.wait_for_log(f"abort requested: chatcmpl-{left_id}$", SLOW_WAIT_S)
                 lines += list(kept)
-            assert completed(route, lines) == ("tok " * STREAM_TOKENS, "end_turn" if route == "/v1/messages" else "stop")
+            assert completed(route, lines) == (
+                "tok " * STREAM_TOKENS,
+                "end_turn" if route == "/v1/messages" else "stop",
+            )
             stayed = bridge.wait_for_log(f"trace id=(?!{left_id} )\\S+ POST {route} ", SLOW_WAIT_S)
     assert "stream aborted" not in upstream.log()
     assert left.endswith(f" client_id={shared}") and stayed.endswith(f" client_id={shared}")

@@ -107,10 +107,14 @@ def test_reasoning_budget_closes_the_thought(
     assert message.stop_reason == "end_turn"
 
 
-def test_effort_max_is_unlimited_and_reasoning_alone_is_repeated_as_text(client: anthropic.Anthropic, stream: bool) -> None:
+def test_effort_max_is_unlimited_and_reasoning_alone_is_repeated_as_text(
+    client: anthropic.Anthropic, stream: bool
+) -> None:
     """No budget: the thought runs into max_tokens; with no text nor tool call, the reasoning is
     also given as text (the seeds' empty compactions came from answers that were all reasoning)."""
-    message = ask(client, stream, messages=user(f"think {tiny.MARK_PONDER}"), output_config={"effort": "max"}, max_tokens=1500)
+    message = ask(
+        client, stream, messages=user(f"think {tiny.MARK_PONDER}"), output_config={"effort": "max"}, max_tokens=1500
+    )
     thought = pondered(1500)
     assert blocks(message) == [("thinking", thought), ("text", thought)]
     assert (message.stop_reason, message.usage.output_tokens) == ("max_tokens", 1500)
@@ -134,7 +138,9 @@ def test_tool_choice_none_keeps_the_call_as_text(client: anthropic.Anthropic, st
 
 def tool_round(client: anthropic.Anthropic, result: dict) -> list[dict]:
     """A conversation up to the model's tool call, then `result` for it (with thinking in history)."""
-    call = client.messages.create(model="claude-tiny", max_tokens=300, messages=user(f"run it {tiny.MARK_TOOL}"), tools=TOOLS)
+    call = client.messages.create(
+        model="claude-tiny", max_tokens=300, messages=user(f"run it {tiny.MARK_TOOL}"), tools=TOOLS
+    )
     history = [{"type": "thinking", "thinking": "I should run it.", "signature": "sig"},
                {"type": "redacted_thinking", "data": "b3BhcXVl"}, *[block.model_dump() for block in call.content]]  # fmt: skip
     return [
@@ -163,7 +169,10 @@ def test_reply_after_a_tool_result(client: anthropic.Anthropic, stream: bool, re
 
 @pytest.mark.parametrize(
     "source",
-    [{"type": "base64", "media_type": "image/png", "data": PNG}, {"type": "url", "url": "https://example.invalid/a.png"}],
+    [
+        {"type": "base64", "media_type": "image/png", "data": PNG},
+        {"type": "url", "url": "https://example.invalid/a.png"},
+    ],
     ids=["base64", "url"],
 )
 def test_images_reach_vllm_as_image_parts(client: anthropic.Anthropic, stream: bool, source: dict) -> None:
@@ -184,7 +193,13 @@ def test_images_inside_a_tool_result_reach_vllm(client: anthropic.Anthropic) -> 
 
 
 def test_stop_sequence(client: anthropic.Anthropic, stream: bool) -> None:
-    message = ask(client, stream, messages=user(f"hello {tiny.MARK_TEXT}"), stop_sequences=[" the tiny"], thinking={"type": "disabled"})
+    message = ask(
+        client,
+        stream,
+        messages=user(f"hello {tiny.MARK_TEXT}"),
+        stop_sequences=[" the tiny"],
+        thinking={"type": "disabled"},
+    )
     assert blocks(message) == [("text", tiny.ANSWER_PIECES[0])]
     assert (message.stop_reason, message.stop_sequence) == ("stop_sequence", " the tiny")
 
@@ -207,7 +222,9 @@ def test_cached_prompt_tokens_are_reported_apart(client: anthropic.Anthropic, st
 
 def test_streamed_usage_is_reported_while_generating(client: anthropic.Anthropic) -> None:
     """Cumulative `message_delta` usage every ~0.5 s (Claude Code's live token counter), then the final one."""
-    events = list(client.messages.create(model="claude-tiny", max_tokens=4000, messages=user(tiny.MARK_LONG), stream=True))
+    events = list(
+        client.messages.create(model="claude-tiny", max_tokens=4000, messages=user(tiny.MARK_LONG), stream=True)
+    )
     deltas = [event for event in events if event.type == "message_delta"]
     progress = [delta.usage.output_tokens for delta in deltas[:-1]]
     assert progress, "no usage while generating"
@@ -219,7 +236,9 @@ def test_streamed_usage_is_reported_while_generating(client: anthropic.Anthropic
 
 def test_signature_comes_before_a_thinking_block_closes(client: anthropic.Anthropic) -> None:
     events = list(client.messages.create(model="claude-tiny", max_tokens=300, messages=user("hello"), stream=True))
-    kinds = [(e.type, getattr(getattr(e, "delta", None), "type", None)) for e in events if getattr(e, "index", None) == 0]
+    kinds = [
+        (e.type, getattr(getattr(e, "delta", None), "type", None)) for e in events if getattr(e, "index", None) == 0
+    ]
     assert kinds[0] == ("content_block_start", None)
     assert kinds[-2:] == [("content_block_delta", "signature_delta"), ("content_block_stop", None)]
 
@@ -253,6 +272,7 @@ def test_claude_code_request_shape(client: anthropic.Anthropic, stream: bool) ->
 
 def test_billing_header_is_stripped(client: anthropic.Anthropic) -> None:
     """It changes on every request: left in, it would defeat vLLM's prefix cache."""
+
     def count(system: list[dict]) -> int:
         return client.messages.count_tokens(model="claude-tiny", system=system, messages=user("hi")).input_tokens
 
@@ -271,11 +291,15 @@ def test_prefill_continues_the_last_assistant_message(client: anthropic.Anthropi
 
 
 def test_count_tokens_is_the_prompt_vllm_reads(client: anthropic.Anthropic) -> None:
-    request = dict(system="You are terse.", messages=user(f"hello {tiny.MARK_TEXT} fresh-prefix-{id(client)}"), tools=TOOLS)
+    request = dict(
+        system="You are terse.", messages=user(f"hello {tiny.MARK_TEXT} fresh-prefix-{id(client)}"), tools=TOOLS
+    )
     counted = client.messages.count_tokens(model="claude-tiny", **request).input_tokens
     used = client.messages.create(model="claude-tiny", max_tokens=20, **request).usage
     assert counted == used.input_tokens + (used.cache_read_input_tokens or 0)
-    without_tools = client.messages.count_tokens(model="claude-tiny", system="You are terse.", messages=request["messages"])
+    without_tools = client.messages.count_tokens(
+        model="claude-tiny", system="You are terse.", messages=request["messages"]
+    )
     without_system = client.messages.count_tokens(model="claude-tiny", messages=request["messages"], tools=TOOLS)
     assert counted > without_tools.input_tokens and counted > without_system.input_tokens
 
@@ -305,7 +329,9 @@ def test_models_in_anthropic_shape_with_the_context_window(client: anthropic.Ant
     assert client.models.retrieve("claude-tiny").max_input_tokens == vllm_server.max_model_len
 
 
-@pytest.mark.parametrize("model", ["tiny", "claude-tiny", "tiny[1m]", "haiku-for-tests[1m]", "gpt-4o", "claude-opus-4-1"])
+@pytest.mark.parametrize(
+    "model", ["tiny", "claude-tiny", "tiny[1m]", "haiku-for-tests[1m]", "gpt-4o", "claude-opus-4-1"]
+)
 def test_any_model_name_reaches_the_served_model(client: anthropic.Anthropic, model: str) -> None:
     message = ask(client, False, model=model, messages=user(tiny.MARK_TEXT))
     assert (message.model, blocks(message)) == (model, [("text", tiny.ANSWER)])

@@ -43,7 +43,9 @@ def own_bridge(vllm_server: VllmServer, tmp_path_factory: pytest.TempPathFactory
 
 
 def post(bridge: Process, route: str, content: bytes) -> httpx.Response:
-    return httpx.post(bridge.url + route, content=content, headers={"content-type": "application/json"}, timeout=SLOW_WAIT_S)
+    return httpx.post(
+        bridge.url + route, content=content, headers={"content-type": "application/json"}, timeout=SLOW_WAIT_S
+    )
 
 
 @pytest.mark.parametrize("route", ROUTES)
@@ -59,8 +61,13 @@ def test_a_body_at_the_limit_is_served(own_bridge: Process, route: str) -> None:
 def test_a_body_over_the_limit_is_a_400_envelope(own_bridge: Process, route: str, depth: int) -> None:
     response = post(own_bridge, route, with_depth(ROUTES[route], depth))
     assert response.status_code == 400, response.text
-    assert response.json() == {"type": "error", "error": {
-        "type": "invalid_request_error", "message": f"the request body nests JSON deeper than {MAX_JSON_DEPTH} levels"}}
+    assert response.json() == {
+        "type": "error",
+        "error": {
+            "type": "invalid_request_error",
+            "message": f"the request body nests JSON deeper than {MAX_JSON_DEPTH} levels",
+        },
+    }
 
 
 def test_no_traceback_reaches_the_log(own_bridge: Process) -> None:
@@ -74,15 +81,18 @@ def test_no_traceback_reaches_the_log(own_bridge: Process) -> None:
     assert log.count("400 key=open") >= len(ROUTES)
 
 
-@pytest.mark.parametrize(("text", "depth"), [
-    (b"1", 0),
-    (b"{}", 1),
-    (b'{"a": [[1], {"b": [2]}]}', 4),
-    (b'{"code": "x = [[[[[[1]]]]]]; y = {{"}', 1),  # brackets inside strings do not nest
-    (b'{"a": "say \\"[[[\\" twice", "b": ["\\\\", [[]]]}', 4),  # escaped quotes and backslashes
-    (b'"' + b'\\"[' * 100_000, 0),  # one unterminated string: nothing opened
-    (b"[" * 200_000 + b"]" * 200_000, 200_000),  # deeper than any stack: measured all the same
-])
+@pytest.mark.parametrize(
+    ("text", "depth"),
+    [
+        (b"1", 0),
+        (b"{}", 1),
+        (b'{"a": [[1], {"b": [2]}]}', 4),
+        (b'{"code": "x = [[[[[[1]]]]]]; y = {{"}', 1),  # brackets inside strings do not nest
+        (b'{"a": "say \\"[[[\\" twice", "b": ["\\\\", [[]]]}', 4),  # escaped quotes and backslashes
+        (b'"' + b'\\"[' * 100_000, 0),  # one unterminated string: nothing opened
+        (b"[" * 200_000 + b"]" * 200_000, 200_000),  # deeper than any stack: measured all the same
+    ],
+)
 def test_nesting_is_measured_outside_strings(text: bytes, depth: int) -> None:
     assert not nests_deeper_than(text, depth)
     assert depth == 0 or nests_deeper_than(text, depth - 1)

@@ -40,8 +40,13 @@ def open_bridge(upstream: Process, tmp_path_factory: pytest.TempPathFactory) -> 
         yield bridge
 
 
-def post(bridge: Process, content_type: str | None = "application/json", host: str | None = None,
-         path: str = "/v1/messages", **headers: str) -> httpx.Response:
+def post(
+    bridge: Process,
+    content_type: str | None = "application/json",
+    host: str | None = None,
+    path: str = "/v1/messages",
+    **headers: str,
+) -> httpx.Response:
     """A POST of a valid Messages body, with this body type and Host, as a page's fetch() sends it."""
     sent = {"origin": "https://attacker.example", **headers}
     if content_type is not None:
@@ -95,8 +100,10 @@ def test_health_and_warm_up_answer_whatever_the_host(open_bridge: Process) -> No
 def test_the_start_up_warning_says_what_the_open_bridge_accepts(open_bridge: Process) -> None:
     log = open_bridge.log()
     assert "VL_API_KEYS is empty: the bridge is OPEN" in log
-    assert (f"POST bodies must be application/json (else 415), and Host an IP address, {EXTRA_HOST}, localhost, "
-            f"{POD_ID}-<port>.proxy.runpod.net (else 403; VL_ALLOWED_HOSTS adds names)") in log
+    assert (
+        f"POST bodies must be application/json (else 415), and Host an IP address, {EXTRA_HOST}, localhost, "
+        f"{POD_ID}-<port>.proxy.runpod.net (else 403; VL_ALLOWED_HOSTS adds names)"
+    ) in log
 
 
 def test_with_keys_clients_keep_working_whatever_their_host_and_body_type(upstream: Process, tmp_path: Path) -> None:

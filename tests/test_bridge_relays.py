@@ -24,7 +24,9 @@ def oai(bridge: Process) -> openai.OpenAI:
 
 
 def test_chat_completions_relayed(oai: openai.OpenAI) -> None:
-    reply = oai.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": tiny.MARK_TEXT}], max_tokens=50)
+    reply = oai.chat.completions.create(
+        model="gpt-4o", messages=[{"role": "user", "content": tiny.MARK_TEXT}], max_tokens=50
+    )
     assert reply.choices[0].message.content == tiny.ANSWER
     assert reply.model == tiny.SERVED_NAME  # an unknown name falls back to the served model
 
@@ -63,7 +65,9 @@ def test_relayed_stream_is_aborted_when_the_client_leaves(bridge: Process, vllm_
     body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": tiny.MARK_LONG}],
                        "max_tokens": LONG_STREAM_TOKENS, "stream": True})  # fmt: skip
     connection = http.client.HTTPConnection(*bridge.url.removeprefix("http://").split(":"), timeout=SLOW_WAIT_S)
-    connection.request("POST", "/v1/chat/completions", body, {"content-type": "application/json", "x-request-id": request_id})
+    connection.request(
+        "POST", "/v1/chat/completions", body, {"content-type": "application/json", "x-request-id": request_id}
+    )
     assert connection.getresponse().status == 200  # the stream began
     connection.close()
     trace = bridge.wait_for_log(f"trace id=relay_.* client_id={request_id}$", SLOW_WAIT_S)
@@ -83,7 +87,10 @@ def test_metrics_merge_the_bridge_and_vllm(bridge: Process) -> None:
     httpx.post(f"{bridge.url}/v1/messages", json={"model": "x"})
     text = httpx.get(f"{bridge.url}/metrics").text
     assert re.search(r'bridge_requests_total\{error_type="",key="open",route="/v1/messages",status="200"\} [1-9]', text)
-    assert re.search(r'bridge_requests_total\{error_type="invalid_request_error",key="open",route="/v1/messages",status="400"\}', text)
+    assert re.search(
+        r'bridge_requests_total\{error_type="invalid_request_error",key="open",route="/v1/messages",status="400"\}',
+        text,
+    )
     assert re.search(r'bridge_tokens_total\{key="open",kind="output"\} [1-9]', text)
     assert re.search(r'bridge_tokens_total\{key="open",kind="input"\} [1-9]', text)
     assert re.search(r"bridge_time_to_first_token_seconds_count [1-9]", text)
@@ -94,7 +101,9 @@ def test_metrics_merge_the_bridge_and_vllm(bridge: Process) -> None:
 def test_trace_line_per_request_without_prompt_content(bridge: Process) -> None:
     secret = "purple-elephant-7731"
     client = anthropic.Anthropic(base_url=bridge.url, api_key="unused", max_retries=0)
-    message = client.messages.create(model="claude-tiny", max_tokens=50, messages=[{"role": "user", "content": f"{secret} {tiny.MARK_TEXT}"}])
+    message = client.messages.create(
+        model="claude-tiny", max_tokens=50, messages=[{"role": "user", "content": f"{secret} {tiny.MARK_TEXT}"}]
+    )
     line = bridge.wait_for_log(f"trace id={message.id} ")
     assert re.search(rf"POST /v1/messages 200 key=open model=claude-tiny stream=False in=\d+ cached=\d+ out={message.usage.output_tokens} "
                      r"ttft_ms=\d+ dur_ms=\d+ stop=end_turn$", line), line  # fmt: skip
@@ -105,5 +114,7 @@ def test_trace_line_per_request_without_prompt_content(bridge: Process) -> None:
 def test_prompts_are_logged_only_when_asked(vllm_server: VllmServer, tmp_path: Path) -> None:
     with start_bridge(vllm_server.url, tmp_path / "bridge.log", {"VL_LOG_PROMPTS": "on"}) as bridge:
         client = anthropic.Anthropic(base_url=bridge.url, api_key="unused", max_retries=0)
-        message = client.messages.create(model="x", max_tokens=50, messages=[{"role": "user", "content": f"green-giraffe {tiny.MARK_TEXT}"}])
+        message = client.messages.create(
+            model="x", max_tokens=50, messages=[{"role": "user", "content": f"green-giraffe {tiny.MARK_TEXT}"}]
+        )
         assert "prompt='green-giraffe [text]'" in bridge.wait_for_log(f"trace id={message.id} ")

@@ -48,7 +48,12 @@ def test_the_default_cap_splits_the_pool_among_keys_and_never_binds_one_user_bef
 def unread_stream(bridge: Process, route: str, key: str | None = None) -> Iterator[tuple[int, socket.socket]]:
     """A streamed request from a client that reads its answer's status and nothing more: (status, socket)."""
     body = json.dumps(ENDLESS[route]).encode()
-    head = [f"POST {route} HTTP/1.1", "Host: 127.0.0.1", "content-type: application/json", f"content-length: {len(body)}"]
+    head = [
+        f"POST {route} HTTP/1.1",
+        "Host: 127.0.0.1",
+        "content-type: application/json",
+        f"content-length: {len(body)}",
+    ]
     if key is not None:
         head.append(f"x-api-key: {key}")
     host, port = bridge.url.removeprefix("http://").split(":")
@@ -93,13 +98,18 @@ def test_a_key_beyond_its_share_gets_429_while_another_key_still_gets_200(tmp_pa
             assert refused.json()["error"]["type"] == "rate_limit_error", refused.text
             assert "VL_KEY_CONCURRENCY" in refused.json()["error"]["message"]
 
-            served = httpx.post(f"{bridge.url}/v1/messages", json=SHORT, headers={"x-api-key": KEY_B}, timeout=SLOW_WAIT_S)
+            served = httpx.post(
+                f"{bridge.url}/v1/messages", json=SHORT, headers={"x-api-key": KEY_B}, timeout=SLOW_WAIT_S
+            )
             assert served.status_code == 200, served.text
             assert served.json()["content"][0]["text"] == "tok tok "
 
             bridge.wait_for_log(r"trace id=\S+ POST /v1/messages 429 key=alice .*error=rate_limit_error")
             metrics = httpx.get(f"{bridge.url}/metrics", headers={"x-api-key": KEY_B}, timeout=SLOW_WAIT_S).text
-            assert 'bridge_requests_total{error_type="rate_limit_error",key="alice",route="/v1/messages",status="429"} 3.0' in metrics
+            assert (
+                'bridge_requests_total{error_type="rate_limit_error",key="alice",route="/v1/messages",status="429"} 3.0'
+                in metrics
+            )
         gone = re.compile(r"trace id=\S+ POST /v1/messages 200 key=alice .*stop=client_gone")
         wait_until(lambda: len(gone.findall(bridge.log())) == 2, "both of A's streams to end", SLOW_WAIT_S)
         again = httpx.post(f"{bridge.url}/v1/messages", json=SHORT, headers={"x-api-key": KEY_A}, timeout=SLOW_WAIT_S)
@@ -113,7 +123,9 @@ def test_a_client_that_stops_reading_is_dropped_and_its_generation_aborted(route
     The ping interval (1 s) is shorter than the stall timeout: the pings written meanwhile keep nobody alive."""
     with (
         start_stand_in(tmp_path / "upstream.log", "--tokens", "1000000", "--pace-ms", "1") as upstream,
-        start_bridge(upstream.url, tmp_path / "bridge.log", {"VL_CLIENT_STALL_S": STALL_S, "VL_BRIDGE_PING_S": "1"}) as bridge,
+        start_bridge(
+            upstream.url, tmp_path / "bridge.log", {"VL_CLIENT_STALL_S": STALL_S, "VL_BRIDGE_PING_S": "1"}
+        ) as bridge,
         unread_stream(bridge, route) as (status, sock),
     ):
         assert status == 200

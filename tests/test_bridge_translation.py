@@ -41,7 +41,10 @@ def test_parallel_tool_calls_can_be_disabled() -> None:
 
 
 def test_anthropic_server_tools_are_left_out() -> None:
-    tools = [{"type": "web_search_20250305", "name": "web_search"}, {"name": "Read", "input_schema": {"type": "object"}}]
+    tools = [
+        {"type": "web_search_20250305", "name": "web_search"},
+        {"name": "Read", "input_schema": {"type": "object"}},
+    ]
     assert [tool["function"]["name"] for tool in translate(tools=tools)["tools"]] == ["Read"]
 
 
@@ -94,7 +97,10 @@ def test_history_images_and_tool_results() -> None:
 def test_system_blocks_and_inline_system_messages(inline: bool, role: str) -> None:
     system = [{"type": "text", "text": "x-anthropic-billing-header: cch=1;"}, {"type": "text", "text": "A"},
               {"type": "text", "text": "B", "cache_control": {"type": "ephemeral"}}]  # fmt: skip
-    messages = [{"role": "user", "content": "hi"}, {"role": "system", "content": [{"type": "text", "text": "reminder"}]}]
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "system", "content": [{"type": "text", "text": "reminder"}]},
+    ]
     payload = translate(inline, system=system, messages=messages, context_management={"edits": []})
     assert payload["messages"] == [{"role": "system", "content": "A\n\nB"}, {"role": "user", "content": "hi"},
                                    {"role": role, "content": "reminder"}]  # fmt: skip
@@ -113,9 +119,17 @@ def test_reasoning_content_is_read_like_reasoning() -> None:
     """Some vLLM versions stream `reasoning_content` rather than `reasoning`: both are thinking."""
     sink = MessageAssembler()
     translator = StreamTranslator(sink, "msg_1", "m")
-    for payload in (chunk({"reasoning_content": "hm"}), chunk({"reasoning": " ok"}), chunk({"content": "\n\nYes"}, "stop"), b"[DONE]"):
+    for payload in (
+        chunk({"reasoning_content": "hm"}),
+        chunk({"reasoning": " ok"}),
+        chunk({"content": "\n\nYes"}, "stop"),
+        b"[DONE]",
+    ):
         translator.feed(payload)
-    assert [(b["type"], b.get("thinking", b.get("text"))) for b in sink.message["content"]] == [("thinking", "hm ok"), ("text", "Yes")]
+    assert [(b["type"], b.get("thinking", b.get("text"))) for b in sink.message["content"]] == [
+        ("thinking", "hm ok"),
+        ("text", "Yes"),
+    ]
     assert sink.message["content"][0]["signature"] and sink.message["stop_reason"] == "end_turn"
 
 
@@ -137,4 +151,8 @@ def test_streamed_events_are_well_formed_json() -> None:
 def test_sse_parser_takes_any_framing() -> None:
     parser = SseParser()
     assert parser.feed(b'data: {"a":') == []
-    assert parser.feed(b' 1}\r\n\r\n: comment\n\nevent: x\ndata: 1\ndata: 2\n\ndata: [DONE]\n\n') == [b'{"a": 1}', b"1\n2", b"[DONE]"]
+    assert parser.feed(b" 1}\r\n\r\n: comment\n\nevent: x\ndata: 1\ndata: 2\n\ndata: [DONE]\n\n") == [
+        b'{"a": 1}',
+        b"1\n2",
+        b"[DONE]",
+    ]

@@ -18,8 +18,14 @@ NAMES = [target.name for target in targets.unique_targets(TARGETS)]
 
 
 def run_build_py(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "build.py", *args], cwd=cwd, capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=120)
+    return subprocess.run(
+        [sys.executable, "build.py", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=120,
+    )
 
 
 @pytest.fixture
@@ -37,7 +43,12 @@ def test_every_target_renders_with_its_generated_header(name: str) -> None:
 
 def test_the_expected_targets_and_aliases_exist() -> None:
     assert {name: TARGETS[name].name for name in ("sm89", "ada", "sm120", "blackwell", "cpu")} == {
-        "sm89": "sm89", "ada": "sm89", "sm120": "sm120", "blackwell": "sm120", "cpu": "cpu"}
+        "sm89": "sm89",
+        "ada": "sm89",
+        "sm120": "sm120",
+        "blackwell": "sm120",
+        "cpu": "cpu",
+    }
 
 
 @pytest.mark.parametrize(("alias", "committed"), [("ada", "Dockerfile.ada"), ("blackwell", "Dockerfile.blackwell")])
@@ -52,7 +63,10 @@ def test_all_renders_every_target_and_the_cpu_one_stays_out_of_git(repo: Path) -
     result = run_build_py("--all", cwd=repo)
     assert result.returncode == 0, result.stderr
     assert {line.split()[-1] for line in result.stdout.splitlines()} == {
-        "Dockerfile.ada", "Dockerfile.blackwell", "build/Dockerfile.cpu"}
+        "Dockerfile.ada",
+        "Dockerfile.blackwell",
+        "build/Dockerfile.cpu",
+    }
     ignored = subprocess.run(["git", "check-ignore", "-q", "build/Dockerfile.cpu"], cwd=ROOT)
     assert ignored.returncode == 0
 
@@ -121,7 +135,8 @@ def test_build_without_a_docker_engine_says_so_in_one_line(repo: Path, tmp_path:
 
     assert result.returncode == 1
     assert result.stderr == (
-        f"build.py: no Docker engine answers at {nowhere}: start one (dockerd) or set DOCKER_HOST\n")
+        f"build.py: no Docker engine answers at {nowhere}: start one (dockerd) or set DOCKER_HOST\n"
+    )
 
 
 def test_build_needs_a_target() -> None:
@@ -132,7 +147,10 @@ def test_build_needs_a_target() -> None:
 
 def test_a_wheel_directory_is_served_at_the_same_url_on_every_run(tmp_path: Path) -> None:
     (tmp_path / "torch-2.13.0+cpu-cp311-cp311-linux_x86_64.whl").write_bytes(b"wheel")
-    with engine.served_directory(tmp_path, "wheels-0") as first, engine.served_directory(tmp_path, "wheels-0") as second:
+    with (
+        engine.served_directory(tmp_path, "wheels-0") as first,
+        engine.served_directory(tmp_path, "wheels-0") as second,
+    ):
         assert first.url == second.url == f"http://wheels-0:{engine.WHEELS_PORT}/"
         assert first.address != second.address and first.address.startswith("127.")
         listing = httpx.get(f"http://{first.address}:{first.port}/", timeout=10)

@@ -12,19 +12,25 @@ from space import targets
 from tests.support.repo_copy import ROOT
 
 VERSIONS = targets.load_versions()
-RUNTIME_EXTRA = [Requirement(line) for line in
-                 tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["runtime"]]
+RUNTIME_EXTRA = [
+    Requirement(line)
+    for line in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["runtime"]
+]
 
 
 def test_every_runtime_dependency_has_exactly_one_pin_and_no_pin_is_extra() -> None:
     assert sorted(canonicalize_name(r.name) for r in RUNTIME_EXTRA) == sorted(
-        canonicalize_name(name) for name in VERSIONS["runtime"])
+        canonicalize_name(name) for name in VERSIONS["runtime"]
+    )
 
 
 def test_each_runtime_pin_lies_in_pyprojects_range() -> None:
     pins = {canonicalize_name(name): pin for name, pin in VERSIONS["runtime"].items()}
-    outside = {str(r): pins[canonicalize_name(r.name)] for r in RUNTIME_EXTRA
-               if not r.specifier.contains(pins[canonicalize_name(r.name)])}
+    outside = {
+        str(r): pins[canonicalize_name(r.name)]
+        for r in RUNTIME_EXTRA
+        if not r.specifier.contains(pins[canonicalize_name(r.name)])
+    }
     assert outside == {}
 
 

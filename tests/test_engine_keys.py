@@ -125,8 +125,9 @@ def test_clients_with_a_key_are_served(engine: Engine) -> None:
     completion = openai.OpenAI(base_url=f"{engine.url}/v1", api_key=OTHER, max_retries=0).completions.create(**ASK)
     assert completion.usage.completion_tokens > 0
     client = anthropic.Anthropic(base_url=engine.url, api_key=KEY, max_retries=0, timeout=60)
-    message = client.messages.create(model="claude-tiny", max_tokens=64,
-                                     messages=[{"role": "user", "content": MARK_TEXT}])
+    message = client.messages.create(
+        model="claude-tiny", max_tokens=64, messages=[{"role": "user", "content": MARK_TEXT}]
+    )
     assert "".join(block.text for block in message.content if block.type == "text") == ANSWER
 
 

@@ -27,9 +27,11 @@ from tests.support.vllm_server import VllmServer
 PATCHED = "[fastokens] patch_transformers: successfully patched transformers v"
 START_S = 600.0  # ~30 s alone on two cores; far more beside other tests
 # Text shaped like Claude Code's: prose, code, JSON, paths, non-ASCII (what a BPE's pre-tokenizer splits).
-PROMPT = ("You are Claude Code. Read `src/app.py` and fix the failing test in tests/test_app.py — "
-          'def handler(event: dict) -> dict:\n    return {"status": 200, "body": json.dumps(event)}\n'
-          "Les caractères accentués, 日本語, emoji 🚀 and numbers 12345.678 count too. ") * 40
+PROMPT = (
+    "You are Claude Code. Read `src/app.py` and fix the failing test in tests/test_app.py — "
+    'def handler(event: dict) -> dict:\n    return {"status": 200, "body": json.dumps(event)}\n'
+    "Les caractères accentués, 日本語, emoji 🚀 and numbers 12345.678 count too. "
+) * 40
 
 
 def pod_environ(tmp_path: Path, model: Path, fastok: str) -> dict[str, str]:
@@ -68,7 +70,9 @@ def test_the_engine_command_asks_for_fastokens_only_when_on(tmp_path: Path) -> N
     assert on["VLLM_USE_FASTOKENS"] == "1" and "VLLM_USE_FASTOKENS" not in off
 
 
-def test_vllm_tokenizes_with_fastokens_when_on_and_with_tokenizers_when_off(engine: tuple, vllm_server: VllmServer) -> None:
+def test_vllm_tokenizes_with_fastokens_when_on_and_with_tokenizers_when_off(
+    engine: tuple, vllm_server: VllmServer
+) -> None:
     assert PATCHED in engine[1].read_text()
     assert "[fastokens]" not in vllm_server.log()
 
@@ -81,4 +85,6 @@ def test_both_tokenizers_give_the_same_ids_and_the_same_reply(engine: tuple, vll
         replies[name] = httpx.post(f"{url}/v1/chat/completions", json=chat, timeout=120).json()
     assert len(ids["on"]) > 1000 and ids["on"] == ids["off"]
     assert [r["choices"][0]["message"]["content"] for r in replies.values()] == [ANSWER, ANSWER]
-    assert [r["usage"]["prompt_tokens"] for r in replies.values()] == [replies["on"]["usage"]["prompt_tokens"]] * 2, json.dumps(replies)
+    assert [r["usage"]["prompt_tokens"] for r in replies.values()] == [replies["on"]["usage"]["prompt_tokens"]] * 2, (
+        json.dumps(replies)
+    )

@@ -54,13 +54,17 @@ def test_a_data_center_gpu_on_an_older_driver_gets_the_compat_library_in_the_eng
     report = decide(host("550.127.05", "smi-550.127.05-2xa40.txt"), "13.0", compat)
     assert report.compat == compat and report.compat_driver == "580.65.06"
     assert report.engine_env({"LD_LIBRARY_PATH": "/usr/local/nvidia/lib64"}) == {
-        "LD_LIBRARY_PATH": f"{compat}:/usr/local/nvidia/lib64"}
-    assert report.summary() == (f"2x NVIDIA A40; host driver 550.127.05 (CUDA 12.4); image CUDA 13.0; "
-                                f"CUDA forward compatibility on ({compat}, libcuda 580.65.06)")
+        "LD_LIBRARY_PATH": f"{compat}:/usr/local/nvidia/lib64"
+    }
+    assert report.summary() == (
+        f"2x NVIDIA A40; host driver 550.127.05 (CUDA 12.4); image CUDA 13.0; "
+        f"CUDA forward compatibility on ({compat}, libcuda 580.65.06)"
+    )
 
 
-@pytest.mark.parametrize(("driver", "smi"), [("570.133.20", "smi-570.133.20-h100.txt"),
-                                             ("535.183.01", "smi-535.183.01-a100.txt")])
+@pytest.mark.parametrize(
+    ("driver", "smi"), [("570.133.20", "smi-570.133.20-h100.txt"), ("535.183.01", "smi-535.183.01-a100.txt")]
+)
 def test_h100_and_a100_on_12x_drivers_use_forward_compatibility(compat, driver, smi):
     assert decide(host(driver, smi), "13.0", compat).compat == compat
 
@@ -71,7 +75,8 @@ def test_a_consumer_gpu_on_an_older_driver_stops_with_one_line_naming_host_image
     assert str(caught.value) == (
         "host driver 550.127.05 runs CUDA 12.4 but this image needs CUDA 13.0 (driver >= 580.65.06), and "
         "NVIDIA GeForce RTX 4090 cannot use CUDA forward compatibility (data-center GPUs only; error 804): "
-        'start the pod on a CUDA 13.0 host (RunPod: "allowedCudaVersions": ["13.0"])')
+        'start the pod on a CUDA 13.0 host (RunPod: "allowedCudaVersions": ["13.0"])'
+    )
 
 
 def test_a_workstation_rtx_6000_ada_is_refused_too(compat):
@@ -104,8 +109,13 @@ def test_inspect_reads_the_image_cuda_from_its_marker_and_logs_the_verdict(tmp_p
     marker.write_text('{"target": "sm89", "cuda": "13.0.1", "vllm": "0.32.0"}')
     settings = load_settings({"VL_PREBAKED_MARKER": str(marker)})
     with caplog.at_level("INFO", logger="runtime.gpu"):
-        report = inspect_gpu(settings, {}, proc_version=DATA / "proc-550.127.05.txt",
-                             nvidia_smi=("cat", str(DATA / "smi-550.127.05-2xa40.txt")), compat_dir=compat)
+        report = inspect_gpu(
+            settings,
+            {},
+            proc_version=DATA / "proc-550.127.05.txt",
+            nvidia_smi=("cat", str(DATA / "smi-550.127.05-2xa40.txt")),
+            compat_dir=compat,
+        )
     assert report.image_cuda == "13.0" and report.compat == compat
     assert caplog.messages == [f"gpu: {report.summary()}"]
 
@@ -113,5 +123,10 @@ def test_inspect_reads_the_image_cuda_from_its_marker_and_logs_the_verdict(tmp_p
 def test_without_a_marker_the_base_images_cuda_version_is_used(tmp_path, compat):
     settings = load_settings({"VL_PREBAKED_MARKER": str(tmp_path / "absent")})
     with pytest.raises(GpuError, match="needs CUDA 13.0"):
-        inspect_gpu(settings, {"CUDA_VERSION": "13.0.1"}, proc_version=DATA / "proc-550.127.05.txt",
-                    nvidia_smi=("cat", str(DATA / "smi-550.127.05-rtx4090.txt")), compat_dir=compat)
+        inspect_gpu(
+            settings,
+            {"CUDA_VERSION": "13.0.1"},
+            proc_version=DATA / "proc-550.127.05.txt",
+            nvidia_smi=("cat", str(DATA / "smi-550.127.05-rtx4090.txt")),
+            compat_dir=compat,
+        )

@@ -56,12 +56,14 @@ def rendered(engine: VllmServer, payload: dict) -> str:
     return httpx.post(f"{engine.url}/detokenize", json={"tokens": tokens}, timeout=60).json()["prompt"]
 
 
-def test_thinking_in_a_tool_loop_is_rendered_before_each_call_and_dropped_before_the_last_question(vllm_server: VllmServer) -> None:
+def test_thinking_in_a_tool_loop_is_rendered_before_each_call_and_dropped_before_the_last_question(
+    vllm_server: VllmServer,
+) -> None:
     request = {"model": "claude-tiny", "max_tokens": 100, "messages": CONVERSATION,
                "tools": [{"name": name, "input_schema": {"type": "object"}} for name in ("Bash", "Read")]}  # fmt: skip
     payload = Translator().translate(decode(msgspec.json.encode(request), MessagesRequest), None).payload
     text = rendered(vllm_server, payload)
-    loop = text[text.index("<|user|>What is in this folder?"):]
+    loop = text[text.index("<|user|>What is in this folder?") :]
     assert "<think>List the files first.</think>(reasoning: 21 characters)<tool_call>Bash</tool_call>" in loop, text
     assert "<think>One file: read it.</think>(reasoning: 18 characters)<tool_call>Read</tool_call>" in loop, text
     assert loop.index("List the files first.") < loop.index("<|tool|>a.txt") < loop.index("One file: read it."), text

@@ -86,7 +86,9 @@ def test_the_published_log_carries_no_control_sequence(hub_server: HubServer, tm
         publisher.close(timeout_s=60)
     assert not CONTROL.search(text), repr(CONTROL.search(text))
     rows = text.splitlines()
-    assert [row.partition(" | ")[2] for row in rows if row.startswith("engine")] == [f"INFO {left}" for *_, left in SEQUENCES]
+    assert [row.partition(" | ")[2] for row in rows if row.startswith("engine")] == [
+        f"INFO {left}" for *_, left in SEQUENCES
+    ]
     assert f"token {MARKER} leaked" in text and "engine died " in text
 
 
@@ -112,6 +114,6 @@ def test_the_tail_reads_on_through_a_rotated_log(tmp_path: Path) -> None:
     (tmp_path / "bridge.log").write_text(lines[280][20:] + "\n" + "\n".join(lines[281:]) + "\n")
     assert tail(tmp_path / "bridge.log", lines=150) == lines[-150:]
     rows = tail(tmp_path / "bridge.log", lines=150, max_bytes=2000)
-    assert rows == lines[-len(rows):] and 20 < len(rows) < 150  # the older file's part begins mid-line: dropped
+    assert rows == lines[-len(rows) :] and 20 < len(rows) < 150  # the older file's part begins mid-line: dropped
     (tmp_path / "bridge.log").write_text("")
     assert tail(tmp_path / "bridge.log", lines=10) == lines[271:280] + [lines[280][:20]]

@@ -51,12 +51,24 @@ def publisher(hub_server: HubServer, pod: Pod) -> Iterator[MakePublisher]:
     """
     made: list[LogPublisher] = []
 
-    def make(environ: dict[str, str] | None = None, hub: HubServer = hub_server,
-             is_healthy: Callable[[], bool] = pod.healthy.is_set, **options) -> LogPublisher:
+    def make(
+        environ: dict[str, str] | None = None,
+        hub: HubServer = hub_server,
+        is_healthy: Callable[[], bool] = pod.healthy.is_set,
+        **options,
+    ) -> LogPublisher:
         environ = {**hub.env(), **(environ or {})}
         options = {"interval_s": 0.05, "retry_s": (0.05, 0.2), **options}
-        made.append(LogPublisher(HubRepo.from_environ(REPO, environ), "pod-1", pod.logs, is_healthy,
-                                 Redactor.from_environ(environ), **options))
+        made.append(
+            LogPublisher(
+                HubRepo.from_environ(REPO, environ),
+                "pod-1",
+                pod.logs,
+                is_healthy,
+                Redactor.from_environ(environ),
+                **options,
+            )
+        )
         return made[-1]
 
     yield make
@@ -74,7 +86,8 @@ def log_commits(hub: HubServer) -> int:
 
 
 def test_the_log_appears_while_not_healthy_and_stops_once_healthy(
-        hub_server: HubServer, pod: Pod, publisher: MakePublisher) -> None:
+    hub_server: HubServer, pod: Pod, publisher: MakePublisher
+) -> None:
     hub_server.create_repo(REPO)
     pod.write("boot", "runtime: starting vLLM")
     pod.write("engine", "INFO loading weights")
@@ -114,7 +127,8 @@ def test_publish_now_after_a_crash_even_when_healthy(hub_server: HubServer, pod:
 
 
 def test_a_fatal_line_is_published_before_close_returns(
-        hub_server: HubServer, pod: Pod, publisher: MakePublisher) -> None:
+    hub_server: HubServer, pod: Pod, publisher: MakePublisher
+) -> None:
     """The GPU check's path: publish its one line, then stop, before the process exits."""
     hub_server.create_repo(REPO)
     pub = publisher(interval_s=3600)
@@ -138,8 +152,11 @@ def test_no_planted_secret_reaches_the_hub(hub_server: HubServer, pod: Pod, publ
     hub_server.create_repo(REPO)
     pod.write("boot", f"env: HF_TOKEN={secrets['HF_TOKEN']} MY_SERVICE_PASSWORD={secrets['MY_SERVICE_PASSWORD']}")
     pod.write("engine", f"non-default args: {{'api_key': ['second-bridge-key']}} hub token {stray}")
-    pod.write("bridge", "401 for Authorization: Bearer sk-bridge-key-0123456789abcdef",
-              f"upstream said {secrets['ANTHROPIC_AUTH_TOKEN']}")
+    pod.write(
+        "bridge",
+        "401 for Authorization: Bearer sk-bridge-key-0123456789abcdef",
+        f"upstream said {secrets['ANTHROPIC_AUTH_TOKEN']}",
+    )
     pub = publisher(secrets)
     pub.start()
     pub.publish_now(f"refused remote VL_API_KEYS=second-bridge-key (HF_TOKEN={secrets['HF_TOKEN']})")
@@ -194,7 +211,8 @@ def test_the_default_budget_keeps_a_pod_under_the_hubs_limit() -> None:
 
 
 def test_a_hub_outage_never_blocks_the_caller_and_publishing_resumes(
-        hub_server: HubServer, pod: Pod, publisher: MakePublisher) -> None:
+    hub_server: HubServer, pod: Pod, publisher: MakePublisher
+) -> None:
     hub_server.create_repo(REPO)
     pod.write("engine", "INFO starting")
     pub = publisher()
@@ -255,22 +273,33 @@ def test_without_a_log_repo_it_does_nothing(hub_server: HubServer, pod: Pod) -> 
 
 
 def test_from_settings_reads_the_pods_variables(hub_server: HubServer, pod: Pod) -> None:
-    environ = {**hub_server.env(), "VL_LOG_REPO": "datasets/pod-owner/boot-logs", "VL_LOG_INTERVAL_S": "7",
-               "RUNPOD_POD_ID": "abc123xyz"}
+    environ = {
+        **hub_server.env(),
+        "VL_LOG_REPO": "datasets/pod-owner/boot-logs",
+        "VL_LOG_INTERVAL_S": "7",
+        "RUNPOD_POD_ID": "abc123xyz",
+    }
     pub = LogPublisher.from_settings(load_settings(environ), environ, pod.logs, pod.healthy.is_set, Redactor())
     assert (pub.repo.repo_id, pub.repo.repo_type, pub.path, pub.interval_s) == (
-        "pod-owner/boot-logs", "dataset", "etat/abc123xyz.log", 7.0)
+        "pod-owner/boot-logs",
+        "dataset",
+        "etat/abc123xyz.log",
+        7.0,
+    )
 
 
-@pytest.mark.parametrize(("content", "expected"), [
-    (b"", []),
-    (b"one\ntwo\n", ["one", "two"]),
-    (b"\x1b[32mINFO\x1b[0m colour\n", ["INFO colour"]),
-    (b"Loading: 10%\rLoading: 50%\rLoading: 100%\n", ["Loading: 100%"]),
-    (b"windows line\r\n", ["windows line"]),
-    (b"no newline at the end", ["no newline at the end"]),
-    (b"caf\xc3\xa9 \xff\n", ["caf\u00e9 \ufffd"]),
-])
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (b"", []),
+        (b"one\ntwo\n", ["one", "two"]),
+        (b"\x1b[32mINFO\x1b[0m colour\n", ["INFO colour"]),
+        (b"Loading: 10%\rLoading: 50%\rLoading: 100%\n", ["Loading: 100%"]),
+        (b"windows line\r\n", ["windows line"]),
+        (b"no newline at the end", ["no newline at the end"]),
+        (b"caf\xc3\xa9 \xff\n", ["caf\u00e9 \ufffd"]),
+    ],
+)
 def test_tail_of_a_log(tmp_path: Path, content: bytes, expected: list[str]) -> None:
     path = tmp_path / "x.log"
     path.write_bytes(content)

@@ -23,16 +23,22 @@ FIRST = "# vllm-pod pod-1 · not healthy since 2026-08-23T10:00:00Z\nboot   | ru
 def user_env(hub: HubServer, tmp_path: Path, token: str | None = None, **extra: str) -> dict[str, str]:
     """A developer's shell: the Hub endpoint, maybe a token, a clean HF_HOME (no stored login)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "VL_"))}
-    env |= {"HF_ENDPOINT": hub.endpoint, "HF_HOME": str(tmp_path / "hf-home"), "VL_LOG_REPO": REPO,
-            "PYTHONUNBUFFERED": "1", **extra}
+    env |= {
+        "HF_ENDPOINT": hub.endpoint,
+        "HF_HOME": str(tmp_path / "hf-home"),
+        "VL_LOG_REPO": REPO,
+        "PYTHONUNBUFFERED": "1",
+        **extra,
+    }
     if token:
         env["HF_TOKEN"] = token
     return env
 
 
 def logs(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "runtime", "logs", *args], cwd=ROOT, env=env, text=True,
-                          capture_output=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "runtime", "logs", *args], cwd=ROOT, env=env, text=True, capture_output=True, timeout=120
+    )
 
 
 @pytest.fixture
@@ -53,18 +59,23 @@ def test_a_private_repo_needs_the_token(hub_server: HubServer, tmp_path: Path) -
     hub_server.put_file(REPO, "etat/pod-1.log", FIRST)
     refused = logs(user_env(hub_server, tmp_path), "pod-1")
     assert refused.returncode == 1
-    assert refused.stderr == (f"runtime logs: repo {REPO} not found on {hub_server.endpoint} (if it is private, set "
-                              "HF_TOKEN; a pod creates it on its first publish)\n")
+    assert refused.stderr == (
+        f"runtime logs: repo {REPO} not found on {hub_server.endpoint} (if it is private, set "
+        "HF_TOKEN; a pod creates it on its first publish)\n"
+    )
     done = logs(user_env(hub_server, tmp_path, hub_server.read_token), "pod-1")
     assert (done.returncode, done.stdout) == (0, FIRST)
 
 
-@pytest.mark.parametrize(("case", "code", "message"), [
-    ("no such pod", 1, "runtime logs: no log etat/pod-9.log in pod-owner/pod-logs yet (pods with a log: pod-1)\n"),
-    ("no repo", 2, "runtime logs: no log repo: pass --repo OWNER/NAME or set VL_LOG_REPO\n"),
-    ("bad repo", 2, "runtime logs: 'not a repo' is not a Hub repo id: owner/name, datasets/owner/name or spaces/"),
-    ("bad token", 1, "runtime logs: the Hub refused the token (HF_TOKEN): "),
-])
+@pytest.mark.parametrize(
+    ("case", "code", "message"),
+    [
+        ("no such pod", 1, "runtime logs: no log etat/pod-9.log in pod-owner/pod-logs yet (pods with a log: pod-1)\n"),
+        ("no repo", 2, "runtime logs: no log repo: pass --repo OWNER/NAME or set VL_LOG_REPO\n"),
+        ("bad repo", 2, "runtime logs: 'not a repo' is not a Hub repo id: owner/name, datasets/owner/name or spaces/"),
+        ("bad token", 1, "runtime logs: the Hub refused the token (HF_TOKEN): "),
+    ],
+)
 def test_clear_one_line_errors(hub: HubServer, tmp_path: Path, case: str, code: int, message: str) -> None:
     hub.put_file(REPO, "etat/pod-1.log", FIRST)
     env, args = user_env(hub, tmp_path), ["pod-1"]
@@ -94,9 +105,15 @@ class Following:
     """`runtime logs --follow` in the background, its output collected line by line."""
 
     def __init__(self, env: dict[str, str], *args: str) -> None:
-        self.process = subprocess.Popen([sys.executable, "-m", "runtime", "logs", *args], cwd=ROOT, env=env,
-                                        text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        preexec_fn=ctrl_c_as_at_a_terminal)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "runtime", "logs", *args],
+            cwd=ROOT,
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            preexec_fn=ctrl_c_as_at_a_terminal,
+        )
         self.stdout: list[str] = []
         self.stderr: list[str] = []
         for stream, lines in ((self.process.stdout, self.stdout), (self.process.stderr, self.stderr)):

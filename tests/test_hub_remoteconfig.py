@@ -19,28 +19,34 @@ from tests.support.polling import wait_until
 CONFIG = "pod-owner/pod-config"
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("VL_CTX=4096\n", {"VL_CTX": "4096"}),
-    ("# a comment\n\n  VL_CTX = 4096  \n", {"VL_CTX": "4096"}),
-    ('VL_ALIASES="claude-a, claude-b"', {"VL_ALIASES": "claude-a, claude-b"}),
-    ("export VL_SPEC=off", {"VL_SPEC": "off"}),
-    ("VL_CTX=4096  # 4k is enough here", {"VL_CTX": "4096"}),
-    ("VL_EXTRA_ARGS='--served-model-name a #b'", {"VL_EXTRA_ARGS": "--served-model-name a #b"}),
-    ("VL_API_KEYS=abc#def", {"VL_API_KEYS": "abc#def"}),
-    ("VL_KV=", {"VL_KV": ""}),
-    ("", {}),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("VL_CTX=4096\n", {"VL_CTX": "4096"}),
+        ("# a comment\n\n  VL_CTX = 4096  \n", {"VL_CTX": "4096"}),
+        ('VL_ALIASES="claude-a, claude-b"', {"VL_ALIASES": "claude-a, claude-b"}),
+        ("export VL_SPEC=off", {"VL_SPEC": "off"}),
+        ("VL_CTX=4096  # 4k is enough here", {"VL_CTX": "4096"}),
+        ("VL_EXTRA_ARGS='--served-model-name a #b'", {"VL_EXTRA_ARGS": "--served-model-name a #b"}),
+        ("VL_API_KEYS=abc#def", {"VL_API_KEYS": "abc#def"}),
+        ("VL_KV=", {"VL_KV": ""}),
+        ("", {}),
+    ],
+)
 def test_parse_config_file(text: str, expected: dict[str, str]) -> None:
     assert parse_config_file(text) == expected
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ("VL_CTX 4096", "pod.env line 1: expected VL_NAME=value, got 'VL_CTX 4096'"),
-    ("# ok\nVL CTX=1", "pod.env line 2: expected VL_NAME=value, got 'VL CTX=1'"),
-    ("=4096", "pod.env line 1: expected VL_NAME=value, got '=4096'"),
-    ("VL_CTX=1\nVL_CTX=2", "pod.env line 2: VL_CTX is already set on line 1"),
-    ('VL_ALIASES="a, b', 'pod.env line 1: the quote opened by " is not closed at the end of the line'),
-])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("VL_CTX 4096", "pod.env line 1: expected VL_NAME=value, got 'VL_CTX 4096'"),
+        ("# ok\nVL CTX=1", "pod.env line 2: expected VL_NAME=value, got 'VL CTX=1'"),
+        ("=4096", "pod.env line 1: expected VL_NAME=value, got '=4096'"),
+        ("VL_CTX=1\nVL_CTX=2", "pod.env line 2: VL_CTX is already set on line 1"),
+        ('VL_ALIASES="a, b', 'pod.env line 1: the quote opened by " is not closed at the end of the line'),
+    ],
+)
 def test_parse_errors_name_the_line(text: str, message: str) -> None:
     with pytest.raises(ConfigFileError) as error:
         parse_config_file(text)
@@ -55,13 +61,15 @@ class Watch:
         self.changes: queue.Queue[tuple[Settings, frozenset[Scope]]] = queue.Queue()
         self.notes: list[str] = []
         self.environ = {**hub.env(), "VL_CONFIG_REPO": CONFIG, **environ}
-        self.config = RemoteConfig(self.environ, lambda s, scopes: self.changes.put((s, scopes)),
-                                   notify=self.notes.append, poll_s=0.05)
+        self.config = RemoteConfig(
+            self.environ, lambda s, scopes: self.changes.put((s, scopes)), notify=self.notes.append, poll_s=0.05
+        )
 
     def edit(self, text: str) -> None:
         """What the operator does: upload a new pod.env with the real client."""
         HfApi(endpoint=self.hub.endpoint, token=self.hub.write_token).upload_file(
-            path_or_fileobj=text.encode(), path_in_repo="pod.env", repo_id=CONFIG)
+            path_or_fileobj=text.encode(), path_in_repo="pod.env", repo_id=CONFIG
+        )
 
     def next_change(self) -> tuple[Settings, frozenset[Scope]]:
         return self.changes.get(timeout=30)
@@ -83,7 +91,10 @@ def test_initial_load_applies_the_hub_file_under_the_environment(watch: Watch) -
     settings = watch.config.load()
     assert (settings.bridge_ping_s, settings.model, settings.ctx) == (5.0, "tiny", 8192)
     assert (settings.sources["bridge_ping_s"], settings.sources["ctx"], settings.sources["spec"]) == (
-        "remote", "env", "default")
+        "remote",
+        "env",
+        "default",
+    )
     assert watch.changes.empty()
 
 
@@ -91,7 +102,9 @@ def test_initial_load_applies_the_hub_file_under_the_environment(watch: Watch) -
     ("VL_ALIASES=claude-pod, claude-opus-4", Scope.BRIDGE, "aliases", ("claude-pod", "claude-opus-4")),
     ("VL_SPEC=ngram", Scope.ENGINE, "spec", "ngram"),
 ], ids=["bridge only", "engine"])  # fmt: skip
-def test_a_change_restarts_what_it_concerns_only(watch: Watch, line: str, scope: Scope, attr: str, value: object) -> None:
+def test_a_change_restarts_what_it_concerns_only(
+    watch: Watch, line: str, scope: Scope, attr: str, value: object
+) -> None:
     watch.config.load()
     watch.config.start()
     watch.edit(f"VL_BRIDGE_PING_S=5\nVL_CTX=4096\nVL_MODEL=tiny\n{line}\n")
@@ -101,21 +114,32 @@ def test_a_change_restarts_what_it_concerns_only(watch: Watch, line: str, scope:
     assert watch.config.settings == settings
 
 
-def test_an_invalid_file_is_refused_and_the_old_configuration_keeps_serving(hub_server: HubServer, watch: Watch,
-                                                                           tmp_path: Path) -> None:
+def test_an_invalid_file_is_refused_and_the_old_configuration_keeps_serving(
+    hub_server: HubServer, watch: Watch, tmp_path: Path
+) -> None:
     hub_server.create_repo("pod-owner/pod-logs")
-    log = LogPublisher(HubRepo.from_environ("pod-owner/pod-logs", hub_server.env()), "pod-1", {}, lambda: True,
-                       Redactor(), interval_s=0.05)
+    log = LogPublisher(
+        HubRepo.from_environ("pod-owner/pod-logs", hub_server.env()),
+        "pod-1",
+        {},
+        lambda: True,
+        Redactor(),
+        interval_s=0.05,
+    )
     log.start()
     watch.config.notify = log.publish_now  # the supervisor sends refusals to the Hub log
     before = watch.config.load()
     watch.config.start()
-    for bad, reason in [("VL_SPEC=banana\n", "VL_SPEC='banana' is not allowed"),
-                        ("VL_TYPO=1\n", "VL_TYPO='1' is not allowed: expected a known setting name"),
-                        ("VL_CTX 4096\n", "pod.env line 1: expected VL_NAME=value")]:
+    for bad, reason in [
+        ("VL_SPEC=banana\n", "VL_SPEC='banana' is not allowed"),
+        ("VL_TYPO=1\n", "VL_TYPO='1' is not allowed: expected a known setting name"),
+        ("VL_CTX 4096\n", "pod.env line 1: expected VL_NAME=value"),
+    ]:
         watch.edit(bad)
-        wait_until(lambda: reason in (hub_server.file("pod-owner/pod-logs", "etat/pod-1.log") or b"").decode(),
-                   f"the refusal ({reason}) in the Hub log")
+        wait_until(
+            lambda: reason in (hub_server.file("pod-owner/pod-logs", "etat/pod-1.log") or b"").decode(),
+            f"the refusal ({reason}) in the Hub log",
+        )
         assert watch.config.settings == before
     assert watch.changes.empty()
 
@@ -210,21 +234,31 @@ def test_the_documented_wiring_publishes_a_refusal_at_start(hub_server: HubServe
     """The order runtime/hub/__init__.py gives the supervisor: the refusal reaches the Hub log, secrets don't."""
     hub_server.create_repo(CONFIG, private=True)
     hub_server.put_file(CONFIG, "pod.env", "VL_CTX=4096\nVL_API_KEY=team-secret-key-1\n")  # a typo: VL_API_KEYS
-    environ = {**hub_server.env(), "VL_CONFIG_REPO": CONFIG, "VL_LOG_REPO": "pod-owner/pod-logs",
-               "RUNPOD_POD_ID": "pod-7"}
+    environ = {
+        **hub_server.env(),
+        "VL_CONFIG_REPO": CONFIG,
+        "VL_LOG_REPO": "pod-owner/pod-logs",
+        "RUNPOD_POD_ID": "pod-7",
+    }
     boot = tmp_path / "boot.log"
     boot.write_text("runtime: starting\n")
     config = RemoteConfig(environ, on_change=lambda settings, scopes: None)
-    publisher = LogPublisher.from_settings(config.settings, environ, {"boot": boot}, is_healthy=lambda: False,
-                                           redactor=config.redactor)
+    publisher = LogPublisher.from_settings(
+        config.settings, environ, {"boot": boot}, is_healthy=lambda: False, redactor=config.redactor
+    )
     config.notify = publisher.publish_now
     publisher.start()
     try:
         settings = config.load()
         assert settings.ctx is None  # the whole file is refused, not half of it
         refusal = "VL_API_KEY='[redacted]' is not allowed: expected a known setting name"
-        log = wait_until(lambda: refusal in (hub_server.file("pod-owner/pod-logs", "etat/pod-7.log") or b"").decode()
-                         and hub_server.file("pod-owner/pod-logs", "etat/pod-7.log").decode(), "the refusal, masked")
+        log = wait_until(
+            lambda: (
+                refusal in (hub_server.file("pod-owner/pod-logs", "etat/pod-7.log") or b"").decode()
+                and hub_server.file("pod-owner/pod-logs", "etat/pod-7.log").decode()
+            ),
+            "the refusal, masked",
+        )
         assert "boot | runtime: starting" in log
         assert not [r for r in hub_server.received if r.carries("team-secret-key-1")]
     finally:

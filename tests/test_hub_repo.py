@@ -11,12 +11,15 @@ from runtime.hub.repo import HUB_TIMEOUT_S, HubRepo, pod_id
 from runtime.settings import SettingsError
 
 
-@pytest.mark.parametrize(("spec", "repo_id", "repo_type", "shown"), [
-    ("patdev/k3-a40-bootstrap", "patdev/k3-a40-bootstrap", "model", "patdev/k3-a40-bootstrap"),
-    ("datasets/me/pod-logs", "me/pod-logs", "dataset", "datasets/me/pod-logs"),
-    ("spaces/me/status", "me/status", "space", "spaces/me/status"),
-    (" me/logs/ ", "me/logs", "model", "me/logs"),
-])
+@pytest.mark.parametrize(
+    ("spec", "repo_id", "repo_type", "shown"),
+    [
+        ("patdev/k3-a40-bootstrap", "patdev/k3-a40-bootstrap", "model", "patdev/k3-a40-bootstrap"),
+        ("datasets/me/pod-logs", "me/pod-logs", "dataset", "datasets/me/pod-logs"),
+        ("spaces/me/status", "me/status", "space", "spaces/me/status"),
+        (" me/logs/ ", "me/logs", "model", "me/logs"),
+    ],
+)
 def test_repo_specs(spec: str, repo_id: str, repo_type: str, shown: str) -> None:
     repo = HubRepo.parse(spec)
     assert (repo.repo_id, repo.repo_type, str(repo)) == (repo_id, repo_type, shown)
@@ -31,8 +34,10 @@ def test_bad_repo_specs(spec: str) -> None:
 def test_a_bad_repo_setting_stops_start_up_with_one_line() -> None:
     with pytest.raises(SettingsError) as error:
         HubRepo.from_environ("my-logs", {}, "VL_LOG_REPO")
-    assert str(error.value) == ("VL_LOG_REPO='my-logs' is not allowed: expected a Hub repo id: owner/name, "
-                                "datasets/owner/name or spaces/owner/name")
+    assert str(error.value) == (
+        "VL_LOG_REPO='my-logs' is not allowed: expected a Hub repo id: owner/name, "
+        "datasets/owner/name or spaces/owner/name"
+    )
 
 
 def test_the_environment_gives_endpoint_and_token() -> None:
@@ -42,11 +47,14 @@ def test_the_environment_gives_endpoint_and_token() -> None:
     assert (anonymous.endpoint, anonymous.token) == (None, False)  # never a token found elsewhere on disk
 
 
-@pytest.mark.parametrize(("environ", "expected"), [
-    ({"RUNPOD_POD_ID": "udpfa0l4z65m09"}, "udpfa0l4z65m09"),
-    ({"RUNPOD_POD_ID": "../../etc/passwd"}, "etc-passwd"),
-    ({"RUNPOD_POD_ID": "a b/c"}, "a-b-c"),
-])
+@pytest.mark.parametrize(
+    ("environ", "expected"),
+    [
+        ({"RUNPOD_POD_ID": "udpfa0l4z65m09"}, "udpfa0l4z65m09"),
+        ({"RUNPOD_POD_ID": "../../etc/passwd"}, "etc-passwd"),
+        ({"RUNPOD_POD_ID": "a b/c"}, "a-b-c"),
+    ],
+)
 def test_pod_id(environ: dict[str, str], expected: str) -> None:
     assert pod_id(environ) == expected
 

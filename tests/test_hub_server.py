@@ -69,8 +69,9 @@ def test_create_repo_twice_is_a_conflict_that_exist_ok_accepts(hub_server: HubSe
 @pytest.mark.parametrize("who", ["anonymous", "read-only token", "another user"])
 def test_writes_need_the_owners_write_token(hub_server: HubServer, who: str) -> None:
     hub_server.create_repo(REPO)
-    token = {"anonymous": False, "read-only token": hub_server.read_token,
-             "another user": hub_server.stranger_token}[who]
+    token = {"anonymous": False, "read-only token": hub_server.read_token, "another user": hub_server.stranger_token}[
+        who
+    ]
     with pytest.raises(HfHubHTTPError) as refused:
         upload(hub_server, token)
     assert refused.value.response.status_code == (401 if who == "anonymous" else 403)
@@ -87,8 +88,11 @@ def test_an_unknown_token_is_refused_even_on_a_public_repo(hub_server: HubServer
 
 def test_missing_and_private_repos_look_the_same(hub_server: HubServer) -> None:
     hub_server.create_repo(REPO, private=True)
-    for token, repo in [(hub_server.write_token, "pod-owner/missing"), (False, REPO),
-                        (hub_server.stranger_token, REPO)]:
+    for token, repo in [
+        (hub_server.write_token, "pod-owner/missing"),
+        (False, REPO),
+        (hub_server.stranger_token, REPO),
+    ]:
         with pytest.raises(RepositoryNotFoundError):
             api(hub_server, token).repo_info(repo)
         with pytest.raises(RepositoryNotFoundError):
@@ -106,18 +110,30 @@ def test_unknown_file_and_revision(hub_server: HubServer, tmp_path) -> None:
         client.repo_info(REPO, revision="0" * 40)
 
 
-@pytest.mark.parametrize(("path", "content"), [
-    ("../escape", "eA=="), ("/abs", "eA=="), ("a//b", "eA=="), ("a/./b", "eA=="), (".git/config", "eA=="),
-    ("a\\b", "eA=="), ("", "eA=="), ("fine.txt", "not base64!"),
-])
+@pytest.mark.parametrize(
+    ("path", "content"),
+    [
+        ("../escape", "eA=="),
+        ("/abs", "eA=="),
+        ("a//b", "eA=="),
+        ("a/./b", "eA=="),
+        (".git/config", "eA=="),
+        ("a\\b", "eA=="),
+        ("", "eA=="),
+        ("fine.txt", "not base64!"),
+    ],
+)
 def test_invalid_commits_are_refused(hub_server: HubServer, path: str, content: str) -> None:
     hub_server.create_repo(REPO)
-    lines = [{"key": "header", "value": {"summary": "x"}},
-             {"key": "file", "value": {"path": path, "content": content, "encoding": "base64"}}]
-    answer = httpx.post(f"{hub_server.endpoint}/api/models/{REPO}/commit/main",
-                        content="\n".join(json.dumps(line) for line in lines),
-                        headers={"authorization": f"Bearer {hub_server.write_token}",
-                                 "content-type": "application/x-ndjson"})
+    lines = [
+        {"key": "header", "value": {"summary": "x"}},
+        {"key": "file", "value": {"path": path, "content": content, "encoding": "base64"}},
+    ]
+    answer = httpx.post(
+        f"{hub_server.endpoint}/api/models/{REPO}/commit/main",
+        content="\n".join(json.dumps(line) for line in lines),
+        headers={"authorization": f"Bearer {hub_server.write_token}", "content-type": "application/x-ndjson"},
+    )
     assert answer.status_code == 400, answer.text
     assert len(hub_server.commits(REPO)) == 1
 
@@ -136,7 +152,8 @@ def test_a_stale_parent_commit_is_refused(hub_server: HubServer) -> None:
     upload(hub_server, hub_server.write_token)
     with pytest.raises(HfHubHTTPError) as refused:
         api(hub_server, hub_server.write_token).create_commit(
-            REPO, [CommitOperationAdd("other.txt", b"x")], commit_message="late", parent_commit=first)
+            REPO, [CommitOperationAdd("other.txt", b"x")], commit_message="late", parent_commit=first
+        )
     assert refused.value.response.status_code == 412
 
 
@@ -154,13 +171,11 @@ def test_the_hubs_commit_rate_limit_is_enforced() -> None:
 def test_outages_refuse_or_hang_then_recover(hub_server: HubServer) -> None:
     hub_server.create_repo(REPO)
     url = f"{hub_server.endpoint}/api/models/{REPO}"
-    with hub_server.outage("refuse"):
-        with pytest.raises(httpx.TransportError):
-            httpx.get(url)
+    with hub_server.outage("refuse"), pytest.raises(httpx.TransportError):
+        httpx.get(url)
     assert hub_server.refused_connections == 1
-    with hub_server.outage("hang"):
-        with pytest.raises(httpx.ReadTimeout):
-            httpx.get(url, timeout=httpx.Timeout(5.0, read=0.5))
+    with hub_server.outage("hang"), pytest.raises(httpx.ReadTimeout):
+        httpx.get(url, timeout=httpx.Timeout(5.0, read=0.5))
     assert hub_server.hung_connections == 1
     assert httpx.get(url).status_code == 200
 
@@ -180,10 +195,15 @@ def test_it_records_what_it_received(hub_server: HubServer) -> None:
 def ndjson_commit(hub: HubServer, repo: str, files: dict[str, bytes], token: str) -> httpx.Response:
     """A commit sent as the client sends one, without the client's own checks (validate-yaml, no-op skipping)."""
     lines = [{"key": "header", "value": {"summary": "raw commit"}}]
-    lines += [{"key": "file", "value": {"path": path, "content": base64.b64encode(content).decode(), "encoding": "base64"}}
-              for path, content in files.items()]
-    return httpx.post(f"{hub.endpoint}/api/spaces/{repo}/commit/main", content="\n".join(json.dumps(x) for x in lines),
-                      headers={"authorization": f"Bearer {token}", "content-type": "application/x-ndjson"})
+    lines += [
+        {"key": "file", "value": {"path": path, "content": base64.b64encode(content).decode(), "encoding": "base64"}}
+        for path, content in files.items()
+    ]
+    return httpx.post(
+        f"{hub.endpoint}/api/spaces/{repo}/commit/main",
+        content="\n".join(json.dumps(x) for x in lines),
+        headers={"authorization": f"Bearer {token}", "content-type": "application/x-ndjson"},
+    )
 
 
 def commit_app(client: HfApi, files: dict[str, bytes], message: str = "the app") -> str:
@@ -240,16 +260,21 @@ def test_whoami_tells_the_tokens_role(hub_server: HubServer) -> None:
         api(hub_server, "hf_" + "x" * 34).whoami()
 
 
-@pytest.mark.parametrize(("card", "error"), [
-    (CARD.replace("colorTo: gray", "colorTo: teal"), '"colorTo" must be one of'),
-    (CARD.replace("sdk: docker\n", ""), '"sdk" is required'),
-    (CARD.replace("sdk: docker", "sdk: flask"), '"sdk" is required and must be one of'),
-    (CARD.replace("app_port: 7860", "app_port: http"), '"app_port" must be an integer'),
-    (CARD.replace("short_description: hi", "short_description: " + "x" * 61), "at most 60 characters"),
-    ("---\nsdk: [docker\n---\n", "Invalid YAML"),
-    ("# no metadata at all\n", '"sdk" is required'),
-])
-def test_validate_yaml_refuses_what_the_hub_refuses_in_a_space_card(hub_server: HubServer, card: str, error: str) -> None:
+@pytest.mark.parametrize(
+    ("card", "error"),
+    [
+        (CARD.replace("colorTo: gray", "colorTo: teal"), '"colorTo" must be one of'),
+        (CARD.replace("sdk: docker\n", ""), '"sdk" is required'),
+        (CARD.replace("sdk: docker", "sdk: flask"), '"sdk" is required and must be one of'),
+        (CARD.replace("app_port: 7860", "app_port: http"), '"app_port" must be an integer'),
+        (CARD.replace("short_description: hi", "short_description: " + "x" * 61), "at most 60 characters"),
+        ("---\nsdk: [docker\n---\n", "Invalid YAML"),
+        ("# no metadata at all\n", '"sdk" is required'),
+    ],
+)
+def test_validate_yaml_refuses_what_the_hub_refuses_in_a_space_card(
+    hub_server: HubServer, card: str, error: str
+) -> None:
     hub_server.create_space(SPACE)
     with pytest.raises(ValueError, match="Invalid metadata in README.md") as refused:
         commit_app(api(hub_server, hub_server.write_token), {"README.md": card.encode()})  # asks validate-yaml first
@@ -314,7 +339,7 @@ def follow_build_log(client: HfApi) -> queue.Queue[str]:
         try:
             for line in client.fetch_space_logs(SPACE, build=True, follow=True):
                 lines.put(line)
-        except Exception as error:  # noqa: BLE001 - the Hub stopped under it: the test reads no more anyway
+        except Exception as error:
             lines.put(f"{type(error).__name__}: {error}")
 
     threading.Thread(target=read, name="follow-build-log", daemon=True).start()
@@ -340,13 +365,15 @@ def event_stream(hub_server: HubServer) -> Iterator[httpx.Response]:
     hub_server.put_file(SPACE, "Dockerfile", DOCKERFILE, "space")
     hub_server.keepalive_s = 0.2
     headers = {"authorization": f"Bearer {hub_server.write_token}"}
-    with httpx.stream("GET", f"{hub_server.endpoint}/api/spaces/{SPACE}/logs/build", headers=headers,
-                      timeout=httpx.Timeout(10.0)) as response:
+    with httpx.stream(
+        "GET", f"{hub_server.endpoint}/api/spaces/{SPACE}/logs/build", headers=headers, timeout=httpx.Timeout(10.0)
+    ) as response:
         yield response
 
 
 def test_the_build_log_is_server_sent_events_with_keep_alives_that_never_close(
-        hub_server: HubServer, event_stream: httpx.Response) -> None:
+    hub_server: HubServer, event_stream: httpx.Response
+) -> None:
     assert event_stream.status_code == 200
     assert event_stream.headers["content-type"].startswith("text/event-stream")
     assert is_exact(event_stream.headers["date"])  # the client's no-follow read stops at events after Date + 1 s
@@ -390,7 +417,8 @@ def report(request: pytest.FixtureRequest, line: str) -> None:
 @pytest.mark.docker
 @pytest.mark.timeout(900)
 def test_a_real_builder_builds_the_committed_files_into_the_registry(
-        hub_server: HubServer, registry: LocalRegistry, request: pytest.FixtureRequest) -> None:
+    hub_server: HubServer, registry: LocalRegistry, request: pytest.FixtureRequest
+) -> None:
     client = api(hub_server, hub_server.write_token)
     with private_engine() as (_, engine):
         base = import_debian_base(engine)
@@ -410,8 +438,9 @@ def test_a_real_builder_builds_the_committed_files_into_the_registry(
             assert "Step 3/4 : COPY hello.txt /" in log and f"Pushed {registry.host}/{IMAGE}:latest" in log
 
             started = time.monotonic()
-            client.create_commit(SPACE, [CommitOperationDelete("hello.txt")], commit_message="lose hello.txt",
-                                 repo_type="space")
+            client.create_commit(
+                SPACE, [CommitOperationDelete("hello.txt")], commit_message="lose hello.txt", repo_type="space"
+            )
             assert hub_server.wait_for_build(SPACE, 600) == "BUILD_ERROR"
             report(request, f"commit -> BUILD_ERROR: {time.monotonic() - started:.1f} s; builds: {builder.builds}")
     runtime = client.get_space_runtime(SPACE)

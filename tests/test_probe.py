@@ -32,8 +32,11 @@ def test_nothing_listening_is_unhealthy():
 def engine_core_stopped(url: str) -> Iterator[None]:
     """SIGSTOP the engine core behind the API server listening at `url` (a hung engine), then SIGCONT."""
     port = int(url.rsplit(":", 1)[1])
-    server = next(psutil.Process(c.pid) for c in psutil.net_connections("tcp")
-                  if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN)
+    server = next(
+        psutil.Process(c.pid)
+        for c in psutil.net_connections("tcp")
+        if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN
+    )
     cores = [p for p in server.children(recursive=True) if "EngineCore" in " ".join([p.name(), *p.cmdline()])]
     assert cores, f"no engine core under {server.cmdline()}"
     for core in cores:

@@ -27,8 +27,9 @@ REGISTRY = "registry.example.test"  # only named in output: nothing is pulled in
 
 
 def build_py(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "build.py", *args], cwd=cwd, capture_output=True, text=True,
-                          env=user_env(env), timeout=300)
+    return subprocess.run(
+        [sys.executable, "build.py", *args], cwd=cwd, capture_output=True, text=True, env=user_env(env), timeout=300
+    )
 
 
 def user_env(extra: dict[str, str]) -> dict[str, str]:
@@ -64,14 +65,28 @@ def expect_one_line_refusal(result: subprocess.CompletedProcess[str], *secrets: 
 
 def expected_context(repo: Path) -> set[str]:
     """What the Dockerfile copies: runtime/ (no caches), the facts script, the certificates folder."""
-    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "runtime", "docker/certs",
-                             "docker/image_facts.py"], cwd=ROOT,
-                            capture_output=True, text=True, check=True).stdout.split()
+    listed = subprocess.run(
+        [
+            "git",
+            "ls-files",
+            "--cached",
+            "--others",
+            "--exclude-standard",
+            "runtime",
+            "docker/certs",
+            "docker/image_facts.py",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     return {path for path in listed if (repo / path).is_file()}
 
 
-def test_push_uploads_the_build_context_and_nothing_else(repo: Path, hub: dict[str, str],
-                                                         hub_server: HubServer) -> None:
+def test_push_uploads_the_build_context_and_nothing_else(
+    repo: Path, hub: dict[str, str], hub_server: HubServer
+) -> None:
     result = push(repo, hub, "--detach")
 
     assert result.returncode == 0, result.stderr
@@ -88,7 +103,8 @@ def test_push_uploads_the_build_context_and_nothing_else(repo: Path, hub: dict[s
 
 
 def test_a_second_push_of_the_same_tree_is_a_no_op_and_a_code_change_uploads_one_file(
-        repo: Path, hub: dict[str, str], hub_server: HubServer) -> None:
+    repo: Path, hub: dict[str, str], hub_server: HubServer
+) -> None:
     assert push(repo, hub, "--detach").returncode == 0
     commits = len(hub_server.commits(SPACE, "space"))
 
@@ -108,8 +124,9 @@ def test_a_second_push_of_the_same_tree_is_a_no_op_and_a_code_change_uploads_one
     assert hub_server.space_files(SPACE)["runtime/cli.py"] == cli.read_bytes()
 
 
-def test_a_file_gone_from_the_context_is_removed_from_the_space(repo: Path, hub: dict[str, str],
-                                                                hub_server: HubServer) -> None:
+def test_a_file_gone_from_the_context_is_removed_from_the_space(
+    repo: Path, hub: dict[str, str], hub_server: HubServer
+) -> None:
     (repo / "runtime" / "extra_module.py").write_text("X = 1\n")
     assert push(repo, hub, "--detach").returncode == 0
     (repo / "runtime" / "extra_module.py").unlink()
@@ -120,22 +137,33 @@ def test_a_file_gone_from_the_context_is_removed_from_the_space(repo: Path, hub:
     assert "runtime/extra_module.py" not in hub_server.space_files(SPACE)
 
 
-def test_following_a_build_that_does_not_end_stops_at_the_timeout(repo: Path, hub: dict[str, str],
-                                                                  hub_server: HubServer) -> None:
+def test_following_a_build_that_does_not_end_stops_at_the_timeout(
+    repo: Path, hub: dict[str, str], hub_server: HubServer
+) -> None:
     """No builder is attached: the Space stays BUILDING and its build log never closes."""
     result = push(repo, hub, "--timeout", "0.05")
 
     line = expect_one_line_refusal(result, hub_server.write_token)
-    assert line == (f"build.py: {SPACE} is still BUILDING after 0 min; it keeps building: follow it at "
-                    f"{hub_server.endpoint}/spaces/{SPACE} or run the same --push again")
+    assert line == (
+        f"build.py: {SPACE} is still BUILDING after 0 min; it keeps building: follow it at "
+        f"{hub_server.endpoint}/spaces/{SPACE} or run the same --push again"
+    )
     assert "BUILDING" in result.stdout
 
 
-def test_ctrl_c_stops_following_and_leaves_the_space_building(repo: Path, hub: dict[str, str],
-                                                              hub_server: HubServer) -> None:
+def test_ctrl_c_stops_following_and_leaves_the_space_building(
+    repo: Path, hub: dict[str, str], hub_server: HubServer
+) -> None:
     command = [sys.executable, "build.py", "--arch", "cpu", "--push", "--space-registry", REGISTRY]
-    with subprocess.Popen(command, cwd=repo, env=user_env(hub), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True, preexec_fn=ctrl_c_as_at_a_terminal) as process:
+    with subprocess.Popen(
+        command,
+        cwd=repo,
+        env=user_env(hub),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=ctrl_c_as_at_a_terminal,
+    ) as process:
         assert process.stdout is not None
         for line in process.stdout:
             if " BUILDING" in line:  # the progress line: the build is being followed
@@ -156,16 +184,18 @@ def test_without_a_token_push_says_where_to_get_one(repo: Path, hub: dict[str, s
     assert "--registry REF" in line
 
 
-def test_a_read_only_token_is_refused_before_anything_is_created(repo: Path, hub_server: HubServer,
-                                                                 tmp_path: Path) -> None:
+def test_a_read_only_token_is_refused_before_anything_is_created(
+    repo: Path, hub_server: HubServer, tmp_path: Path
+) -> None:
     env = {**hub_server.env(hub_server.read_token), "HF_HOME": str(tmp_path / "hf")}
     line = expect_one_line_refusal(push(repo, env), hub_server.read_token)
     assert "HF_TOKEN is read-only" in line
     assert hub_server.commits(SPACE, "space") == []
 
 
-def test_an_account_without_docker_spaces_is_pointed_to_registry(repo: Path, hub_server: HubServer,
-                                                                 tmp_path: Path) -> None:
+def test_an_account_without_docker_spaces_is_pointed_to_registry(
+    repo: Path, hub_server: HubServer, tmp_path: Path
+) -> None:
     env = {**hub_server.env(hub_server.free_token), "HF_HOME": str(tmp_path / "hf")}
     line = expect_one_line_refusal(push(repo, env), hub_server.free_token)
     assert "HTTP 402" in line and "paid plan" in line and "--registry REF" in line
@@ -174,8 +204,9 @@ def test_an_account_without_docker_spaces_is_pointed_to_registry(repo: Path, hub
 def test_a_space_made_with_another_sdk_is_refused(repo: Path, hub: dict[str, str], hub_server: HubServer) -> None:
     hub_server.create_space(SPACE, sdk="gradio")
     line = expect_one_line_refusal(push(repo, hub), hub_server.write_token)
-    assert line == (f"build.py: {SPACE} is a gradio Space, not a Docker one: choose another name with "
-                    "--space OWNER/NAME")
+    assert line == (
+        f"build.py: {SPACE} is a gradio Space, not a Docker one: choose another name with --space OWNER/NAME"
+    )
 
 
 def test_an_unreachable_hub_is_one_line(repo: Path, hub: dict[str, str], hub_server: HubServer) -> None:
@@ -194,7 +225,7 @@ def printed_template(stdout: str) -> dict:
     lines = stdout.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("RunPod template ")) + 1
     end = lines.index("}", start)
-    return json.loads("\n".join(lines[start:end + 1]))
+    return json.loads("\n".join(lines[start : end + 1]))
 
 
 def test_the_template_for_a_space_is_valid_for_runpod_and_names_the_image(runpod_openapi) -> None:
@@ -209,8 +240,11 @@ def test_the_template_for_a_space_is_valid_for_runpod_and_names_the_image(runpod
 
 
 def test_runpod_saves_the_template_and_the_private_images_credential(runpod_server, repo: Path) -> None:
-    env = {"RUNPOD_API_KEY": runpod_server.api_key, "RUNPOD_API_URL": runpod_server.url,
-           "HF_READ_TOKEN": "hf_readonlytokenforregistry0123456789"}
+    env = {
+        "RUNPOD_API_KEY": runpod_server.api_key,
+        "RUNPOD_API_URL": runpod_server.url,
+        "HF_READ_TOKEN": "hf_readonlytokenforregistry0123456789",
+    }
     for _ in range(2):  # the second run updates the same template and reuses the credential
         result = build_py("--arch", "sm89", "--runpod", "--space", "acme/pods-ada", cwd=repo, env=env)
         assert result.returncode == 0, result.stderr
@@ -223,14 +257,16 @@ def test_runpod_saves_the_template_and_the_private_images_credential(runpod_serv
 
 def test_runpod_refuses_to_send_the_write_token_as_a_registry_password(runpod_server, repo: Path) -> None:
     env = {"RUNPOD_API_KEY": runpod_server.api_key, "RUNPOD_API_URL": runpod_server.url, "HF_TOKEN": "hf_write"}
-    line = expect_one_line_refusal(build_py("--arch", "sm89", "--runpod", "--space", "acme/x", cwd=repo, env=env),
-                                   "hf_write")
+    line = expect_one_line_refusal(
+        build_py("--arch", "sm89", "--runpod", "--space", "acme/x", cwd=repo, env=env), "hf_write"
+    )
     assert "set HF_READ_TOKEN to a read token (not the write token)" in line
     assert runpod_server.templates == []
 
 
-def test_an_existing_public_space_keeps_its_visibility_and_needs_no_credential(repo: Path, hub: dict[str, str],
-                                                                              hub_server: HubServer) -> None:
+def test_an_existing_public_space_keeps_its_visibility_and_needs_no_credential(
+    repo: Path, hub: dict[str, str], hub_server: HubServer
+) -> None:
     hub_server.create_space(SPACE, sdk="docker", private=False)
 
     result = push(repo, hub, "--detach")

@@ -43,8 +43,9 @@ def hub(image_engine: Engine, image_base: str, cpu_image: str, registry: LocalRe
     with HubServer() as server, wheel_sources(pip.find_links) as sources:
         args = {"BASE_IMAGE": image_base, **sources.build_args}
         args |= {"TORCH_INDEX_URL": pip.torch_index} if pip.torch_index else {}
-        server.builder = SpaceBuilder(image_engine[1], registry.host, build_args=args, network_mode="host",
-                                      extra_hosts=sources.extra_hosts)
+        server.builder = SpaceBuilder(
+            image_engine[1], registry.host, build_args=args, network_mode="host", extra_hosts=sources.extra_hosts
+        )
         yield server
 
 
@@ -52,8 +53,14 @@ def push(repo: Path, hub: HubServer, registry: LocalRegistry, *extra: str) -> su
     pip = HostPip.from_environ()
     ca = ["--ca-cert", pip.ca_cert] if pip.ca_cert else []
     env = {**os.environ, **hub.env(), "HF_HOME": str(repo / ".hf-home")}
-    return subprocess.run([sys.executable, "build.py", "--arch", "cpu", "--push", "--space-registry", registry.host,
-                           *ca, *extra], cwd=repo, capture_output=True, text=True, env=env, timeout=3000)
+    return subprocess.run(
+        [sys.executable, "build.py", "--arch", "cpu", "--push", "--space-registry", registry.host, *ca, *extra],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=3000,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -63,8 +70,9 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def published(hub: HubServer, registry: LocalRegistry, repo: Path,
-              request: pytest.FixtureRequest) -> subprocess.CompletedProcess[str]:
+def published(
+    hub: HubServer, registry: LocalRegistry, repo: Path, request: pytest.FixtureRequest
+) -> subprocess.CompletedProcess[str]:
     started = time.monotonic()
     result = push(repo, hub, registry)
     report(request, f"build.py --arch cpu --push: {time.monotonic() - started:.0f} s in all")
@@ -75,8 +83,9 @@ def published(hub: HubServer, registry: LocalRegistry, repo: Path,
     return result
 
 
-def test_push_prints_the_image_the_credential_and_the_template(published: subprocess.CompletedProcess[str],
-                                                               registry: LocalRegistry) -> None:
+def test_push_prints_the_image_the_credential_and_the_template(
+    published: subprocess.CompletedProcess[str], registry: LocalRegistry
+) -> None:
     out = published.stdout
     assert f"build.py: {SPACE} built and running in " in out
     assert f'"image": "{registry.host}/{IMAGE_NAME}:latest"' in out
@@ -84,16 +93,18 @@ def test_push_prints_the_image_the_credential_and_the_template(published: subpro
     assert any(line.startswith("build.py: uploaded ") and " kB, removed 0," in line for line in out.splitlines())
 
 
-def test_the_space_built_the_uploaded_files_into_the_registry(published: subprocess.CompletedProcess[str],
-                                                              hub: HubServer, registry: LocalRegistry) -> None:
+def test_the_space_built_the_uploaded_files_into_the_registry(
+    published: subprocess.CompletedProcess[str], hub: HubServer, registry: LocalRegistry
+) -> None:
     assert hub.space_stage(SPACE) == "RUNNING"
     assert "latest" in registry.tags(IMAGE_NAME)
     log = hub.space_build_log(SPACE)
     assert "Step 1/" in log and "COPY runtime/ /opt/app/runtime/" in log
 
 
-def test_a_second_push_of_the_same_tree_rebuilds_nothing(published: subprocess.CompletedProcess[str],
-                                                         hub: HubServer, registry: LocalRegistry, repo: Path) -> None:
+def test_a_second_push_of_the_same_tree_rebuilds_nothing(
+    published: subprocess.CompletedProcess[str], hub: HubServer, registry: LocalRegistry, repo: Path
+) -> None:
     builds = hub.builder.builds
     again = push(repo, hub, registry)
 
@@ -103,13 +114,15 @@ def test_a_second_push_of_the_same_tree_rebuilds_nothing(published: subprocess.C
 
 
 def test_the_published_image_runs_from_the_registry_as_the_hub_runs_a_space(
-        published: subprocess.CompletedProcess[str], registry: LocalRegistry, request: pytest.FixtureRequest) -> None:
+    published: subprocess.CompletedProcess[str], registry: LocalRegistry, request: pytest.FixtureRequest
+) -> None:
     with private_engine() as (_, client):  # empty: every layer comes from the registry
         started = time.monotonic()
         image = client.images.pull(f"{registry.host}/{IMAGE_NAME}", tag="latest")
         report(request, f"pull into an empty engine: {time.monotonic() - started:.0f} s")
-        container = client.containers.run(image.id, detach=True, user="1000", network_mode="none",
-                                          environment={"SPACE_ID": SPACE})
+        container = client.containers.run(
+            image.id, detach=True, user="1000", network_mode="none", environment={"SPACE_ID": SPACE}
+        )
         try:
             facts = wait_for_status_page(container)
             assert facts["space_id"] == SPACE and facts["prebaked"] is True
@@ -119,30 +132,56 @@ def test_the_published_image_runs_from_the_registry_as_the_hub_runs_a_space(
             container.remove(force=True)
 
 
-def test_a_failed_build_shows_its_log_and_exits_non_zero(published: subprocess.CompletedProcess[str], hub: HubServer,
-                                                         registry: LocalRegistry, tmp_path: Path) -> None:
+def test_a_failed_build_shows_its_log_and_exits_non_zero(
+    published: subprocess.CompletedProcess[str], hub: HubServer, registry: LocalRegistry, tmp_path: Path
+) -> None:
     repo = copy_repo(tmp_path / "repo")
     facts = repo / "docker" / "image_facts.py"
-    facts.write_text(facts.read_text().replace("def main(", "raise SystemExit('image facts: a forced failure')\n\n\ndef main(", 1))
+    facts.write_text(
+        facts.read_text().replace("def main(", "raise SystemExit('image facts: a forced failure')\n\n\ndef main(", 1)
+    )
 
     result = push(repo, hub, registry, "--space", f"{HubServer.owner}/vllm-pod-broken")
 
     assert result.returncode == 1
     lines = result.stderr.splitlines()
-    assert lines[-1] == (f"build.py: {HubServer.owner}/vllm-pod-broken ended in BUILD_ERROR: the build log's tail "
-                         f"is above ({hub.endpoint}/spaces/{HubServer.owner}/vllm-pod-broken)")
+    assert lines[-1] == (
+        f"build.py: {HubServer.owner}/vllm-pod-broken ended in BUILD_ERROR: the build log's tail "
+        f"is above ({hub.endpoint}/spaces/{HubServer.owner}/vllm-pod-broken)"
+    )
     assert any(line.startswith("  | ") and "a forced failure" in line for line in lines)
     assert "Traceback (most recent call last)" not in "\n".join(line for line in lines if not line.startswith("  | "))
 
 
-def test_registry_builds_locally_and_pushes_every_layer(published: subprocess.CompletedProcess[str],
-                                                        image_engine: Engine, image_base: str,
-                                                        registry: LocalRegistry, repo: Path) -> None:
+def test_registry_builds_locally_and_pushes_every_layer(
+    published: subprocess.CompletedProcess[str],
+    image_engine: Engine,
+    image_base: str,
+    registry: LocalRegistry,
+    repo: Path,
+) -> None:
     reference = f"{registry.host}/acme/vllm-pod"
-    command = [sys.executable, "build.py", "--arch", "cpu", "--push", "--registry", reference,
-               "--build-arg", f"BASE_IMAGE={image_base}", *image_engine[0].build_options, *host_pip_build_options()]
-    result = subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=3000,
-                            env={**os.environ, "DOCKER_HOST": image_engine[0].docker_host})
+    command = [
+        sys.executable,
+        "build.py",
+        "--arch",
+        "cpu",
+        "--push",
+        "--registry",
+        reference,
+        "--build-arg",
+        f"BASE_IMAGE={image_base}",
+        *image_engine[0].build_options,
+        *host_pip_build_options(),
+    ]
+    result = subprocess.run(
+        command,
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=3000,
+        env={**os.environ, "DOCKER_HOST": image_engine[0].docker_host},
+    )
 
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     assert f"build.py: pushed {reference}:cpu" in result.stdout

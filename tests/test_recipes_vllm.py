@@ -13,10 +13,17 @@ from runtime.settings import load_settings
 
 def combinations(name: str) -> list[dict[str, str]]:
     recipe = load_recipe(name)
-    cases = [{}, {"VL_SPEC": "off", "VL_KVBYTES": "8589934592", "VL_ASYNC": "off"},
-             {"VL_DP": "2", "VL_TP": "2", "VL_SEQS": "8", "VL_BATCHED": "4096", "VL_KV": "fp8"},
-             {"VL_BRIDGE": "off", "VL_ALIASES": "claude-3-5-haiku deepseek-v4-flash[1m]", "VL_CTX": "32768",
-              "VL_EXTRA_ARGS": "--uvicorn-log-level warning"}]
+    cases = [
+        {},
+        {"VL_SPEC": "off", "VL_KVBYTES": "8589934592", "VL_ASYNC": "off"},
+        {"VL_DP": "2", "VL_TP": "2", "VL_SEQS": "8", "VL_BATCHED": "4096", "VL_KV": "fp8"},
+        {
+            "VL_BRIDGE": "off",
+            "VL_ALIASES": "claude-3-5-haiku deepseek-v4-flash[1m]",
+            "VL_CTX": "32768",
+            "VL_EXTRA_ARGS": "--uvicorn-log-level warning",
+        },
+    ]
     cases += [{"VL_SPEC": method, "VL_SPEC_N": "2"} for method in recipe.speculation.methods]
     if recipe.yarn:
         cases.append({"VL_CTX": str(recipe.max_context)})
@@ -34,8 +41,9 @@ def serve_parser() -> argparse.ArgumentParser:
     return ServeSubcommand().subparser_init(FlexibleArgumentParser().add_subparsers())
 
 
-@pytest.mark.parametrize(("name", "env"), CASES,
-                         ids=[f"{n}-{'+'.join(f'{k}={v}' for k, v in e.items()) or 'defaults'}" for n, e in CASES])
+@pytest.mark.parametrize(
+    ("name", "env"), CASES, ids=[f"{n}-{'+'.join(f'{k}={v}' for k, v in e.items()) or 'defaults'}" for n, e in CASES]
+)
 def test_vllm_accepts_the_command(serve_parser, name, env):
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.entrypoints.cli.serve import ServeSubcommand

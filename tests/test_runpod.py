@@ -63,7 +63,7 @@ def test_the_body_is_a_valid_create_and_update_request(runpod_openapi: OpenAPISc
     assert runpod_openapi.errors("UpdateTemplateRequest", body) == []
     assert runpod_openapi.errors("CreateTemplateRequest", runpod.template_body(NAME, PUBLIC_IMAGE)) == []
     assert runpod_openapi.errors("CreateTemplateRequest", {**body, "bogus": 1})  # the check itself can fail
-    assert runpod.API_URL == runpod_openapi.server_url
+    assert runpod_openapi.server_url == runpod.API_URL
 
 
 def test_the_pod_it_describes() -> None:
@@ -82,29 +82,33 @@ def test_the_pod_it_describes() -> None:
 
 def test_the_printed_template_pastes_and_names_only_secrets() -> None:
     text = runpod.render_template(runpod.template_body(NAME, PRIVATE_IMAGE), private=True)
-    body, _ = json.JSONDecoder().raw_decode(text[text.index("{"):])
+    body, _ = json.JSONDecoder().raw_decode(text[text.index("{") :])
     assert body == runpod.template_body(NAME, PRIVATE_IMAGE)
     assert "HF_TOKEN" in text and "VL_API_KEYS" in text and "registry.hf.space" in text
     public = runpod.render_template(runpod.template_body(NAME, PUBLIC_IMAGE))
-    assert "private" not in public[public.rindex("}"):]
+    assert "private" not in public[public.rindex("}") :]
 
 
-def test_save_creates_then_updates_the_same_template(runpod_server: RunPodServer, api_url: str,
-                                                     capsys: pytest.CaptureFixture[str]) -> None:
+def test_save_creates_then_updates_the_same_template(
+    runpod_server: RunPodServer, api_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     first = runpod.save_template(PUBLIC_IMAGE, NAME, runpod_server.api_key, None)
     second = runpod.save_template(PUBLIC_IMAGE.replace("latest", "v2"), NAME, runpod_server.api_key, None)
 
     assert first == second and len(runpod_server.templates) == 1
     assert runpod_server.templates[0]["image"].endswith(":v2")
     assert [(r.method, r.schema, r.status) for r in writes(runpod_server)] == [
-        ("POST", "CreateTemplateRequest", 201), ("PATCH", "UpdateTemplateRequest", 200)]
+        ("POST", "CreateTemplateRequest", 201),
+        ("PATCH", "UpdateTemplateRequest", 200),
+    ]
     out = capsys.readouterr().out
     assert f"created the template '{NAME}' ({first})" in out and f"updated the template '{NAME}' ({first})" in out
     assert not any(r.carries(runpod_server.api_key) for r in runpod_server.received)
 
 
-def test_an_update_keeps_variables_added_in_the_console(runpod_server: RunPodServer, api_url: str,
-                                                        capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_update_keeps_variables_added_in_the_console(
+    runpod_server: RunPodServer, api_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     template_id = runpod.save_template(PUBLIC_IMAGE, NAME, runpod_server.api_key, None)
     env = {**runpod_server.templates[0]["env"], "VL_LOG_REPO": "pod-owner/pod-logs", "VL_MODEL": "other"}
     runpod_server.edit_template(template_id, env=env)
@@ -116,8 +120,9 @@ def test_an_update_keeps_variables_added_in_the_console(runpod_server: RunPodSer
     assert "kept the variables added in the console: VL_LOG_REPO" in capsys.readouterr().out
 
 
-def test_a_private_image_gets_one_registry_credential(runpod_server: RunPodServer, api_url: str,
-                                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_private_image_gets_one_registry_credential(
+    runpod_server: RunPodServer, api_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     runpod.save_template(PRIVATE_IMAGE, NAME, runpod_server.api_key, REGISTRY_AUTH)
     runpod.save_template(PRIVATE_IMAGE, NAME, runpod_server.api_key, REGISTRY_AUTH)
 

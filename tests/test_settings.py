@@ -11,8 +11,12 @@ from runtime.settings import BY_ENV, VARIABLES, Scope, SettingsError, Variable, 
 ROOT = Path(__file__).resolve().parent.parent
 
 BAD_VALUES = [
-    ("VL_MODEL", "gpt5", "VL_MODEL='gpt5' is not allowed: expected one of 'codernext', 'flashnext', 'kimi', "
-     "'nemotron', 'ornith', 'ornithnvfp4', 'qwen', 'qwen38', 'tiny'"),
+    (
+        "VL_MODEL",
+        "gpt5",
+        "VL_MODEL='gpt5' is not allowed: expected one of 'codernext', 'flashnext', 'kimi', "
+        "'nemotron', 'ornith', 'ornithnvfp4', 'qwen', 'qwen38', 'tiny'",
+    ),
     ("VL_CTX", "128k", "VL_CTX='128k' is not allowed: expected a whole number >= 256, or empty"),
     ("VL_CTX", "100", "VL_CTX='100' is not allowed: expected a whole number >= 256, or empty"),
     ("VL_UTIL", "93", "VL_UTIL='93' is not allowed: expected a number in 0.05..0.99, or empty"),
@@ -29,12 +33,24 @@ BAD_VALUES = [
     ("VL_BRIDGE", "enabled", "VL_BRIDGE='enabled' is not allowed: expected one of 'on', 'off'"),
     ("VL_BRIDGE_PING_S", "0", "VL_BRIDGE_PING_S='0' is not allowed: expected a number of seconds in 1..300"),
     ("VL_BRIDGE_PING_S", "1e-300", "VL_BRIDGE_PING_S='1e-300' is not allowed: expected a number of seconds in 1..300"),
-    ("VL_LISTEN", "0.0.0.0\nPasswordAuthentication yes", "VL_LISTEN='0.0.0.0\\nPasswordAuthentication yes' is not "
-     "allowed: expected an IPv4 or IPv6 address to listen on"),
-    ("VL_CONFIG_FILE", "../../x", "VL_CONFIG_FILE='../../x' is not allowed: expected a relative path inside the config "
-     "repo (`a-z A-Z 0-9 _ . -` and `/`; no `..`)"),
-    ("VL_REPO", "--help", "VL_REPO='--help' is not allowed: expected a Hub model repo id (owner/name) or the absolute "
-     "path of an existing directory, or empty"),
+    (
+        "VL_LISTEN",
+        "0.0.0.0\nPasswordAuthentication yes",
+        "VL_LISTEN='0.0.0.0\\nPasswordAuthentication yes' is not "
+        "allowed: expected an IPv4 or IPv6 address to listen on",
+    ),
+    (
+        "VL_CONFIG_FILE",
+        "../../x",
+        "VL_CONFIG_FILE='../../x' is not allowed: expected a relative path inside the config "
+        "repo (`a-z A-Z 0-9 _ . -` and `/`; no `..`)",
+    ),
+    (
+        "VL_REPO",
+        "--help",
+        "VL_REPO='--help' is not allowed: expected a Hub model repo id (owner/name) or the absolute "
+        "path of an existing directory, or empty",
+    ),
     ("VL_ENGINE_PORT", "70000", "VL_ENGINE_PORT='70000' is not allowed: expected a TCP port"),
     ("VL_CUDA_COMPAT", "force", "VL_CUDA_COMPAT='force' is not allowed: expected one of 'auto', 'on', 'off'"),
 ]
@@ -49,8 +65,13 @@ def test_a_bad_value_gives_one_line_naming_variable_value_and_what_is_allowed(na
 
 
 def test_start_up_stops_on_a_bad_value_with_that_line_only():
-    result = subprocess.run([sys.executable, "-m", "runtime", "settings"], cwd=ROOT, capture_output=True, text=True,
-                            env={"VL_UTIL": "0.93x", "PATH": "/usr/bin:/bin"})
+    result = subprocess.run(
+        [sys.executable, "-m", "runtime", "settings"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={"VL_UTIL": "0.93x", "PATH": "/usr/bin:/bin"},
+    )
     assert result.returncode == 2
     assert result.stderr == "VL_UTIL='0.93x' is not allowed: expected a number in 0.05..0.99, or empty\n"
 
@@ -78,7 +99,10 @@ def test_changed_scopes_say_what_a_reload_restarts():
     assert old.changed_scopes(load_settings({"VL_CTX": "65536"})) == {Scope.ENGINE}
     assert old.changed_scopes(load_settings({"VL_ALIASES": "opus"})) == {Scope.BRIDGE}
     unbridged = load_settings({"VL_BRIDGE": "off"})  # vLLM serves the aliases itself: it must restart
-    assert unbridged.changed_scopes(load_settings({"VL_BRIDGE": "off", "VL_ALIASES": "opus"})) == {Scope.BRIDGE, Scope.ENGINE}
+    assert unbridged.changed_scopes(load_settings({"VL_BRIDGE": "off", "VL_ALIASES": "opus"})) == {
+        Scope.BRIDGE,
+        Scope.ENGINE,
+    }
 
 
 def test_the_readme_settings_table_is_up_to_date():
@@ -108,15 +132,22 @@ SAMPLES = {
 }  # fmt: skip
 INJECTION = "\nPasswordAuthentication yes"  # what a newline did to sshd_config through VL_LISTEN
 NON_FINITE = {"nan": "nan", "inf": "inf", "-inf": "-Infinity", "overflow": "1e999", "10 kB of digits": "9" * 10_240}
-KEYS_ONLY_COMPARED = "API keys are only compared with what a client sends: never a path, an argument or a line of a file"
+KEYS_ONLY_COMPARED = (
+    "API keys are only compared with what a client sends: never a path, an argument or a line of a file"
+)
 NAMES_NEVER_OPENED = "a model name is compared and echoed to clients, never opened as a path"
-VLLM_ARGUMENTS = ("vLLM's arguments by design, the operator's own command line: split as a shell would "
-                  "(a newline is a space there) and exec'd without a shell")
+VLLM_ARGUMENTS = (
+    "vLLM's arguments by design, the operator's own command line: split as a shell would "
+    "(a newline is a space there) and exec'd without a shell"
+)
 # Hostile values a variable accepts on purpose, and why each is harmless there.
 HARMLESS = {
     ("VL_API_KEYS", "10 kB"): KEYS_ONLY_COMPARED,
     ("VL_API_KEYS", "traversal inside"): KEYS_ONLY_COMPARED,
-    ("VL_ALLOWED_HOSTS", "newline"): "a list: a newline separates names like a comma; names are only compared with Host",
+    (
+        "VL_ALLOWED_HOSTS",
+        "newline",
+    ): "a list: a newline separates names like a comma; names are only compared with Host",
     ("VL_ALIASES", "newline"): "a list: a newline separates names like a comma",
     ("VL_ALIASES", "traversal inside"): NAMES_NEVER_OPENED,
     ("VL_EXTRA_ARGS", "newline"): VLLM_ARGUMENTS,
@@ -141,8 +172,15 @@ def is_numeric(variable: Variable) -> bool:
 def hostile_values(variable: Variable) -> dict[str, str]:
     """What an operator's slip or a hostile Hub file could put in `variable`, by kind."""
     valid = sample(variable)
-    values = {"newline": valid + INJECTION, "nul": valid + "\x00", "10 kB": valid + "x" * 10_240,
-              "traversal": "../../x", "traversal inside": valid + "/../../x", "flag": "-x", "long flag": "--help"}
+    values = {
+        "newline": valid + INJECTION,
+        "nul": valid + "\x00",
+        "10 kB": valid + "x" * 10_240,
+        "traversal": "../../x",
+        "traversal inside": valid + "/../../x",
+        "flag": "-x",
+        "long flag": "--help",
+    }
     if is_numeric(variable):
         values |= NON_FINITE
     if variable.default:  # not optional: empty is not a value

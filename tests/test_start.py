@@ -83,8 +83,9 @@ class RunningPod:
 
     def ask(self) -> str:
         client = anthropic.Anthropic(base_url=self.url, api_key=self.env["VL_API_KEYS"], max_retries=0, timeout=60)
-        message = client.messages.create(model="claude-tiny", max_tokens=64,
-                                          messages=[{"role": "user", "content": f"{MARK_TEXT} hello"}])
+        message = client.messages.create(
+            model="claude-tiny", max_tokens=64, messages=[{"role": "user", "content": f"{MARK_TEXT} hello"}]
+        )
         return "".join(block.text for block in message.content if block.type == "text")
 
     def serves(self) -> bool:
@@ -127,8 +128,13 @@ def alive(process: psutil.Process) -> bool:
 
 
 def launch(env: dict[str, str]) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "runtime", "start"], cwd=REPO_ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.Popen(
+        [sys.executable, "-m", "runtime", "start"],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -148,35 +154,43 @@ def pod(hub: HubServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ru
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(root / "client_key")], check=True)
     marker = secrets.token_hex(8)
     outer = outer_environ("PUBLIC_KEY", "SSH_PUBLIC_KEY")
-    env = outer | hub.env() | {
-        MARKER: marker,
-        "RUNPOD_POD_ID": POD_ID,
-        "PUBLIC_KEY": (root / "client_key.pub").read_text(),
-        "POD_GREETING": "hello from the pod",
-        "MY_SERVICE_PASSWORD": f"planted-{secrets.token_hex(12)}",  # a secret no published byte may carry
-        "VL_API_KEYS": f"sk-planted-{secrets.token_hex(12)}",
-        "VL_MODEL": "tiny",
-        "VL_STATE_DIR": str(state),
-        "VL_VENV": sys.prefix,
-        "VL_PREBAKED_MARKER": str(root / "image_prebaked"),
-        "VL_LISTEN": "127.0.0.1",
-        "VL_PORT": str(free_port()),
-        "VL_ENGINE_PORT": str(free_port()),
-        "VL_SSH_PORT": str(free_port()),
-        "VL_SSH_HOST_KEYS": str(root / "hostkeys"),
-        "VL_SSH_AUTHORIZED_KEYS": str(root / "home" / ".ssh" / "authorized_keys"),
-        "VL_SSH_ENV_FILE": str(root / "pod-environment.sh"),
-        "VL_SSH_STRICT_MODES": "off",  # the temp dir sits under the world-writable /tmp
-        "VL_LOG_REPO": LOG_REPO,
-        "VL_LOG_INTERVAL_S": "5",
-        "VL_CONFIG_REPO": CONFIG_REPO,
-        "VL_CONFIG_POLL_S": "5",
-    }
+    env = (
+        outer
+        | hub.env()
+        | {
+            MARKER: marker,
+            "RUNPOD_POD_ID": POD_ID,
+            "PUBLIC_KEY": (root / "client_key.pub").read_text(),
+            "POD_GREETING": "hello from the pod",
+            "MY_SERVICE_PASSWORD": f"planted-{secrets.token_hex(12)}",  # a secret no published byte may carry
+            "VL_API_KEYS": f"sk-planted-{secrets.token_hex(12)}",
+            "VL_MODEL": "tiny",
+            "VL_STATE_DIR": str(state),
+            "VL_VENV": sys.prefix,
+            "VL_PREBAKED_MARKER": str(root / "image_prebaked"),
+            "VL_LISTEN": "127.0.0.1",
+            "VL_PORT": str(free_port()),
+            "VL_ENGINE_PORT": str(free_port()),
+            "VL_SSH_PORT": str(free_port()),
+            "VL_SSH_HOST_KEYS": str(root / "hostkeys"),
+            "VL_SSH_AUTHORIZED_KEYS": str(root / "home" / ".ssh" / "authorized_keys"),
+            "VL_SSH_ENV_FILE": str(root / "pod-environment.sh"),
+            "VL_SSH_STRICT_MODES": "off",  # the temp dir sits under the world-writable /tmp
+            "VL_LOG_REPO": LOG_REPO,
+            "VL_LOG_INTERVAL_S": "5",
+            "VL_CONFIG_REPO": CONFIG_REPO,
+            "VL_CONFIG_POLL_S": "5",
+        }
+    )
     started = time.monotonic()
     running = RunningPod(launch(env), state, env, hub, root / "client_key", marker)
     try:
-        wait_until(lambda: "engine is healthy" in running.boot_log(), "the engine's first healthy probe",
-                   ENGINE_START_S, every_s=0.5)
+        wait_until(
+            lambda: "engine is healthy" in running.boot_log(),
+            "the engine's first healthy probe",
+            ENGINE_START_S,
+            every_s=0.5,
+        )
         running.timings["start → healthy (s)"] = time.monotonic() - started
         launched = re.search(r"vLLM launched ([\d.]+) s after the process started", running.boot_log())
         running.timings["start → vLLM launched (s)"] = float(launched[1])
@@ -210,13 +224,30 @@ def test_the_hub_log_is_published_until_healthy_and_carries_no_secret(pod: Runni
 
 
 def test_ssh_login_with_the_pod_key_sees_the_pod_environment(pod: RunningPod) -> None:
-    command = ["ssh", "-p", pod.env["VL_SSH_PORT"], "-i", str(pod.client_key), "-F", "/dev/null",
-               "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
-               f"{getpass.getuser()}@127.0.0.1",
-               'echo "$POD_GREETING|${PUBLIC_KEY-none}"']
+    command = [
+        "ssh",
+        "-p",
+        pod.env["VL_SSH_PORT"],
+        "-i",
+        str(pod.client_key),
+        "-F",
+        "/dev/null",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "StrictHostKeyChecking=no",
+        "-o",
+        "UserKnownHostsFile=/dev/null",
+        f"{getpass.getuser()}@127.0.0.1",
+        'echo "$POD_GREETING|${PUBLIC_KEY-none}"',
+    ]
     wait_until(lambda: pod.pid("sshd"), "sshd")
-    result = wait_until(lambda: (r := subprocess.run(command, capture_output=True, text=True, timeout=30)).returncode == 0 and r,
-                        "an SSH login", 30, every_s=0.5)
+    result = wait_until(
+        lambda: (r := subprocess.run(command, capture_output=True, text=True, timeout=30)).returncode == 0 and r,
+        "an SSH login",
+        30,
+        every_s=0.5,
+    )
     assert result.stdout.strip() == "hello from the pod|none"
 
 

@@ -13,7 +13,9 @@ from runtime.start import bridge_environ
 
 def test_the_bridge_reads_back_exactly_the_effective_bridge_settings() -> None:
     remote = {"VL_ALIASES": "claude-x, my-alias", "VL_BRIDGE_PING_S": "7.5", "VL_LOG_PROMPTS": "on"}
-    effective = load_settings({"VL_API_KEYS": "key-one-0123456789,ci:key-two-0123456789", "VL_MAX_BODY_MB": "8"}, remote)
+    effective = load_settings(
+        {"VL_API_KEYS": "key-one-0123456789,ci:key-two-0123456789", "VL_MAX_BODY_MB": "8"}, remote
+    )
     read_back = load_settings(bridge_environ(effective))
     for variable in VARIABLES:
         if variable.scope is Scope.BRIDGE:
@@ -29,6 +31,11 @@ def test_engine_settings_stay_out_of_the_bridge_command() -> None:
 def test_the_path_to_the_engine_launch_imports_nothing_heavy() -> None:
     heavy = ("httpx", "huggingface_hub", "torch", "vllm", "starlette", "uvicorn", "tokenizers", "runtime.bridge")
     code = f"import sys, runtime.start; print(sorted(m for m in {heavy!r} if m in sys.modules))"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                            cwd=Path(__file__).resolve().parent.parent)
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
     assert result.stdout.strip() == "[]"

@@ -36,10 +36,14 @@ BAD_VALUES = [
 def start(tmp_path: Path, **variables: str) -> subprocess.CompletedProcess[str]:
     outer = outer_environ()
     # Not prebaked, and this interpreter is the pod's venv: past the settings, the engine's install comes next.
-    env = outer | {"VL_STATE_DIR": str(tmp_path / "state"), "VL_PREBAKED_MARKER": str(tmp_path / "none"),
-                   "VL_VENV": sys.prefix} | variables
-    return subprocess.run([sys.executable, "-m", "runtime", "start"], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
+    env = (
+        outer
+        | {"VL_STATE_DIR": str(tmp_path / "state"), "VL_PREBAKED_MARKER": str(tmp_path / "none"), "VL_VENV": sys.prefix}
+        | variables
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "runtime", "start"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 @pytest.mark.parametrize(("variable", "value"), BAD_VALUES)
@@ -61,8 +65,13 @@ def test_a_value_the_recipe_cannot_take_stops_start_up_before_any_launch(tmp_pat
 
 def test_the_refusal_is_published_to_the_hub_log(tmp_path: Path, hub_server: HubServer) -> None:
     hub_server.create_repo(f"{hub_server.owner}/pod-logs", private=True)
-    result = start(tmp_path, **hub_server.env(), VL_LOG_REPO=f"{hub_server.owner}/pod-logs",
-                   RUNPOD_POD_ID="refused-pod", VL_CTX="lots")
+    result = start(
+        tmp_path,
+        **hub_server.env(),
+        VL_LOG_REPO=f"{hub_server.owner}/pod-logs",
+        RUNPOD_POD_ID="refused-pod",
+        VL_CTX="lots",
+    )
     assert result.returncode == 2
     published = hub_server.file(f"{hub_server.owner}/pod-logs", "etat/refused-pod.log")
     assert published is not None and b"VL_CTX='lots' is not allowed" in published
@@ -73,7 +82,9 @@ def test_a_recipe_the_engine_cannot_run_stops_start_up_with_one_line_saying_what
     result = start(tmp_path, VL_MODEL="flashnext", VL_PREBAKED_MARKER=str(tmp_path / "image_prebaked"))
     assert result.returncode == 2
     last = result.stderr.splitlines()[-1]
-    assert last.startswith("VL_MODEL='flashnext' is not allowed: expected a model this image's engine can serve: "
-                           "flashnext needs vllm.v1.ple_offload, which "), result.stderr
+    assert last.startswith(
+        "VL_MODEL='flashnext' is not allowed: expected a model this image's engine can serve: "
+        "flashnext needs vllm.v1.ple_offload, which "
+    ), result.stderr
     assert "vllm/vllm-openai:qwen38-flash-next" in last and "Traceback" not in result.stderr
     assert not list((tmp_path / "state").glob("*.pid")), "nothing was launched"

@@ -70,7 +70,9 @@ def engine_environ(disk: Path) -> dict[str, str]:
 
 def answers(pod: Pod) -> str:
     client = anthropic.Anthropic(base_url=f"http://127.0.0.1:{pod.port}", api_key=API_KEY, max_retries=0, timeout=60)
-    message = client.messages.create(model="claude-tiny", max_tokens=64, messages=[{"role": "user", "content": MARK_TEXT}])
+    message = client.messages.create(
+        model="claude-tiny", max_tokens=64, messages=[{"role": "user", "content": MARK_TEXT}]
+    )
     return "".join(block.text for block in message.content if block.type == "text")
 
 
@@ -92,7 +94,9 @@ def hub(tmp_path: Path) -> HubServer:
         yield server
 
 
-def test_a_restart_on_the_same_volume_downloads_nothing_and_asks_the_hub_nothing(hub: HubServer, tmp_path: Path) -> None:
+def test_a_restart_on_the_same_volume_downloads_nothing_and_asks_the_hub_nothing(
+    hub: HubServer, tmp_path: Path
+) -> None:
     volume = tmp_path / "workspace"
     first = start_pod(hub, volume, tmp_path / "disk1")
     try:
@@ -116,4 +120,6 @@ def test_a_restart_on_the_same_volume_downloads_nothing_and_asks_the_hub_nothing
         assert hub.received[asked:] == [], [r.path for r in hub.received[asked:]]  # not one request to the Hub
     finally:
         stop(second)
-    print(f"\nstart → healthy: first start (downloads) {first.start_s:.1f} s; restart on the same volume {second.start_s:.1f} s")
+    print(
+        f"\nstart → healthy: first start (downloads) {first.start_s:.1f} s; restart on the same volume {second.start_s:.1f} s"
+    )

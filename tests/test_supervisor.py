@@ -22,7 +22,9 @@ Make = Callable[..., Supervisor]
 
 CRASH = "import sys; print('crashing', flush=True); sys.exit(3)"
 SLEEP = "import time; print('ready', flush=True); time.sleep(600)"
-IGNORE_TERM = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(600)"
+IGNORE_TERM = (
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(600)"
+)
 WITH_GRANDCHILD = (
     "import subprocess, sys, time; "
     "g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); "
@@ -113,7 +115,9 @@ async def test_a_killed_child_comes_back_and_its_group_is_cleaned(tmp_path: Path
     await eventually(lambda: not alive(grandchild))  # the orphan went with its group
 
 
-async def test_stop_ends_every_process_of_every_tree_and_kills_the_stubborn(tmp_path: Path, supervisor_for: Make) -> None:
+async def test_stop_ends_every_process_of_every_tree_and_kills_the_stubborn(
+    tmp_path: Path, supervisor_for: Make
+) -> None:
     supervisor = supervisor_for(grace_s=1.0)
     supervisor.start(ChildSpec("tree", python(WITH_GRANDCHILD)))
     supervisor.start(ChildSpec("stubborn", python(IGNORE_TERM)))
@@ -158,7 +162,9 @@ def http_health(port: int) -> Health:
     return Health(probe, interval_s=0.2, timeout_s=0.5, failures_before_restart=2, starting_interval_s=0.1)
 
 
-async def test_a_hung_child_is_restarted_after_two_failed_checks_and_its_log_kept(tmp_path: Path, supervisor_for: Make) -> None:
+async def test_a_hung_child_is_restarted_after_two_failed_checks_and_its_log_kept(
+    tmp_path: Path, supervisor_for: Make
+) -> None:
     incidents: list[str] = []
     port = free_port()
     supervisor = supervisor_for(on_incident=incidents.append)
@@ -174,7 +180,9 @@ async def test_a_hung_child_is_restarted_after_two_failed_checks_and_its_log_kep
     await eventually(supervisor.healthy)
 
 
-async def test_a_child_still_starting_is_not_restarted_for_failing_its_checks(tmp_path: Path, supervisor_for: Make) -> None:
+async def test_a_child_still_starting_is_not_restarted_for_failing_its_checks(
+    tmp_path: Path, supervisor_for: Make
+) -> None:
     probes: list[bool] = []
 
     async def never() -> bool:
@@ -188,7 +196,9 @@ async def test_a_child_still_starting_is_not_restarted_for_failing_its_checks(tm
     assert supervisor.children["engine"].launches == 1 and not supervisor.healthy()
 
 
-async def test_checks_failing_while_a_restart_stops_the_child_do_not_restart_it_again(tmp_path: Path, supervisor_for: Make) -> None:
+async def test_checks_failing_while_a_restart_stops_the_child_do_not_restart_it_again(
+    tmp_path: Path, supervisor_for: Make
+) -> None:
     answering = {"now": True}
     probes: list[bool] = []
 
@@ -209,7 +219,9 @@ async def test_checks_failing_while_a_restart_stops_the_child_do_not_restart_it_
 
 
 @pytest.mark.timeout(60)  # a relaunch loop without back-off starves the event loop: a hang, not a failure
-async def test_a_child_that_cannot_be_launched_backs_off_until_a_new_spec_fixes_it(tmp_path: Path, supervisor_for: Make) -> None:
+async def test_a_child_that_cannot_be_launched_backs_off_until_a_new_spec_fixes_it(
+    tmp_path: Path, supervisor_for: Make
+) -> None:
     incidents: list[str] = []
     supervisor = supervisor_for(on_incident=incidents.append, backoff=Backoff(first_s=0.1, most_s=0.2))
     supervisor.start(ChildSpec("engine", python(SLEEP)))

@@ -30,11 +30,18 @@ def verified() -> str:
 
 @pytest.mark.parametrize("target", ["sm89", "sm120"])
 def test_every_layer_resolves_and_the_engine_links_the_base_s_cuda(verified: str, target: str) -> None:
-    lines = [line.removeprefix(f"build.py: {target}: ") for line in verified.splitlines() if line.startswith(f"build.py: {target}: ")]
+    lines = [
+        line.removeprefix(f"build.py: {target}: ")
+        for line in verified.splitlines()
+        if line.startswith(f"build.py: {target}: ")
+    ]
     assert lines[0].startswith("PyTorch's index https://download.pytorch.org/whl/cu130 is unreachable from here")
     assert [line.split(":")[0] for line in lines[1:4]] == ["torch layer", "engine layer", "runtime layer"]
     assert " GB of wheels (torch==2.13.0" in lines[1] and " GB of wheels (vllm==0.32.0" in lines[2]
-    assert any(line.startswith("vllm==0.32.0: ") and "links libcudart.so.13" in line and line.endswith(": ok") for line in lines)
+    assert any(
+        line.startswith("vllm==0.32.0: ") and "links libcudart.so.13" in line and line.endswith(": ok")
+        for line in lines
+    )
     assert "flashinfer-python==0.7.0.post1: no compiled library" in verified and lines[-1] == "dependencies verified"
     assert "build.py: cpu: skipped" in verified
 
@@ -56,8 +63,13 @@ def test_an_engine_pin_vllm_does_not_take_fails_with_pip_s_own_message(verified:
 def test_an_engine_built_for_another_cuda_than_the_base_s_fails(verified: str) -> None:
     """The base moved to CUDA 12.8 while vLLM 0.32.0's wheel links CUDA 13's runtime: the image would
     start and fail to load vLLM's kernels on every GPU."""
-    versions = gpu_versions(cuda={"version": "12.8.1"}, **{"torch-index": {"gpu": "https://download.pytorch.org/whl/cu128"}})
-    with pytest.raises(BuildError, match=r"vllm==0\.32\.0: 10 libraries link libcudart\.so\.13 \(vllm/.+\.so…\), but the base has CUDA 12$"):
+    versions = gpu_versions(
+        cuda={"version": "12.8.1"}, **{"torch-index": {"gpu": "https://download.pytorch.org/whl/cu128"}}
+    )
+    with pytest.raises(
+        BuildError,
+        match=r"vllm==0\.32\.0: 10 libraries link libcudart\.so\.13 \(vllm/.+\.so…\), but the base has CUDA 12$",
+    ):
         deps.verify(load_targets()["sm89"], versions, print)
 
 

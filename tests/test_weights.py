@@ -52,14 +52,29 @@ def hub(model: Path) -> HubServer:
 
 def weights_env(hub: HubServer, cache: Path, repo: str = REPO) -> dict[str, str]:
     outer = outer_environ()
-    return outer | hub.env(hub.read_token) | {"VL_MODEL": "tiny", "VL_REPO": repo, "VL_CACHE_DIR": str(cache),
-                                              "VL_STATE_DIR": str(cache.parent / "state"), "VL_VENV": sys.prefix}
+    return (
+        outer
+        | hub.env(hub.read_token)
+        | {
+            "VL_MODEL": "tiny",
+            "VL_REPO": repo,
+            "VL_CACHE_DIR": str(cache),
+            "VL_STATE_DIR": str(cache.parent / "state"),
+            "VL_VENV": sys.prefix,
+        }
+    )
 
 
 def fetch(env: dict[str, str], stderr: Path) -> subprocess.Popen:
     with stderr.open("w") as sink:
-        return subprocess.Popen([sys.executable, "-m", "runtime", "weights"], cwd=REPO_ROOT, env=env,
-                                stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(
+            [sys.executable, "-m", "runtime", "weights"],
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 def sha256(path: Path) -> str:
@@ -94,9 +109,13 @@ def test_the_cache_goes_to_the_volume_when_mounted_else_the_container_disk(tmp_p
 # --- downloading ---
 
 
-def test_a_first_fetch_downloads_the_repo_and_a_second_asks_the_hub_nothing(hub: HubServer, model: Path, tmp_path: Path) -> None:
+def test_a_first_fetch_downloads_the_repo_and_a_second_asks_the_hub_nothing(
+    hub: HubServer, model: Path, tmp_path: Path
+) -> None:
     env = weights_env(hub, tmp_path / "cache")
-    first = subprocess.run([sys.executable, "-m", "runtime", "weights"], cwd=REPO_ROOT, env=env, capture_output=True, text=True)
+    first = subprocess.run(
+        [sys.executable, "-m", "runtime", "weights"], cwd=REPO_ROOT, env=env, capture_output=True, text=True
+    )
     assert first.returncode == 0, first.stderr
     assert f"downloading {REPO} (revision " in first.stderr and f"downloaded {REPO}: 1.9 MB" in first.stderr
     assert sha256(snapshot(tmp_path / "cache") / WEIGHTS) == sha256(model / WEIGHTS)
@@ -105,12 +124,16 @@ def test_a_first_fetch_downloads_the_repo_and_a_second_asks_the_hub_nothing(hub:
     assert "authorization" not in lfs[0].headers  # the token stays with the Hub
     assert is_complete(tmp_path / "cache" / "huggingface" / "hub", REPO)
     asked = len(hub.received)
-    second = subprocess.run([sys.executable, "-m", "runtime", "weights"], cwd=REPO_ROOT, env=env, capture_output=True, text=True)
+    second = subprocess.run(
+        [sys.executable, "-m", "runtime", "weights"], cwd=REPO_ROOT, env=env, capture_output=True, text=True
+    )
     assert second.returncode == 0 and "nothing to download" in second.stderr, second.stderr
     assert len(hub.received) == asked
 
 
-def test_a_killed_download_keeps_its_finished_files_and_drops_its_partial_one(hub: HubServer, model: Path, tmp_path: Path) -> None:
+def test_a_killed_download_keeps_its_finished_files_and_drops_its_partial_one(
+    hub: HubServer, model: Path, tmp_path: Path
+) -> None:
     """huggingface_hub 2.4 restarts a file cut off over plain HTTP (each attempt writes its own temporary
     file: huggingface_hub#4228); the real Hub's Xet transfers resume from their chunk cache (HF_XET_CACHE,
     on the volume), which this test Hub does not serve. What a restart keeps here: every finished file."""
@@ -118,16 +141,22 @@ def test_a_killed_download_keeps_its_finished_files_and_drops_its_partial_one(hu
     blobs = repo_folder(cache / "huggingface" / "hub", REPO) / "blobs"
     with hub.throttle(64 * 1024):  # 1.7 MB of safetensors at 64 kB/s: ~26 s, long enough to stop it midway
         first = fetch(env, tmp_path / "first.log")
-        wait_for_log_line((tmp_path / "first.log").read_text, rf"downloading {REPO}: [\d.]+ [kM]B of 1\.9 MB \(\d+%\)", 120)
+        wait_for_log_line(
+            (tmp_path / "first.log").read_text, rf"downloading {REPO}: [\d.]+ [kM]B of 1\.9 MB \(\d+%\)", 120
+        )
         finished = wait_until(lambda: len(done := [b for b in blobs.iterdir() if b.suffix != ".incomplete"]) == 5 and done,
                               "every file but the safetensors", 120)  # fmt: skip
         os.killpg(first.pid, signal.SIGKILL)  # as a pod's stop would, mid-file
         first.wait()
     assert len(list(blobs.glob("*.incomplete"))) == 1 and not is_complete(cache / "huggingface" / "hub", REPO)
     # The Hub records a request once its answer ends: the cut-off one, at its next write to the dead socket.
-    wait_until(lambda: any(r.path.startswith("/lfs-objects/") for r in hub.received), "the cut-off download's record", 30)
+    wait_until(
+        lambda: any(r.path.startswith("/lfs-objects/") for r in hub.received), "the cut-off download's record", 30
+    )
     asked = len(hub.received)
-    second = subprocess.run([sys.executable, "-m", "runtime", "weights"], cwd=REPO_ROOT, env=env, capture_output=True, text=True)
+    second = subprocess.run(
+        [sys.executable, "-m", "runtime", "weights"], cwd=REPO_ROOT, env=env, capture_output=True, text=True
+    )
     assert second.returncode == 0, second.stderr
     assert "removed 1 partial file a stopped download left" in second.stderr
     downloads = [r.path.rsplit("/", 1)[1] for r in hub.received[asked:] if r.method == "GET" and "/resolve/" in r.path]
@@ -139,14 +168,20 @@ def test_a_killed_download_keeps_its_finished_files_and_drops_its_partial_one(hu
 
 def test_a_repo_the_token_cannot_read_stops_with_one_line(hub: HubServer, tmp_path: Path) -> None:
     env = weights_env(hub, tmp_path / "cache", f"{HubServer.owner}/no-such-model")
-    result = subprocess.run([sys.executable, "-m", "runtime", "weights"], cwd=REPO_ROOT, env=env, capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "runtime", "weights"], cwd=REPO_ROOT, env=env, capture_output=True, text=True
+    )
     assert result.returncode == 2
     line = result.stderr.strip().splitlines()[-1]
-    assert line.startswith(f"the Hub has no model repo {HubServer.owner}/no-such-model that HF_TOKEN may read"), result.stderr
+    assert line.startswith(f"the Hub has no model repo {HubServer.owner}/no-such-model that HF_TOKEN may read"), (
+        result.stderr
+    )
     assert "Traceback" not in result.stderr and hub.read_token not in result.stderr
 
 
 def test_a_generated_model_needs_no_download(hub: HubServer, tmp_path: Path) -> None:
     env = weights_env(hub, tmp_path / "cache", "") | {"VL_STATE_DIR": str(tmp_path / "state")}
-    result = subprocess.run([sys.executable, "-m", "runtime", "weights"], cwd=REPO_ROOT, env=env, capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "runtime", "weights"], cwd=REPO_ROOT, env=env, capture_output=True, text=True
+    )
     assert result.returncode == 0 and "nothing to download" in result.stderr and hub.received == []

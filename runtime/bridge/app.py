@@ -45,7 +45,9 @@ QUIET_ROUTES = frozenset({"/health", "/metrics", "/"})  # polled often: no trace
 class Bridge:
     """Everything one bridge process shares: the upstream pool, the model catalog, keys, metrics."""
 
-    def __init__(self, upstream_url: str, settings: Settings, max_connections: int = 512, pool_timeout: float = 10.0) -> None:
+    def __init__(
+        self, upstream_url: str, settings: Settings, max_connections: int = 512, pool_timeout: float = 10.0
+    ) -> None:
         self.upstream = Upstream(upstream_url, max_connections, pool_timeout)
         self.catalog = Catalog(settings.aliases)
         self.metrics = Metrics(lambda: self.upstream.in_use)
@@ -224,9 +226,11 @@ def create_app(bridge: Bridge) -> Starlette:
 
     return Starlette(
         routes=bridge.routes(),
-        middleware=[Middleware(Accounting, bridge=bridge),
-                    Middleware(RequireKey, keys=bridge.keys, hosts=bridge.hosts),
-                    Middleware(KeyShare, cap=bridge.key_concurrency)],
+        middleware=[
+            Middleware(Accounting, bridge=bridge),
+            Middleware(RequireKey, keys=bridge.keys, hosts=bridge.hosts),
+            Middleware(KeyShare, cap=bridge.key_concurrency),
+        ],
         exception_handlers={BridgeError: bridge_error, HTTPException: http_error, Exception: internal_error},
         lifespan=lifespan,
     )

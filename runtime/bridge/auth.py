@@ -54,8 +54,9 @@ def label_salt(state_dir: Path) -> bytes:
                 partial.unlink()
         return path.read_bytes()
     except OSError as error:
-        log.warning("no key-label salt in %s (%s): labels of unnamed keys change at each restart",
-                    state_dir, error.strerror)
+        log.warning(
+            "no key-label salt in %s (%s): labels of unnamed keys change at each restart", state_dir, error.strerror
+        )
         return secrets.token_bytes(SALT_BYTES)
 
 

@@ -88,7 +88,11 @@ class GuardedHttp(HttpToolsProtocol):
 
     def become_idle(self) -> None:
         """Count this connection among the idle ones, the last to make room; not while it serves a request."""
-        if self.transport.is_closing() or self.pipeline or (self.cycle is not None and not self.cycle.response_complete):
+        if (
+            self.transport.is_closing()
+            or self.pipeline
+            or (self.cycle is not None and not self.cycle.response_complete)
+        ):
             return
         self.limits.idle.pop(self, None)
         self.limits.idle[self] = None
@@ -219,7 +223,9 @@ class GuardedHttp(HttpToolsProtocol):
 
 async def read_body(request: Request, limit: int) -> bytes:
     """The whole body, or a 413 as soon as it is known to exceed `limit` bytes, or a 408 when it stops."""
-    too_large = BridgeError(413, f"the request body exceeds the bridge's limit of {limit // 2**20} MiB (VL_MAX_BODY_MB)")
+    too_large = BridgeError(
+        413, f"the request body exceeds the bridge's limit of {limit // 2**20} MiB (VL_MAX_BODY_MB)"
+    )
     length = request.headers.get("content-length", "")
     if length.isdigit() and int(length) > limit:
         raise too_large
@@ -231,7 +237,9 @@ async def read_body(request: Request, limit: int) -> bytes:
                 raise too_large
             chunks.append(chunk)
     except ClientDisconnect:  # the client left, or `GuardedHttp` cut it off and answered 408 itself
-        raise BridgeError(408, "the request body did not arrive in full: the client stopped sending it, or left") from None
+        raise BridgeError(
+            408, "the request body did not arrive in full: the client stopped sending it, or left"
+        ) from None
     return b"".join(chunks)
 
 

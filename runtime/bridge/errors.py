@@ -48,7 +48,9 @@ class BridgeError(Exception):
 
     async def send(self, send: Send) -> None:
         """Answer with this error through a raw ASGI `send` (from inside a streaming response)."""
-        await send({"type": "http.response.start", "status": self.status, "headers": [(b"content-type", b"application/json")]})
+        await send(
+            {"type": "http.response.start", "status": self.status, "headers": [(b"content-type", b"application/json")]}
+        )
         await send({"type": "http.response.body", "body": envelope(self.status, self.message)})
 
     def event(self) -> bytes:

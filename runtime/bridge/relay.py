@@ -74,7 +74,9 @@ class Relay(WatchedAnswer):
         await send({"type": "http.response.start", "status": response.status, "headers": kept})
         await send({"type": "http.response.body", "body": content})
 
-    async def relay_stream(self, response: aiohttp.ClientResponse, send: Send, headers: list[tuple[bytes, bytes]]) -> None:
+    async def relay_stream(
+        self, response: aiohttp.ClientResponse, send: Send, headers: list[tuple[bytes, bytes]]
+    ) -> None:
         writer = Writer(send, COMMENT_PING, self.bridge.ping_s)
         await writer.start(200, headers)
         self.bridge.metrics.open_streams.inc()
@@ -86,7 +88,9 @@ class Relay(WatchedAnswer):
         except BROKEN as error:
             self.trace["error_type"] = "api_error"
             message = f"the model server broke the stream off ({type(error).__name__})"
-            await writer.end(b"data: " + msgspec.json.encode({"error": {"message": message, "type": "api_error"}}) + b"\n\n")
+            await writer.end(
+                b"data: " + msgspec.json.encode({"error": {"message": message, "type": "api_error"}}) + b"\n\n"
+            )
             return
         finally:
             writer.stop()

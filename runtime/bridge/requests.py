@@ -183,9 +183,7 @@ class Translator:
         self.inline_system = inline_system
         self.has_images = False
 
-    def translate(
-        self, request: CountTokensRequest, model: str | None, thinking_budget: bool = True
-    ) -> Translation:
+    def translate(self, request: CountTokensRequest, model: str | None, thinking_budget: bool = True) -> Translation:
         messages = self.system_messages(request.system)
         for message in request.messages:
             messages += self.message(message)
@@ -268,9 +266,13 @@ class Translator:
                 reasoning.append(block.thinking)
             elif isinstance(block, ToolUse):
                 arguments = msgspec.json.encode(block.input).decode()
-                calls.append({"id": block.id, "type": "function", "function": {"name": block.name, "arguments": arguments}})
+                calls.append(
+                    {"id": block.id, "type": "function", "function": {"name": block.name, "arguments": arguments}}
+                )
             elif not isinstance(block, RedactedThinking):  # opaque by design: accepted, not forwarded
-                raise BridgeError(400, f"invalid request: an assistant message cannot contain a {block_type(block)} block")
+                raise BridgeError(
+                    400, f"invalid request: an assistant message cannot contain a {block_type(block)} block"
+                )
         message: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
         if reasoning:
             message["reasoning"] = "".join(reasoning)
@@ -377,7 +379,9 @@ def image_url(source: Base64Source | UrlSource) -> str:
 
 def document_text(block: Document) -> str:
     if not isinstance(block.source, TextSource):
-        raise BridgeError(400, "invalid request: only plain-text documents are supported (no PDF reader behind this model)")
+        raise BridgeError(
+            400, "invalid request: only plain-text documents are supported (no PDF reader behind this model)"
+        )
     return f"{block.title}\n\n{block.source.data}" if block.title else block.source.data
 
 

@@ -60,12 +60,17 @@ def run(args: argparse.Namespace) -> int:
     if bridge.keys.open:
         log.warning("=" * 72)
         log.warning("VL_API_KEYS is empty: the bridge is OPEN, anyone who can reach it can use the model")
-        log.warning("against web pages: POST bodies must be application/json (else 415), and Host %s (else 403; "
-                    "VL_ALLOWED_HOSTS adds names)", bridge.hosts.describe())
+        log.warning(
+            "against web pages: POST bodies must be application/json (else 415), and Host %s (else 403; "
+            "VL_ALLOWED_HOSTS adds names)",
+            bridge.hosts.describe(),
+        )
         log.warning("=" * 72)
     else:
         log.info("API keys required (%d configured)", len(bridge.keys.keys))
-    limits = ReadLimits(args.head_timeout_s, args.body_timeout_s, connection_cap(args.max_connections, open_files_limit()))
+    limits = ReadLimits(
+        args.head_timeout_s, args.body_timeout_s, connection_cap(args.max_connections, open_files_limit())
+    )
     log.info("at most %d client connections", limits.max_connections)
     config = uvicorn.Config(
         create_app(bridge), host=args.host, port=args.port, access_log=False, log_level="info",

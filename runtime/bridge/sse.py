@@ -47,9 +47,10 @@ def event(name: bytes, data: Any) -> bytes:
 
 def delta_prefix(index: int, kind: bytes, field: bytes) -> bytes:
     """The bytes before a delta's text, e.g. `…"index":0,"delta":{"type":"text_delta","text":`."""
-    return (
-        b'event: content_block_delta\ndata: {"type":"content_block_delta","index":%d,"delta":{"type":"%s","%s":'
-        % (index, kind, field)
+    return b'event: content_block_delta\ndata: {"type":"content_block_delta","index":%d,"delta":{"type":"%s","%s":' % (
+        index,
+        kind,
+        field,
     )
 
 
@@ -72,7 +73,9 @@ class AnthropicSse:
         self.out.append(event(b"message_start", {"type": "message_start", "message": message}))
 
     def block_start(self, index: int, block: dict[str, Any]) -> None:
-        self.out.append(event(b"content_block_start", {"type": "content_block_start", "index": index, "content_block": block}))
+        self.out.append(
+            event(b"content_block_start", {"type": "content_block_start", "index": index, "content_block": block})
+        )
         kind = block["type"]
         if kind == "text":
             self.prefix = delta_prefix(index, b"text_delta", b"text")

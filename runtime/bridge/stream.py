@@ -270,7 +270,9 @@ def tool_input(arguments: str) -> dict[str, Any]:
     """The parsed arguments; `{}` when the model's JSON was cut short (e.g. by max_tokens), or nests
     deeper than a request may (a model writes any JSON: it must not overflow the decoder's stack)."""
     if nests_deeper_than(arguments.encode(), MAX_JSON_DEPTH):
-        log.warning("tool call arguments nest deeper than %d levels (%d chars); sent as {}", MAX_JSON_DEPTH, len(arguments))
+        log.warning(
+            "tool call arguments nest deeper than %d levels (%d chars); sent as {}", MAX_JSON_DEPTH, len(arguments)
+        )
         return {}
     try:
         value = msgspec.json.decode(arguments) if arguments else {}

@@ -50,7 +50,9 @@ class Upstream:
     def client(self) -> aiohttp.ClientSession:
         if self.session is None:
             self.session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0, keepalive_timeout=KEEPALIVE_S),
+                connector=aiohttp.TCPConnector(
+                    limit=self.max_connections, limit_per_host=0, keepalive_timeout=KEEPALIVE_S
+                ),
                 # `connect` bounds the wait for a pooled connection; no read timeout: a cold prefill
                 # of a long prompt is silent for minutes (pings cover the client meanwhile).
                 timeout=aiohttp.ClientTimeout(total=None, connect=self.pool_timeout, sock_connect=10, sock_read=None),
@@ -68,10 +70,14 @@ class Upstream:
             response = await self.send(method, path, body, headers)
         except aiohttp.ConnectionTimeoutError:
             if self.in_use >= self.max_connections:
-                raise BridgeError(529, "the bridge is at its limit of concurrent upstream requests; retry shortly") from None
+                raise BridgeError(
+                    529, "the bridge is at its limit of concurrent upstream requests; retry shortly"
+                ) from None
             raise BridgeError(529, "the model server does not accept connections in time") from None
         except aiohttp.ClientError as error:
-            raise BridgeError(529, f"the model server is unreachable ({type(error).__name__}); it may be starting") from None
+            raise BridgeError(
+                529, f"the model server is unreachable ({type(error).__name__}); it may be starting"
+            ) from None
         self.in_use += 1
         try:
             yield response
@@ -115,7 +121,9 @@ class Upstream:
     async def post_abort(self, generation_id: str) -> None:
         try:
             async with self.client().post(
-                self.base_url + ABORT_PATH, json={"request_ids": [generation_id]}, timeout=aiohttp.ClientTimeout(total=10)
+                self.base_url + ABORT_PATH,
+                json={"request_ids": [generation_id]},
+                timeout=aiohttp.ClientTimeout(total=10),
             ) as response:
                 if response.status != 200:
                     log.warning("vLLM refused to abort %s: %s", generation_id, response.status)

@@ -89,9 +89,18 @@ class LogPublisher:
     (no `VL_LOG_REPO`) it does nothing, so callers never need to check.
     """
 
-    def __init__(self, repo: HubRepo | None, pod: str, sources: Mapping[str, Path], is_healthy: Callable[[], bool],
-                 redactor: Redactor, *, interval_s: float = 25.0, budget: CommitBudget | None = None,
-                 retry_s: tuple[float, float] = RETRY_S) -> None:
+    def __init__(
+        self,
+        repo: HubRepo | None,
+        pod: str,
+        sources: Mapping[str, Path],
+        is_healthy: Callable[[], bool],
+        redactor: Redactor,
+        *,
+        interval_s: float = 25.0,
+        budget: CommitBudget | None = None,
+        retry_s: tuple[float, float] = RETRY_S,
+    ) -> None:
         self.repo, self.pod, self.path = repo, pod, log_path(pod)
         self.sources = {name: Path(p) for name, p in sources.items()}
         self.is_healthy, self.redact = is_healthy, redactor
@@ -110,8 +119,14 @@ class LogPublisher:
         self._retry_at, self._failures = 0.0, 0
 
     @classmethod
-    def from_settings(cls, settings: Settings, environ: Mapping[str, str], sources: Mapping[str, Path],
-                      is_healthy: Callable[[], bool], redactor: Redactor) -> LogPublisher:
+    def from_settings(
+        cls,
+        settings: Settings,
+        environ: Mapping[str, str],
+        sources: Mapping[str, Path],
+        is_healthy: Callable[[], bool],
+        redactor: Redactor,
+    ) -> LogPublisher:
         """The pod's publisher: `VL_LOG_REPO`, `VL_LOG_INTERVAL_S`, `HF_ENDPOINT`, `HF_TOKEN`, `RUNPOD_POD_ID`."""
         repo = HubRepo.from_environ(settings.log_repo, environ, "VL_LOG_REPO") if settings.log_repo else None
         return cls(repo, pod_id(environ), sources, is_healthy, redactor, interval_s=settings.log_interval_s)

@@ -32,8 +32,11 @@ class Fatal(Exception):
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("pod_id", help="the pod's id (RUNPOD_POD_ID, or its hostname)")
     parser.add_argument("-f", "--follow", action="store_true", help="keep printing what is new, until Ctrl-C")
-    parser.add_argument("--repo", default=os.environ.get("VL_LOG_REPO") or None,
-                        help="the log repo, owner/name or datasets/owner/name (default: $VL_LOG_REPO)")
+    parser.add_argument(
+        "--repo",
+        default=os.environ.get("VL_LOG_REPO") or None,
+        help="the log repo, owner/name or datasets/owner/name (default: $VL_LOG_REPO)",
+    )
     parser.add_argument("--interval", type=float, default=5.0, help="seconds between checks with --follow")
 
 
@@ -70,8 +73,10 @@ def read(repo: HubRepo, path: str, known: FileVersion | None = None) -> tuple[Fi
     except RemoteEntryNotFoundError:
         raise Waiting(no_log_yet(repo, path)) from None
     except RepositoryNotFoundError:
-        raise Waiting(f"repo {repo} not found on {repo.api.endpoint} (if it is private, set HF_TOKEN; "
-                      "a pod creates it on its first publish)") from None
+        raise Waiting(
+            f"repo {repo} not found on {repo.api.endpoint} (if it is private, set HF_TOKEN; "
+            "a pod creates it on its first publish)"
+        ) from None
     except HfHubHTTPError as error:
         status = error.response.status_code if error.response is not None else "?"
         first = str(error).strip().splitlines()[0]
@@ -107,7 +112,11 @@ def follow(repo: HubRepo, path: str, interval_s: float) -> None:
             said = ""
         except Waiting as reason:
             if str(reason) != said:
-                print(strip_controls(f"runtime logs: {reason}; still trying (Ctrl-C to stop)"), file=sys.stderr, flush=True)
+                print(
+                    strip_controls(f"runtime logs: {reason}; still trying (Ctrl-C to stop)"),
+                    file=sys.stderr,
+                    flush=True,
+                )
                 said = str(reason)
         time.sleep(interval_s)
 

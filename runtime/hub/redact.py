@@ -17,10 +17,26 @@ MARKER = "[redacted]"
 # Whole words of a variable name that mark its value as secret. Matching words, not substrings, is
 # what keeps `TOKENIZERS_PARALLELISM`, `VL_KVBYTES` or `KEYBOARD` out; `TOKENS` is left out on
 # purpose: `MAX_TOKENS`-style names hold counts.
-SECRET_WORDS = frozenset({
-    "TOKEN", "KEY", "KEYS", "APIKEY", "SECRET", "SECRETS", "PASSWORD", "PASSWORDS", "PASSWD", "PASS",
-    "PASSPHRASE", "CREDENTIAL", "CREDENTIALS", "AUTH", "AUTHORIZATION", "COOKIE",
-})
+SECRET_WORDS = frozenset(
+    {
+        "TOKEN",
+        "KEY",
+        "KEYS",
+        "APIKEY",
+        "SECRET",
+        "SECRETS",
+        "PASSWORD",
+        "PASSWORDS",
+        "PASSWD",
+        "PASS",
+        "PASSPHRASE",
+        "CREDENTIAL",
+        "CREDENTIALS",
+        "AUTH",
+        "AUTHORIZATION",
+        "COOKIE",
+    }
+)
 # Glued spellings (`HFTOKEN`, `OPENAIAPIKEY`); a bare `…KEY` suffix is not enough (`MONKEY`).
 SECRET_SUFFIXES = ("TOKEN", "APIKEY", "SECRET", "PASSWORD", "PASSWD")
 # A `PUBLIC_KEY` (RunPod's SSH key) is meant to be seen.
@@ -36,10 +52,14 @@ START = r"(?:(?<![A-Za-z0-9])|(?<=\\[nrt]))"
 # Not a value to mask again (a rule further down meets earlier markers), nor an unset one (`api_key=None`).
 NOT_A_SECRET_YET = rf"(?!{re.escape(MARKER)}|(?:none|null)\b)"
 # Names of fields and URL parameters that hold secrets, with any prefix (`client_secret`, `hf_token`).
-SECRET_FIELD = (r"(?:[A-Za-z0-9]+[_.-])*(?:access_token|refresh_token|token|password|passwd|passphrase|secret"
-                r"|api[_-]?key|apikey|access_key|private_key|credentials?)")
-SECRET_PARAMETER = (r"(?:[A-Za-z0-9]+[_.-])*(?:token|api[_-]?key|apikey|key|secret|password|passwd|sig|signature"
-                    r"|credential)")
+SECRET_FIELD = (
+    r"(?:[A-Za-z0-9]+[_.-])*(?:access_token|refresh_token|token|password|passwd|passphrase|secret"
+    r"|api[_-]?key|apikey|access_key|private_key|credentials?)"
+)
+SECRET_PARAMETER = (
+    r"(?:[A-Za-z0-9]+[_.-])*(?:token|api[_-]?key|apikey|key|secret|password|passwd|sig|signature"
+    r"|credential)"
+)
 
 
 def shape(pattern: str) -> tuple[re.Pattern[str], str]:
@@ -70,11 +90,15 @@ SECRET_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     shape(rf"{START}AIza[0-9A-Za-z_-]{{35}}"),  # Google API keys
     shape(rf"{START}xox[abprs]-[A-Za-z0-9-]{{10,}}"),  # Slack tokens
     shape(rf"{START}(?:AKIA|ASIA)[0-9A-Z]{{16}}\b"),  # AWS access key ids
-    shape(rf"{START}eyJ[A-Za-z0-9_-]{{8,}}\.eyJ[A-Za-z0-9_-]{{8,}}\.[A-Za-z0-9_-]*"),  # JWTs: two JSON parts, a signature
+    shape(
+        rf"{START}eyJ[A-Za-z0-9_-]{{8,}}\.eyJ[A-Za-z0-9_-]{{8,}}\.[A-Za-z0-9_-]*"
+    ),  # JWTs: two JSON parts, a signature
     # Credentials inside a URL: the user may be empty and the password hold `/` or `@` (the first `@`
     # followed by a host ends it; at most 256 characters: linear on any text); `host:443/…` is a port.
-    (re.compile(r"(?<=://)[^\s/:@]*:(?!\d+(?:[/?#\s]|\Z))\S{0,256}?@(?=[A-Za-z0-9.-]+(?::\d+)?(?:[/?#\s\"'<>]|\Z))"),
-     f"{MARKER}@"),
+    (
+        re.compile(r"(?<=://)[^\s/:@]*:(?!\d+(?:[/?#\s]|\Z))\S{0,256}?@(?=[A-Za-z0-9.-]+(?::\d+)?(?:[/?#\s\"'<>]|\Z))"),
+        f"{MARKER}@",
+    ),
     after(rf"[?&]{SECRET_PARAMETER}=", r"[^&#\s\"'<>]+"),  # `?token=…`, `&api_key=…`, `X-Amz-Signature=…`
     quoted_field('"'),
     quoted_field("'"),

@@ -80,8 +80,15 @@ class RemoteConfig:
     Without `VL_CONFIG_REPO` it keeps the environment's settings and starts no thread.
     """
 
-    def __init__(self, environ: Mapping[str, str], on_change: OnChange, *, notify: Notify | None = None,
-                 redactor: Redactor | None = None, poll_s: float | None = None) -> None:
+    def __init__(
+        self,
+        environ: Mapping[str, str],
+        on_change: OnChange,
+        *,
+        notify: Notify | None = None,
+        redactor: Redactor | None = None,
+        poll_s: float | None = None,
+    ) -> None:
         # A snapshot of the pod's own environment: the engine's variables (HF_HUB_OFFLINE…) never enter it,
         # so they cannot leak into the next reload as they did in the seeds (bootstrap v58).
         self.environ = dict(environ)

@@ -120,7 +120,11 @@ class HubRepo:
         """The file's text at exactly `version` (a throwaway cache: the model cache stays untouched)."""
         with tempfile.TemporaryDirectory(prefix="vlpod-hub-") as cache:
             local = self.api.hf_hub_download(
-                self.repo_id, path, repo_type=self.repo_type, revision=version.commit, cache_dir=cache,
+                self.repo_id,
+                path,
+                repo_type=self.repo_type,
+                revision=version.commit,
+                cache_dir=cache,
                 etag_timeout=HUB_TIMEOUT_S,
             )
             return Path(local).read_text(encoding="utf-8", errors="replace")
@@ -128,8 +132,13 @@ class HubRepo:
     def write_text(self, path: str, text: str, message: str) -> None:
         """One commit writing `path`; creates the repo (private) when it does not exist yet."""
         api = self.api
-        upload = dict(path_or_fileobj=text.encode(), path_in_repo=path, repo_id=self.repo_id,
-                      repo_type=self.repo_type, commit_message=message)
+        upload = dict(
+            path_or_fileobj=text.encode(),
+            path_in_repo=path,
+            repo_id=self.repo_id,
+            repo_type=self.repo_type,
+            commit_message=message,
+        )
         try:
             api.upload_file(**upload)
         except RepositoryNotFoundError:

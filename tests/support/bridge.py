@@ -52,7 +52,9 @@ class Process:
 def started(argv: list[str], log_path: Path, env: dict[str, str]) -> Iterator[Process]:
     """Run `argv` until the `with` ends; ready once it logs the address it listens on."""
     with log_path.open("wb") as log:
-        process = subprocess.Popen(argv, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            argv, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+        )
 
     def listening() -> re.Match[str] | None:
         if process.poll() is not None:
@@ -78,8 +80,22 @@ def clean_environment(settings: dict[str, str]) -> dict[str, str]:
 
 
 @contextmanager
-def start_bridge(upstream: str, log_path: Path, settings: dict[str, str] | None = None, *options: str) -> Iterator[Process]:
-    argv = [sys.executable, "-m", "runtime", "bridge", "--upstream", upstream, "--host", "127.0.0.1", "--port", "0", *options]
+def start_bridge(
+    upstream: str, log_path: Path, settings: dict[str, str] | None = None, *options: str
+) -> Iterator[Process]:
+    argv = [
+        sys.executable,
+        "-m",
+        "runtime",
+        "bridge",
+        "--upstream",
+        upstream,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        *options,
+    ]
     with started(argv, log_path, clean_environment(settings or {})) as bridge:
         yield bridge
 
@@ -87,7 +103,9 @@ def start_bridge(upstream: str, log_path: Path, settings: dict[str, str] | None 
 @contextmanager
 def start_stand_in(log_path: Path, *options: str) -> Iterator[Process]:
     """`bench/upstream.py`: a scripted OpenAI-style streaming server (pace, silence, length)."""
-    with started([sys.executable, "bench/upstream.py", "--port", "0", *options], log_path, clean_environment({})) as upstream:
+    with started(
+        [sys.executable, "bench/upstream.py", "--port", "0", *options], log_path, clean_environment({})
+    ) as upstream:
         yield upstream
 
 

@@ -19,9 +19,9 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
-import docker
 from docker.errors import DockerException
 
+import docker
 from tests.support.repo_copy import ROOT
 
 DEFAULT_BRIDGE = Path("/sys/class/net/docker0")
@@ -77,16 +77,29 @@ class PrivateEngine:
         namespace = "vllm-pod-" + re.sub(r"[^A-Za-z0-9]", "", self.root.name)
         network = [] if self.bridge else ["--bridge=none"]
         return [
-            system_tool("dockerd", "docker.io"), "--data-root", str(self.root / "data"), "--exec-root", str(self.root / "exec"),
-            "--pidfile", str(self.root / "dockerd.pid"), "--host", self.docker_host,
-            "--containerd-namespace", namespace, "--containerd-plugins-namespace", f"{namespace}-plugins",
-            "--iptables=false", "--ip6tables=false", *network,
+            system_tool("dockerd", "docker.io"),
+            "--data-root",
+            str(self.root / "data"),
+            "--exec-root",
+            str(self.root / "exec"),
+            "--pidfile",
+            str(self.root / "dockerd.pid"),
+            "--host",
+            self.docker_host,
+            "--containerd-namespace",
+            namespace,
+            "--containerd-plugins-namespace",
+            f"{namespace}-plugins",
+            "--iptables=false",
+            "--ip6tables=false",
+            *network,
         ]
 
     def start(self) -> docker.DockerClient:
         with self.log_path.open("wb") as log:
-            self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL, start_new_session=True)
+            self.process = subprocess.Popen(
+                self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            )
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -144,7 +157,6 @@ def system_tool(name: str, package: str) -> str:
     if not path:
         raise EngineError(f"{name} is not installed: apt-get install {package} (scripts/setup does)")
     return path
-
 
 
 def unmount_under(root: Path) -> None:

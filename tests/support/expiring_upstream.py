@@ -23,7 +23,10 @@ NUMBERS = itertools.count(1)
 
 def response(body: dict) -> bytes:
     content = json.dumps(body).encode()
-    return b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(content), content)
+    return b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (
+        len(content),
+        content,
+    )
 
 
 class ExpiringConnection(asyncio.Protocol):
@@ -56,7 +59,9 @@ class ExpiringConnection(asyncio.Protocol):
         while b"\r\n\r\n" in self.buffer:
             head, _, rest = self.buffer.partition(b"\r\n\r\n")
             lines = head.split(b"\r\n")
-            length = next((int(line.split(b":")[1]) for line in lines[1:] if line.lower().startswith(b"content-length:")), 0)
+            length = next(
+                (int(line.split(b":")[1]) for line in lines[1:] if line.lower().startswith(b"content-length:")), 0
+            )
             if len(rest) < length:
                 return
             self.buffer = rest[length:]

@@ -102,10 +102,19 @@ class User:
 
     def whoami(self) -> dict:
         """`GET /api/whoami-v2`, shaped as the Hub answers it for a user's access token."""
-        return {"type": "user", "id": hashlib.md5(self.name.encode()).hexdigest()[:24], "name": self.name,
-                "fullname": self.name.replace("-", " ").title(), "isPro": self.paid, "canPay": self.paid,
-                "orgs": [], "auth": {"type": "access_token", "accessToken": {
-                    "displayName": self.token_name, "role": "write" if self.write else "read"}}}
+        return {
+            "type": "user",
+            "id": hashlib.md5(self.name.encode()).hexdigest()[:24],
+            "name": self.name,
+            "fullname": self.name.replace("-", " ").title(),
+            "isPro": self.paid,
+            "canPay": self.paid,
+            "orgs": [],
+            "auth": {
+                "type": "access_token",
+                "accessToken": {"displayName": self.token_name, "role": "write" if self.write else "read"},
+            },
+        }
 
 
 @dataclass(frozen=True)
@@ -201,15 +210,22 @@ class HubState:
             raise Refusal(404, f"Invalid rev id: {revision}", "RevisionNotFound")
         return repo
 
-    def create(self, repo_id: str, repo_type: str, owner: str, private: bool,
-               files: dict[str, bytes] | None = None) -> Repo:
+    def create(
+        self, repo_id: str, repo_type: str, owner: str, private: bool, files: dict[str, bytes] | None = None
+    ) -> Repo:
         repo = Repo(repo_id, repo_type, owner, private)
         repo.add_commit("initial commit", {".gitattributes": GITATTRIBUTES, **(files or {})})
         self.repos[(repo_type, repo_id)] = repo
         return repo
 
-    def create_space(self, repo_id: str, private: bool, sdk: str, variables: dict[str, str] | None = None,
-                     hardware: str | None = None) -> Repo:
+    def create_space(
+        self,
+        repo_id: str,
+        private: bool,
+        sdk: str,
+        variables: dict[str, str] | None = None,
+        hardware: str | None = None,
+    ) -> Repo:
         """A Space: its initial commit holds the Hub's README.md (a card naming the SDK); nothing to run yet."""
         readme = initial_readme(repo_id.split("/")[1], sdk)
         repo = self.create(repo_id, "space", repo_id.split("/")[0], private, {"README.md": readme})
@@ -325,8 +341,10 @@ class HubApp:
         if not isinstance(content, str) or repo_type not in URL_PREFIX:
             raise Refusal(400, "Expected {content: string, repoType: model|dataset|space}")
         errors, warnings = check_readme(content, repo_type)
-        return JSONResponse({"errors": [{"message": m} for m in errors], "warnings": [{"message": m} for m in warnings]},
-                            400 if errors else 200)
+        return JSONResponse(
+            {"errors": [{"message": m} for m in errors], "warnings": [{"message": m} for m in warnings]},
+            400 if errors else 200,
+        )
 
     async def create_repo(self, request: Request) -> Response:
         body = await json_body(request)
@@ -350,12 +368,22 @@ class HubApp:
             repo = self.state.readable(request, *repo_ref(request))
             commit = repo.at(request.path_params.get("revision", "main"))
             info = {
-                "_id": hashlib.md5(repo.repo_id.encode()).hexdigest()[:24], "id": repo.repo_id,
-                "author": repo.owner, "sha": commit.oid, "private": repo.private, "disabled": False,
-                "gated": False, "lastModified": iso(commit.at), "createdAt": iso(repo.commits[0].at),
-                "tags": [], "downloads": 0, "likes": 0,
-                "siblings": [sibling(path, commit.files[path], request.query_params.get("blobs") == "true")
-                             for path in sorted(commit.files)],
+                "_id": hashlib.md5(repo.repo_id.encode()).hexdigest()[:24],
+                "id": repo.repo_id,
+                "author": repo.owner,
+                "sha": commit.oid,
+                "private": repo.private,
+                "disabled": False,
+                "gated": False,
+                "lastModified": iso(commit.at),
+                "createdAt": iso(repo.commits[0].at),
+                "tags": [],
+                "downloads": 0,
+                "likes": 0,
+                "siblings": [
+                    sibling(path, commit.files[path], request.query_params.get("blobs") == "true")
+                    for path in sorted(commit.files)
+                ],
             }
             if repo.repo_type == "space":
                 info |= self.state.spaces[repo.repo_id].info(commit.files.get("README.md"))
@@ -415,12 +443,21 @@ class HubApp:
             self.state.check_space_commit(repo, files, self.state.user(request))
             recent = [c for c in repo.commits if c.at > time.time() - 3600]
             if len(recent) >= self.state.commits_per_hour:
-                raise Refusal(429, f"You have exceeded the rate limit for repository commits "
-                                   f"({self.state.commits_per_hour} per hour).")
+                raise Refusal(
+                    429,
+                    f"You have exceeded the rate limit for repository commits "
+                    f"({self.state.commits_per_hour} per hour).",
+                )
             commit = repo.add_commit(items[0]["value"]["summary"], files)
             self.state.committed(repo, commit)
-            return JSONResponse({"success": True, "commitOid": commit.oid, "hookOutput": "",
-                                 "commitUrl": f"{self.repo_url(repo)}/commit/{commit.oid}"})
+            return JSONResponse(
+                {
+                    "success": True,
+                    "commitOid": commit.oid,
+                    "hookOutput": "",
+                    "commitUrl": f"{self.repo_url(repo)}/commit/{commit.oid}",
+                }
+            )
 
     @staticmethod
     def apply(repo: Repo, items: list) -> dict[str, bytes]:
@@ -482,8 +519,12 @@ class HubApp:
             sha256 = hashlib.sha256(content).hexdigest()
             with self.state.lock:
                 self.state.lfs_objects[sha256] = content
-            headers |= {"ETag": f'"{git_hash(lfs_pointer(content))}"', "X-Linked-Etag": f'"{sha256}"',
-                        "X-Linked-Size": str(len(content)), "Location": f"{self.object_store}/{sha256}"}
+            headers |= {
+                "ETag": f'"{git_hash(lfs_pointer(content))}"',
+                "X-Linked-Etag": f'"{sha256}"',
+                "X-Linked-Size": str(len(content)),
+                "Location": f"{self.object_store}/{sha256}",
+            }
             return Response(status_code=302, headers=headers)
         headers |= {"ETag": f'"{git_hash(content)}"', "Content-Type": "text/plain; charset=utf-8"}
         return self.file_response(request, content, headers)
@@ -522,8 +563,10 @@ def is_lfs(path: str, content: bytes) -> bool:
 
 def lfs_pointer(content: bytes) -> bytes:
     """The git-lfs pointer file that stands in the repo for an LFS file."""
-    return (f"version https://git-lfs.github.com/spec/v1\noid sha256:{hashlib.sha256(content).hexdigest()}\n"
-            f"size {len(content)}\n").encode()
+    return (
+        f"version https://git-lfs.github.com/spec/v1\noid sha256:{hashlib.sha256(content).hexdigest()}\n"
+        f"size {len(content)}\n"
+    ).encode()
 
 
 def sibling(path: str, content: bytes, blobs: bool) -> dict:
@@ -533,14 +576,18 @@ def sibling(path: str, content: bytes, blobs: bool) -> dict:
     if not is_lfs(path, content):
         return {"rfilename": path, "size": len(content), "blobId": git_hash(content)}
     pointer = lfs_pointer(content)
-    return {"rfilename": path, "size": len(content), "blobId": git_hash(pointer),
-            "lfs": {"size": len(content), "sha256": hashlib.sha256(content).hexdigest(), "pointerSize": len(pointer)}}
+    return {
+        "rfilename": path,
+        "size": len(content),
+        "blobId": git_hash(pointer),
+        "lfs": {"size": len(content), "sha256": hashlib.sha256(content).hexdigest(), "pointerSize": len(pointer)},
+    }
 
 
 async def paced(content: bytes, rate: float, piece: int = 16 * 1024) -> AsyncIterator[bytes]:
     """`content` in pieces, at `rate` bytes/s on average (a slow link, for tests that stop a download midway)."""
     for offset in range(0, len(content), piece):
-        yield content[offset:offset + piece]
+        yield content[offset : offset + piece]
         await asyncio.sleep(piece / rate)
 
 
@@ -567,7 +614,8 @@ def new_space(body: dict, user: User) -> tuple[str, dict[str, str], str | None]:
     if body.get("template") or body.get("volumes"):
         raise Refusal(501, "Space templates and volumes are not implemented by this test server")
     if not isinstance(variables, list) or not all(
-            isinstance(v, dict) and isinstance(v.get("key"), str) and isinstance(v.get("value"), str) for v in variables):
+        isinstance(v, dict) and isinstance(v.get("key"), str) and isinstance(v.get("value"), str) for v in variables
+    ):
         raise Refusal(400, "Invalid variables: expected [{key, value, description?}]")
     if not isinstance(body.get("hardware") or "", str):
         raise Refusal(400, f"Invalid hardware: {body['hardware']!r}")
@@ -583,11 +631,12 @@ def tree_entries(files: dict[str, bytes], folder: str, recursive: bool) -> list[
     for path, content in sorted(files.items()):
         if not path.startswith(prefix):
             continue
-        parts = path[len(prefix):].split("/")
+        parts = path[len(prefix) :].split("/")
         for depth in range(1, len(parts) if recursive else min(len(parts), 2)):
             sub = prefix + "/".join(parts[:depth])
-            entries.setdefault(sub, {"type": "directory", "oid": hashlib.sha1(sub.encode()).hexdigest(),
-                                     "size": 0, "path": sub})
+            entries.setdefault(
+                sub, {"type": "directory", "oid": hashlib.sha1(sub.encode()).hexdigest(), "size": 0, "path": sub}
+            )
         if recursive or len(parts) == 1:
             entries[path] = {"type": "file", "oid": git_hash(content), "size": len(content), "path": path}
     return list(entries.values())
@@ -609,10 +658,12 @@ class HubServer:
         self.read_token = f"hf_{secrets.token_hex(17)}"
         self.stranger_token = f"hf_{secrets.token_hex(17)}"
         self.free_token = f"hf_{secrets.token_hex(17)}"
-        users = {self.write_token: User(self.owner, True, token_name="write"),
-                 self.read_token: User(self.owner, False, token_name="read"),
-                 self.stranger_token: User("stranger", True, token_name="write"),
-                 self.free_token: User(self.free_user, True, paid=False, token_name="write")}
+        users = {
+            self.write_token: User(self.owner, True, token_name="write"),
+            self.read_token: User(self.owner, False, token_name="read"),
+            self.stranger_token: User("stranger", True, token_name="write"),
+            self.free_token: User(self.free_user, True, paid=False, token_name="write"),
+        }
         self.state = HubState(users, commits_per_hour)
         self.app = HubApp(self.state)
         self.endpoint = ""
@@ -627,8 +678,9 @@ class HubServer:
         # Another origin, as the Hub's CDN is: the client follows no redirect there with its token.
         self.app.object_store = f"http://127.0.0.1:{app_sock.getsockname()[1]}/lfs-objects"
         ready = threading.Event()
-        self._thread = threading.Thread(target=asyncio.run, args=(self._serve(front_sock, app_sock, ready),),
-                                        name="hub-server", daemon=True)
+        self._thread = threading.Thread(
+            target=asyncio.run, args=(self._serve(front_sock, app_sock, ready),), name="hub-server", daemon=True
+        )
         self._thread.start()
         if not ready.wait(30):
             raise RuntimeError("the test Hub did not start")
@@ -643,7 +695,9 @@ class HubServer:
         self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
         self._front = Front(app_sock.getsockname()[1])
         app = DateHeader(Recorder(self.app.asgi(), self.state.received, self.state.lock))
-        config = uvicorn.Config(app, log_level="warning", lifespan="off", date_header=False, timeout_graceful_shutdown=5)
+        config = uvicorn.Config(
+            app, log_level="warning", lifespan="off", date_header=False, timeout_graceful_shutdown=5
+        )
         server = uvicorn.Server(config)
         serving = asyncio.ensure_future(server.serve(sockets=[app_sock]))
         front = await asyncio.start_server(self._front.handle, sock=front_sock)
@@ -720,7 +774,9 @@ class HubServer:
 
     def put_folder(self, repo_id: str, folder: Path) -> str:
         """Commits every file under `folder` at once (test setup: a model pushed with git and git-lfs)."""
-        files = {str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
+        files = {
+            str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()
+        }
         with self.state.lock:
             repo = self.state.repos[("model", repo_id)]
             commit = repo.add_commit("Upload folder", {**repo.head.files, **files})

@@ -30,10 +30,13 @@ DEFAULT_HARDWARE = "cpu-basic"
 SLEEP_TIME_S = 172800  # a cpu-basic Space sleeps after 48 h without visitors
 KEEPALIVE_S = 10.0  # must exceed huggingface_hub's 5 s no-follow read timeout: that timeout ends a no-follow read
 KEEPALIVE = "data: \n\n"  # an empty event: huggingface_hub reads only `data: {` lines
-EMPTY_METADATA = ("empty or missing yaml metadata in repo card "
-                  "(https://huggingface.co/docs/hub/model-cards#model-card-metadata)")
-PAID_PLAN = ("Creating a {sdk} Space requires a paid plan: PRO for users, Team or Enterprise for organizations "
-             "(static Spaces are free). See https://huggingface.co/pricing")
+EMPTY_METADATA = (
+    "empty or missing yaml metadata in repo card (https://huggingface.co/docs/hub/model-cards#model-card-metadata)"
+)
+PAID_PLAN = (
+    "Creating a {sdk} Space requires a paid plan: PRO for users, Team or Enterprise for organizations "
+    "(static Spaces are free). See https://huggingface.co/pricing"
+)
 # huggingface_hub's own pattern for a card's metadata block (repocard.py)
 YAML_BLOCK = re.compile(r"^(\s*---[\r\n]+)([\S\s]*?)([\r\n]+---(\r\n|\n|$))")
 
@@ -63,8 +66,11 @@ def front_matter(text: str) -> dict | None:
 def space_metadata_errors(data: dict) -> list[str]:
     """What the Hub refuses in a Space's metadata: its SDK, colours, app port and short description."""
     errors = [] if data.get("sdk") in SDKS else [f'"sdk" is required and must be one of [{", ".join(SDKS)}]']
-    errors += [f'"{key}" must be one of [{", ".join(COLORS)}]' for key in ("colorFrom", "colorTo")
-               if key in data and data[key] not in COLORS]
+    errors += [
+        f'"{key}" must be one of [{", ".join(COLORS)}]'
+        for key in ("colorFrom", "colorTo")
+        if key in data and data[key] not in COLORS
+    ]
     port = data.get("app_port")
     if "app_port" in data and (not isinstance(port, int) or isinstance(port, bool)):
         errors.append('"app_port" must be an integer')
@@ -88,8 +94,15 @@ def check_readme(text: str, repo_type: str) -> tuple[list[str], list[str]]:
 def initial_readme(name: str, sdk: str) -> bytes:
     """The README.md the Hub puts in a new Space's initial commit: a card whose metadata names the SDK."""
     colour = sum(name.encode()) % len(COLORS)
-    meta = {"title": name, "emoji": "🚀", "colorFrom": COLORS[colour], "colorTo": COLORS[(colour + 3) % len(COLORS)],
-            "sdk": sdk, **({"app_file": "app.py"} if sdk in ("gradio", "streamlit") else {}), "pinned": False}
+    meta = {
+        "title": name,
+        "emoji": "🚀",
+        "colorFrom": COLORS[colour],
+        "colorTo": COLORS[(colour + 3) % len(COLORS)],
+        "sdk": sdk,
+        **({"app_file": "app.py"} if sdk in ("gradio", "streamlit") else {}),
+        "pinned": False,
+    }
     card = yaml.safe_dump(meta, sort_keys=False, allow_unicode=True)
     return f"---\n{card}---\n\nCheck out the configuration reference at https://huggingface.co/docs/hub/spaces-config-reference\n".encode()
 
@@ -260,8 +273,14 @@ class SpaceView:
 class SpaceState:
     """A Space's runtime on the Hub: its SDK, stage, hardware, variables and current build."""
 
-    def __init__(self, space_id: str, sdk: str, notifier: Notifier, variables: dict[str, str] | None = None,
-                 hardware: str | None = None) -> None:
+    def __init__(
+        self,
+        space_id: str,
+        sdk: str,
+        notifier: Notifier,
+        variables: dict[str, str] | None = None,
+        hardware: str | None = None,
+    ) -> None:
         self.space_id, self.sdk, self.notifier = space_id, sdk, notifier
         self.variables = dict(variables or {})  # the Hub passes them to a Docker build as build args
         self.hardware = hardware or DEFAULT_HARDWARE
@@ -327,11 +346,16 @@ class SpaceState:
     def runtime(self) -> dict:
         """`GET /api/spaces/{id}/runtime`, shaped as the Hub answers it."""
         with self._lock:
-            answer = {"stage": self.stage, "hardware": {"current": self.hardware if self.has_run else None,
-                                                         "requested": self.hardware},
-                      "storage": None, "gcTimeout": SLEEP_TIME_S, "replicas": {"current": 1, "requested": 1},
-                      "devMode": False, "domains": [{"domain": f"{subdomain(self.space_id)}.hf.space", "stage": "READY"}],
-                      "sdk": self.sdk}
+            answer = {
+                "stage": self.stage,
+                "hardware": {"current": self.hardware if self.has_run else None, "requested": self.hardware},
+                "storage": None,
+                "gcTimeout": SLEEP_TIME_S,
+                "replicas": {"current": 1, "requested": 1},
+                "devMode": False,
+                "domains": [{"domain": f"{subdomain(self.space_id)}.hf.space", "stage": "READY"}],
+                "sdk": self.sdk,
+            }
             if self.error:
                 answer["errorMessage"] = self.error
             return answer
@@ -351,8 +375,10 @@ class SpaceState:
         deadline = time.monotonic() + timeout_s
         while (build := self.build) is not None:
             if not build.done.wait(max(0.0, deadline - time.monotonic())):
-                raise TimeoutError(f"{self.space_id} is still {self.stage} after {timeout_s:g} s; "
-                                   f"its build log ends:\n{self.log.text()[-3000:]}")
+                raise TimeoutError(
+                    f"{self.space_id} is still {self.stage} after {timeout_s:g} s; "
+                    f"its build log ends:\n{self.log.text()[-3000:]}"
+                )
             if build is self.build:
                 break
         return self.stage

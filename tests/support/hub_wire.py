@@ -83,8 +83,9 @@ class Recorder:
             await self.app(scope, recording_receive, recording_send)
         finally:
             headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-            received = Received(scope["method"], scope["path"], scope["query_string"].decode("latin-1"),
-                                headers, bytes(body), status[0])
+            received = Received(
+                scope["method"], scope["path"], scope["query_string"].decode("latin-1"), headers, bytes(body), status[0]
+            )
             with self.lock:
                 self.received.append(received)
 
@@ -102,8 +103,10 @@ class DateHeader:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         async def dated_send(message: Message) -> None:
             if message["type"] == "http.response.start":
-                message = {**message, "headers": [*message.get("headers", []),
-                                                  (b"date", formatdate(usegmt=True).encode())]}
+                message = {
+                    **message,
+                    "headers": [*message.get("headers", []), (b"date", formatdate(usegmt=True).encode())],
+                }
             await send(message)
 
         await self.app(scope, receive, dated_send if scope["type"] == "http" else send)

@@ -14,9 +14,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import docker
 import pytest
 
+import docker
 from tests.support.docker_engine import PrivateEngine, host_pip_build_options, import_debian_base, private_engine
 from tests.support.repo_copy import ROOT
 
@@ -34,11 +34,28 @@ def report(request: pytest.FixtureRequest, line: str) -> None:
 
 def build_cpu(repo: Path, engine: PrivateEngine, base: str, tag: str) -> tuple[subprocess.CompletedProcess[str], float]:
     """`build.py --arch cpu --build` as a user on this machine runs it; returns its result and duration."""
-    command = [sys.executable, "build.py", "--arch", "cpu", "--build", "--tag", tag,
-               "--build-arg", f"BASE_IMAGE={base}", *engine.build_options, *host_pip_build_options()]
+    command = [
+        sys.executable,
+        "build.py",
+        "--arch",
+        "cpu",
+        "--build",
+        "--tag",
+        tag,
+        "--build-arg",
+        f"BASE_IMAGE={base}",
+        *engine.build_options,
+        *host_pip_build_options(),
+    ]
     started = time.monotonic()
-    result = subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=1800,
-                            env={**os.environ, "DOCKER_HOST": engine.docker_host})
+    result = subprocess.run(
+        command,
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env={**os.environ, "DOCKER_HOST": engine.docker_host},
+    )
     return result, time.monotonic() - started
 
 
@@ -62,7 +79,9 @@ def image_base(image_engine: Engine, request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture(scope="session")
-def cold_build(image_engine: Engine, image_base: str, request: pytest.FixtureRequest) -> subprocess.CompletedProcess[str]:
+def cold_build(
+    image_engine: Engine, image_base: str, request: pytest.FixtureRequest
+) -> subprocess.CompletedProcess[str]:
     result, seconds = build_cpu(ROOT, image_engine[0], image_base, CPU_TAG)
     expect_built(result)
     size = image_engine[1].images.get(CPU_TAG).attrs["Size"]
@@ -80,15 +99,23 @@ def cpu_image(cold_build: subprocess.CompletedProcess[str]) -> str:
 
 def wait_for_status_page(container: docker.models.containers.Container) -> dict:
     """The Space status page's facts once it answers on 7860 (read from inside: the container may have no network)."""
-    probe = ["python", "-c", "import urllib.request as r; print(r.urlopen('http://127.0.0.1:7860/facts', timeout=5).read().decode())"]
+    probe = [
+        "python",
+        "-c",
+        "import urllib.request as r; print(r.urlopen('http://127.0.0.1:7860/facts', timeout=5).read().decode())",
+    ]
     deadline = time.monotonic() + STATUS_TIMEOUT_S
     while time.monotonic() < deadline:
         container.reload()
         assert container.status == "running", container.logs(tail=30).decode(errors="replace")
         code, output = container.exec_run(probe)
         if code == 0:
-            assert container.exec_run(["python", "-c", "import urllib.request as r; "
-                                       "r.urlopen('http://127.0.0.1:7860/', timeout=5)"]).exit_code == 0
+            assert (
+                container.exec_run(
+                    ["python", "-c", "import urllib.request as r; r.urlopen('http://127.0.0.1:7860/', timeout=5)"]
+                ).exit_code
+                == 0
+            )
             return json.loads(output.decode())
         time.sleep(0.5)  # polling: the status page offers nothing else to wait on from outside
     pytest.fail(f"no status page after {STATUS_TIMEOUT_S} s:\n{container.logs(tail=30).decode(errors='replace')}")

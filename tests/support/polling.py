@@ -24,6 +24,11 @@ def wait_for_log_line(read_log: Callable[[], str], pattern: str, timeout_s: floa
     """The first line of a log that matches the regex `pattern`, once written; fails with the log's end."""
     regex = re.compile(f"^.*(?:{pattern}).*$", re.MULTILINE)
     try:
-        return wait_until(lambda: (found := regex.search(read_log())) and found.group(0), f"a log line matching {pattern!r}", timeout_s, 0.05)
+        return wait_until(
+            lambda: (found := regex.search(read_log())) and found.group(0),
+            f"a log line matching {pattern!r}",
+            timeout_s,
+            0.05,
+        )
     except AssertionError as error:
         raise AssertionError(f"{error}; the log ends:\n{read_log()[-4000:]}") from None

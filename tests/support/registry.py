@@ -24,9 +24,11 @@ from tests.support.net import free_port
 
 START_TIMEOUT_S = 30
 STOP_TIMEOUT_S = 10
-MANIFEST_TYPES = ("application/vnd.oci.image.manifest.v1+json, application/vnd.oci.image.index.v1+json, "
-                  "application/vnd.docker.distribution.manifest.v2+json, "
-                  "application/vnd.docker.distribution.manifest.list.v2+json")
+MANIFEST_TYPES = (
+    "application/vnd.oci.image.manifest.v1+json, application/vnd.oci.image.index.v1+json, "
+    "application/vnd.docker.distribution.manifest.v2+json, "
+    "application/vnd.docker.distribution.manifest.list.v2+json"
+)
 
 
 class RegistryError(RuntimeError):
@@ -52,15 +54,21 @@ class LocalRegistry:
 
     def config(self) -> str:
         """The registry's YAML config: filesystem storage in our folder, deletes allowed, no auth."""
-        return (f"version: 0.1\nlog:\n  level: info\nstorage:\n  filesystem:\n    rootdirectory: {self.root / 'data'}\n"
-                f"  delete:\n    enabled: true\nhttp:\n  addr: {self.host}\n")
+        return (
+            f"version: 0.1\nlog:\n  level: info\nstorage:\n  filesystem:\n    rootdirectory: {self.root / 'data'}\n"
+            f"  delete:\n    enabled: true\nhttp:\n  addr: {self.host}\n"
+        )
 
     def start(self) -> LocalRegistry:
         config = self.root / "config.yml"
         config.write_text(self.config())
         with (self.root / "registry.log").open("wb") as log:
-            self.process = subprocess.Popen([system_tool("docker-registry", "docker-registry"), "serve", str(config)],
-                                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            self.process = subprocess.Popen(
+                [system_tool("docker-registry", "docker-registry"), "serve", str(config)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
         self.wait_until_answering()
         return self
 

@@ -11,8 +11,16 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def copy_repo(destination: Path) -> Path:
     """Copy the files git tracks or would track (no .git, .venv, caches) to destination."""
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                            cwd=ROOT, capture_output=True, check=True).stdout.decode().split("\0")
+    listed = (
+        subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=ROOT,
+            capture_output=True,
+            check=True,
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     for relative in filter(None, listed):
         source = ROOT / relative
         if source.is_file():

@@ -138,9 +138,20 @@ class RunPodState:
 
 def new_template(template_id: str, body: dict[str, Any]) -> dict[str, Any]:
     """A Template from a CreateTemplateRequest: the schema's defaults for what the body leaves out."""
-    defaults = {"args": "", "disk": 50, "mounts": {}, "ports": [], "env": {}, "registry": None, "serverless": False,
-                "public": False, "category": "NVIDIA", "startSsh": True, "startJupyter": True,
-                "allowedCudaVersions": []}  # `disk` has no default in the spec: 50 is its examples' value
+    defaults = {
+        "args": "",
+        "disk": 50,
+        "mounts": {},
+        "ports": [],
+        "env": {},
+        "registry": None,
+        "serverless": False,
+        "public": False,
+        "category": "NVIDIA",
+        "startSsh": True,
+        "startJupyter": True,
+        "allowedCudaVersions": [],
+    }  # `disk` has no default in the spec: 50 is its examples' value
     return {"id": template_id, **defaults, **json.loads(json.dumps(body))}
 
 
@@ -165,8 +176,9 @@ class RunPodApp:
             Route("/v2/templates", self.operation(self.list_templates), methods=["GET"]),
             Route("/v2/templates", self.operation(self.create_template, "CreateTemplateRequest"), methods=["POST"]),
             Route("/v2/templates/{id}", self.operation(self.get_template), methods=["GET"]),
-            Route("/v2/templates/{id}", self.operation(self.update_template, "UpdateTemplateRequest"),
-                  methods=["PATCH"]),
+            Route(
+                "/v2/templates/{id}", self.operation(self.update_template, "UpdateTemplateRequest"), methods=["PATCH"]
+            ),
             Route("/v2/registries", self.operation(self.list_registries), methods=["GET"]),
             Route("/v2/registries", self.operation(self.create_registry, "CreateRegistryRequest"), methods=["POST"]),
             Route("/v2/registries/{id}", self.operation(self.get_registry), methods=["GET"]),
@@ -193,8 +205,9 @@ class RunPodApp:
             except Problem as problem:
                 status, schema, answer = problem.status, "ErrorResponse", problem.body()
             with self.state.lock:
-                self.state.received.append(Received(request.method, request.url.path, dict(request.headers), raw,
-                                                    status, request_schema))
+                self.state.received.append(
+                    Received(request.method, request.url.path, dict(request.headers), raw, status, request_schema)
+                )
             return self.answer(status, schema, answer)
 
         return endpoint
@@ -276,8 +289,9 @@ class RunPodServer:
         self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
         config = uvicorn.Config(RunPodApp(self.state).asgi(), log_level="warning", lifespan="off")
         self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, name="runpod-server",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [sock]}, name="runpod-server", daemon=True
+        )
         self._thread.start()
         return self
 

@@ -18,7 +18,6 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 
 import docker
-
 from space.context import context_tar
 from tests.support.hub_spaces import Build
 
@@ -64,9 +63,15 @@ class SpaceBuilder:
     `extra_hosts`: for the build's RUN steps. `builds` counts the builds started.
     """
 
-    def __init__(self, client: docker.DockerClient, registry: str, build_args: Mapping[str, str] | None = None,
-                 network_mode: str | None = None, extra_hosts: Mapping[str, str] | None = None,
-                 timeout_s: float = BUILD_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        client: docker.DockerClient,
+        registry: str,
+        build_args: Mapping[str, str] | None = None,
+        network_mode: str | None = None,
+        extra_hosts: Mapping[str, str] | None = None,
+        timeout_s: float = BUILD_TIMEOUT_S,
+    ) -> None:
         self.client, self.registry = client, registry
         self.build_args, self.network_mode, self.extra_hosts = dict(build_args or {}), network_mode, extra_hosts
         self.timeout_s = timeout_s
@@ -104,16 +109,25 @@ class SpaceBuilder:
             if self.build_image(build, reference) and build.current() and self.push_image(build, reference):
                 build.say(f"Pushed {reference}:latest in {time.monotonic() - started:.0f} s")
                 build.succeeded()
-        except Exception as error:  # noqa: BLE001 - an API error, a lost engine, a bad context: a failed build, as on the Hub
+        except Exception as error:
             build.failed(f"{type(error).__name__}: {error}")
 
     def build_image(self, build: Build, reference: str) -> bool:
         build.say(f"Building {reference}:latest from commit {build.revision[:7]} ({len(build.files)} files)")
         output = self.client.api.build(
-            fileobj=context_tar(build.files), custom_context=True,
-            tag=f"{reference}:latest", buildargs={**build.variables, **self.build_args},
-            network_mode=self.network_mode, extra_hosts=dict(self.extra_hosts) if self.extra_hosts else None,
-            rm=True, forcerm=True, pull=False, decode=True, use_config_proxy=False, timeout=self.timeout_s)
+            fileobj=context_tar(build.files),
+            custom_context=True,
+            tag=f"{reference}:latest",
+            buildargs={**build.variables, **self.build_args},
+            network_mode=self.network_mode,
+            extra_hosts=dict(self.extra_hosts) if self.extra_hosts else None,
+            rm=True,
+            forcerm=True,
+            pull=False,
+            decode=True,
+            use_config_proxy=False,
+            timeout=self.timeout_s,
+        )
         return relay(build, output, build_output)
 
     def push_image(self, build: Build, reference: str) -> bool:

@@ -71,7 +71,9 @@ class VllmServer:
         """Wait until vLLM was asked to abort `generation_id` by that very name (vLLM's own abort on a
         disconnect names the engine's internal id, `<id>-<hex>`), then until nothing runs any more."""
         self.wait_for_log(rf"Aborted request\(s\) {re.escape(generation_id)}\.(?:\s|$)", timeout_s)
-        wait_until(lambda: self.metric("vllm:num_requests_running") == 0, "vLLM to run no request", timeout_s, every_s=0.5)
+        wait_until(
+            lambda: self.metric("vllm:num_requests_running") == 0, "vLLM to run no request", timeout_s, every_s=0.5
+        )
 
 
 def vllm_command(model_dir: Path, port: int) -> list[str]:
@@ -139,7 +141,9 @@ def wait_until_ready(server: VllmServer, process: subprocess.Popen, timeout_s: f
             if process.poll() is not None:
                 if "Address already in use" in server.log():
                     return False
-                pytest.fail(f"vLLM {how_it_ended(process.returncode)} while starting; its log ends:\n{server.log_tail()}")
+                pytest.fail(
+                    f"vLLM {how_it_ended(process.returncode)} while starting; its log ends:\n{server.log_tail()}"
+                )
             if time.monotonic() > deadline:
                 pytest.fail(f"vLLM was not ready after {timeout_s:g} s; its log ends:\n{server.log_tail()}")
             time.sleep(0.5)
