@@ -3,7 +3,7 @@
     python bench/bridge.py [--quick] [--no-vllm]
 
 Side by side in one run, in interleaved rounds (so machine noise hits both sides alike):
-- a fast stand-in upstream (`bench/upstream.py`, its own process) reached directly at
+- a fast stand-in upstream (`tests/support/upstream.py`, its own process) reached directly at
   `/v1/chat/completions`, and through the bridge at `/v1/messages`, at 1, 64 and 256 concurrent
   streams: added time to first token (p50/p99), and the bridge's CPU time per relayed token, read
   from the bridge process's own counters (on shared cores, the figure that holds still);
@@ -313,7 +313,7 @@ async def compare_vllm(bridge_env: dict[str, str], quick: bool) -> dict:
     process (where its native translation runs) and of the bridge. On CPU vLLM's API server falls
     behind the engine and merges tokens into fewer chunks, so these are not per-chunk costs."""
     sys.path.insert(0, str(ROOT))
-    from runtime import tinymodel
+    from runtime.engine import tinymodel
     from tests.support.net import free_port
     from tests.support.vllm_server import vllm_command, vllm_environment  # the flags the tests run
 
@@ -364,7 +364,7 @@ async def compare_vllm(bridge_env: dict[str, str], quick: bool) -> dict:
 async def main(args: argparse.Namespace) -> dict:
     bridge_env = {"VL_API_KEYS": "", "VL_BRIDGE_PING_S": "15"}
     report: dict = {"machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]}}
-    upstream_argv = [sys.executable, "bench/upstream.py", "--port", "0", "--tokens", "100000"]
+    upstream_argv = [sys.executable, "-m", "tests.support.upstream", "--port", "0", "--tokens", "100000"]
     with process(upstream_argv, LISTENING) as (_, found):
         fast = int(found.group(1))
         with process(upstream_argv + ["--pace-ms", "20"], LISTENING) as (_, found):

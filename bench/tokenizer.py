@@ -62,7 +62,7 @@ def main() -> None:
     if args.worker:
         return worker(args.model, args.worker == "on", args.chars)
     sys.path.insert(0, str(ROOT))
-    from runtime.tinymodel import write_tiny_model
+    from runtime.engine.tinymodel import write_tiny_model
 
     with tempfile.TemporaryDirectory() as folder:
         model = write_tiny_model(Path(folder) / "tiny")

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 COMMANDS: dict[str, tuple[str, str]] = {
     "start": ("runtime.start", "start sshd, vLLM and the bridge, and keep them alive (the image entrypoint)"),
     "bridge": ("runtime.bridge.server", "serve the Anthropic Messages API in front of an OpenAI-style upstream"),
-    "engine-args": ("runtime.engine", "print the vLLM command line that the current environment yields"),
-    "weights": ("runtime.weights", "download the model's files into the cache (the volume), as a start would"),
+    "engine-args": ("runtime.engine.command", "print the vLLM command line that the current environment yields"),
+    "weights": ("runtime.engine.weights", "download the model's files into the cache (the volume), as a start would"),
     "logs": ("runtime.hub.logtail", "tail a pod's remote log on the Hub"),
     "connect": ("runtime.connect", "check an endpoint and print Claude Code's environment"),
     "settings": ("runtime.settings", "print the effective VL_* settings, or the README's table of them"),

@@ -1,6 +1,6 @@
 """Each kind of image's pip layers, from docker/versions.toml: one table for all installers.
 
-build.py renders the image's pip layers from it, runtime/install.py installs a stock image's runtime
+build.py renders the image's pip layers from it, runtime/engine/install.py installs a stock image's runtime
 and engine from it and scripts/setup the tests' engine. Standard library only: build.py, scripts/setup
 and a stock image's bare python run it before any virtual environment exists.
 """

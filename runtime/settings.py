@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-RECIPES_DIR = Path(__file__).resolve().parent / "models"
+RECIPES_DIR = Path(__file__).resolve().parent / "engine" / "recipes"
 
 
 class Scope(enum.StrEnum):
@@ -240,7 +240,7 @@ def _var(env: str, default: str, parse: Parser, allowed: str, scope: Scope, doc:
 
 def recipe_names() -> tuple[str, ...]:
     """Every recipe shipped with the runtime, sorted (the allowed values of VL_MODEL). Here, not in
-    runtime.models (pydantic): a stock image's bare python loads the settings before installing anything."""
+    runtime.engine.recipes (pydantic): a stock image's bare python loads the settings before installing anything."""
     return tuple(sorted(path.stem for path in RECIPES_DIR.glob("*.toml")))
 
 
@@ -256,7 +256,7 @@ RECIPES = recipe_names()
 VARIABLES: tuple[Variable, ...] = (
     # --- the engine ---
     _var("VL_MODEL", "nemotron", choice(*RECIPES), one_of(*RECIPES), E,
-         "Model recipe to serve (runtime/models/; the cpu image sets `tiny`)."),
+         "Model recipe to serve (runtime/engine/recipes/; the cpu image sets `tiny`)."),
     _var("VL_REPO", "", checkpoint,
          "a Hub model repo id (owner/name) or the absolute path of an existing directory, or empty", E,
          "Serve another checkpoint of the recipe's model (e.g. another quantization); empty = the recipe's."),
@@ -326,6 +326,9 @@ VARIABLES: tuple[Variable, ...] = (
     _var("VL_CLIENT_STALL_S", "60", decimal(1.0, 3600.0), "a number of seconds in 1..3600", B,
          "A client that reads nothing this long while its answer waits is dropped and its generation aborted "
          "(trace `stop=client_stalled`); a bad link's hiccups pass, Claude Code reads continuously."),
+    _var("VL_COST_PER_HOUR", "", decimal(0.0, 1000.0, optional=True), "a number of dollars in 0..1000, or empty", B,
+         "What the pod costs an hour (the RunPod template fills it from the GPU's price): the console's cost so far "
+         "and cost per million output tokens; empty = not shown."),
     # --- the pod ---
     _var("VL_PORT", "8080", integer(1, 65535), "a TCP port", P, "Public port (bridge, or vLLM when VL_BRIDGE=off)."),
     _var("VL_ENGINE_PORT", "18081", integer(1, 65535), "a TCP port", P, "vLLM's loopback port behind the bridge."),

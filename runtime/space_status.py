@@ -20,7 +20,7 @@ from starlette.responses import HTMLResponse, JSONResponse
 from starlette.routing import Route
 
 from runtime.image import read_image_facts
-from runtime.models import load_recipe, recipe_names
+from runtime.engine.recipes import load_recipe, recipe_names
 from runtime.settings import Settings
 
 SPACE_PORT = 7860

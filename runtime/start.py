@@ -5,7 +5,7 @@ Nothing heavy runs before vLLM is launched: settings, recipes and the GPU check 
 when a Hub repo is configured); HTTP clients and sshd's key generation come after, so that a
 prebaked pod launches vLLM within moments (the seeds' image took ~15 s). A stock image (no marker)
 starts in the base's python, which has only the standard library: it installs the runtime into VL_VENV
-and re-executes itself there (runtime.install).
+and re-executes itself there (runtime.engine.install).
 """
 
 from __future__ import annotations
@@ -22,13 +22,13 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from runtime.engine import RUNTIME_ROOT, EngineCommand, prepare_engine
+from runtime.engine.command import RUNTIME_ROOT, EngineCommand, prepare_engine
 from runtime.gpu import GpuError, inspect_gpu
-from runtime.install import InstallError, ensure_runtime, is_prebaked, runs_in_venv
+from runtime.engine.install import InstallError, ensure_runtime, is_prebaked, runs_in_venv
 from runtime.settings import VARIABLES, Scope, Settings, SettingsError, load_settings
 from runtime.sshd import SshdLayout, prepare_sshd
 from runtime.supervisor import ChildSpec, Health, Supervisor
-from runtime.weights import WeightsError
+from runtime.engine.weights import WeightsError
 
 if TYPE_CHECKING:
     import httpx

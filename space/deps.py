@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from runtime.weights import human_bytes
+from runtime.engine.weights import human_bytes
 from space import BuildError
 from space.targets import ROOT, Target, target_packages
 

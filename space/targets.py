@@ -40,7 +40,7 @@ HEALTH_PROBE = (
     "body = urllib.request.urlopen(url, timeout=5).read(); "
     "raise SystemExit(0 if not body or json.loads(body).get('model') else 1)"
 )
-TINY_RECIPE = ROOT / "runtime" / "models" / "tiny.toml"  # its `repo` is where the cpu image bakes the model
+TINY_RECIPE = ROOT / "runtime" / "engine" / "recipes" / "tiny.toml"  # its `repo` is where the cpu image bakes the model
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,12 +151,12 @@ def tiny_recipe() -> dict[str, Any]:
 
 
 def baked_models(target: Target) -> list[dict[str, Any]]:
-    """The models made at build time: the cpu image's tiny one (runtime/tinymodel.py needs nothing else)."""
+    """The models made at build time: the cpu image's tiny one (runtime/engine/tinymodel.py needs nothing else)."""
     if target.kind == "gpu":
         return []  # real weights come from the Hub at start, onto the pod's disk
     directory = tiny_recipe()["repo"]
-    command = f"python -c \"from runtime.tinymodel import write_tiny_model; write_tiny_model('{directory}')\""
-    return [{"name": "tiny demo", "sources": ["runtime/__init__.py", "runtime/tinymodel.py"], "command": command}]
+    command = f"python -c \"from runtime.engine.tinymodel import write_tiny_model; write_tiny_model('{directory}')\""
+    return [{"name": "tiny demo", "sources": ["runtime/__init__.py", "runtime/engine/__init__.py", "runtime/engine/tinymodel.py"], "command": command}]
 
 
 def template_values(target: Target, versions: dict[str, Any]) -> dict[str, Any]:

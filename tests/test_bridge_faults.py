@@ -1,6 +1,6 @@
 """What goes wrong around the bridge, and what the client sees: always the Anthropic error envelope.
 
-Real vLLM where it can play the part; the stand-in upstream (`bench/upstream.py`, a real process)
+Real vLLM where it can play the part; the stand-in upstream (`tests/support/upstream.py`, a real process)
 for what the shared session vLLM cannot do: stay silent on purpose, or be killed mid-stream.
 """
 
@@ -19,7 +19,7 @@ import anthropic
 import httpx
 import pytest
 
-from runtime import tinymodel as tiny
+from runtime.engine import tinymodel as tiny
 from tests.support.bridge import (
     LONG_STREAM_TOKENS,
     ROOT,

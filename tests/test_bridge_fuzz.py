@@ -1,7 +1,7 @@
 """Generated hostile requests on the public port (Hypothesis): every one is answered below 500, every
 error in Anthropic's envelope, never a traceback; `/health` answers throughout and memory stays flat.
 
-One real bridge, keys configured, in front of the stand-in upstream (`bench/upstream.py`), serves
+One real bridge, keys configured, in front of the stand-in upstream (`tests/support/upstream.py`), serves
 every example of the module. Deterministic (derandomized, no example database): CI sees the same
 requests on every run. The counts go to the terminal as a `[fuzz]` line that closing notes quote.
 """

@@ -1,5 +1,5 @@
 """What a client sends cannot forge, fill or poison the bridge's log, nor reach another client's request
-through vLLM: real bridge processes in front of the stand-in upstream (`bench/upstream.py`), which ends
+through vLLM: real bridge processes in front of the stand-in upstream (`tests/support/upstream.py`), which ends
 every stream of a name on an abort, as vLLM 0.32 does."""
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ import anthropic
 import pytest
 from anthropic.types import Message
 
-from runtime import tinymodel as tiny
+from runtime.engine import tinymodel as tiny
 from tests.support.bridge import Process
 
 TOOLS = [{
@@ -102,7 +102,7 @@ def test_reasoning_budget_closes_the_thought(
     if effort:
         request["output_config"] = {"effort": effort}
     message = ask(client, stream, **request)
-    # vLLM counts the prompt's mode token as the first of the budget (see runtime.tinymodel).
+    # vLLM counts the prompt's mode token as the first of the budget (see runtime.engine.tinymodel).
     assert blocks(message) == [("thinking", pondered(tokens - 1)), ("text", tiny.ANSWER)]
     assert message.stop_reason == "end_turn"
 

@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from runtime import tinymodel as tiny
+from runtime.engine import tinymodel as tiny
 from tests.support.bridge import LONG_STREAM_TOKENS, SLOW_WAIT_S, Process, start_bridge
 from tests.support.vllm_server import VllmServer
 

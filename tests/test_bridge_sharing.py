@@ -2,7 +2,7 @@
 upstream pool with streams it never reads, and a client that stops reading is dropped.
 
 The client that reads nothing is a raw socket with a tiny receive buffer; the stand-in upstream
-(`bench/upstream.py`) plays an engine whose streams outlast any test.
+(`tests/support/upstream.py`) plays an engine whose streams outlast any test.
 """
 
 from __future__ import annotations

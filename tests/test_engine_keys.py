@@ -21,11 +21,11 @@ import openai
 import psutil
 import pytest
 
-from runtime.engine import EngineCommand, engine_command
+from runtime.engine.command import EngineCommand, engine_command
 from runtime.probe import PROBE_PROMPT, probe_engine
 from runtime.settings import Scope, Settings, load_settings
 from runtime.start import engine_generates
-from runtime.tinymodel import ANSWER, MARK_TEXT, write_tiny_model
+from runtime.engine.tinymodel import ANSWER, MARK_TEXT, write_tiny_model
 from tests.support.net import free_port
 from tests.support.polling import wait_until
 from tests.support.vllm_server import START_TIMEOUT_S, stop

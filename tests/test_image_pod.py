@@ -21,7 +21,7 @@ import httpx
 import pytest
 from docker.models.containers import Container
 
-from runtime import tinymodel as tiny
+from runtime.engine import tinymodel as tiny
 from tests.support.claude_code import CLAUDE, TIMEOUT_S, parse_result, quiet_environment, require_claude_code
 from tests.support.hub_server import HubServer
 from tests.support.images import Engine, report, wait_for_status_page
@@ -37,7 +37,7 @@ LOG_REPO, CONFIG_REPO = "pod-owner/pod-logs", "pod-owner/pod-config"
 KEY_NAME = "tester"
 HEALTHY_TIMEOUT_S = 600  # ~40 s on two idle cores; the machine is shared
 STATE_DIR = "/var/lib/vlpod"  # the image's VL_STATE_DIR
-ENGINE_COMMAND = "runtime.vllm_cli serve"
+ENGINE_COMMAND = "runtime.engine.vllm_cli serve"
 
 
 @dataclass
@@ -85,7 +85,7 @@ class Pod:
         return output.decode(errors="replace")
 
     def engine_pid(self) -> int:
-        """The PID of the vLLM server the supervisor runs (its child, `runtime.vllm_cli serve`)."""
+        """The PID of the vLLM server the supervisor runs (its child, `runtime.engine.vllm_cli serve`)."""
         engines = [pid for pid, command in processes(self.container) if ENGINE_COMMAND in command]
         assert len(engines) == 1, processes(self.container)
         return engines[0]

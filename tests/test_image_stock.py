@@ -22,7 +22,7 @@ import pytest
 from docker.models.containers import Container
 
 import docker
-from runtime import tinymodel as tiny
+from runtime.engine import tinymodel as tiny
 from tests.support.docker_engine import HostPip
 from tests.support.hub_server import HubServer
 from tests.support.images import Engine, report

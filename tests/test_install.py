@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.install import InstallError, ensure_engine, ensure_runtime
+from runtime.engine.install import InstallError, ensure_engine, ensure_runtime
 from runtime.packages import ImagePackages, image_packages, read_versions
 from runtime.settings import load_settings
 from tests.support.environ import outer_environ
@@ -86,7 +86,7 @@ def test_a_prebaked_image_installs_nothing(tmp_path, caplog):
 def test_without_the_marker_the_pinned_engine_is_installed_once_with_progress_logged(tmp_path, offline_index, caplog):
     venv = tmp_path / "venv"
     settings = load_settings({"VL_PREBAKED_MARKER": str(tmp_path / "absent"), "VL_VENV": str(venv)})
-    with caplog.at_level(logging.INFO, logger="runtime.install"):
+    with caplog.at_level(logging.INFO, logger="runtime.engine.install"):
         ensure_engine(settings, "cuda", probe("1.0"), offline_index)
     assert "installing vlpod_probe==1.0 (minutes: the engine weighs gigabytes)" in caplog.messages
     assert any(m.startswith("Successfully installed vlpod") for m in caplog.messages)  # pip's own lines
@@ -99,7 +99,7 @@ def test_without_the_marker_the_pinned_engine_is_installed_once_with_progress_lo
     assert answer == "42\n"
 
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="runtime.install"):
+    with caplog.at_level(logging.INFO, logger="runtime.engine.install"):
         ensure_engine(settings, "cuda", probe("1.0"), offline_index)
     assert caplog.messages[-1] == "engine already installed: vlpod_probe==1.0"
     assert not any(m.startswith("installing") for m in caplog.messages)
@@ -118,7 +118,7 @@ def test_a_failed_install_is_one_line_naming_the_command_and_pips_last_words(tmp
 def test_runtime_pins_are_installed_once_then_found_by_one_check(tmp_path, offline_index, caplog, monkeypatch):
     settings = load_settings(stock(tmp_path))
     pins = ("vlpod_probe==1.0", "vlpod_extra==2.0")
-    with caplog.at_level(logging.INFO, logger="runtime.install"):
+    with caplog.at_level(logging.INFO, logger="runtime.engine.install"):
         ensure_runtime(settings, offline_index, pins)
     assert (
         f"installing the runtime's dependencies into {tmp_path / 'venv'}: vlpod_probe==1.0 vlpod_extra==2.0"
@@ -135,7 +135,7 @@ def test_runtime_pins_are_installed_once_then_found_by_one_check(tmp_path, offli
             super().__init__(args, *rest, **options)
 
     monkeypatch.setattr(subprocess, "Popen", Recorded)
-    with caplog.at_level(logging.INFO, logger="runtime.install"):
+    with caplog.at_level(logging.INFO, logger="runtime.engine.install"):
         ensure_runtime(settings, offline_index, pins)
     assert caplog.messages == ["runtime already installed: vlpod_probe==1.0 vlpod_extra==2.0"]
     assert [argv[0] for argv in started] == [str(tmp_path / "venv" / "bin" / "python")]  # every pin, one process
@@ -155,7 +155,7 @@ def test_torch_comes_from_the_torch_index_that_TORCH_INDEX_URL_overrides(tmp_pat
         remove=(),
         runtime=(),
     )
-    with caplog.at_level(logging.INFO, logger="runtime.install"):
+    with caplog.at_level(logging.INFO, logger="runtime.engine.install"):
         ensure_engine(load_settings(stock(tmp_path)), "cpu", packages, environ)
     assert f"Looking in indexes: {torch_index}" in caplog.messages  # pip names the index it was given
     assert caplog.messages[-1] == "engine installed: vlpod_torch==1.0 vlpod_probe==1.0"

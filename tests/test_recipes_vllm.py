@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from runtime.engine import EngineCommand, engine_command
-from runtime.models import load_recipe, recipe_names
+from runtime.engine.command import EngineCommand, engine_command
+from runtime.engine.recipes import load_recipe, recipe_names
 from runtime.settings import load_settings
 
 
@@ -49,7 +49,7 @@ def test_vllm_accepts_the_command(serve_parser, name, env):
     from vllm.entrypoints.cli.serve import ServeSubcommand
 
     command: EngineCommand = engine_command(load_settings({"VL_MODEL": name, **env}), environ={})
-    assert command.argv[1:4] == ("-m", "runtime.vllm_cli", "serve")
+    assert command.argv[1:4] == ("-m", "runtime.engine.vllm_cli", "serve")
     args = serve_parser.parse_args(list(command.argv[4:]))
     ServeSubcommand().validate(args)
     args.model = args.model_tag  # what `vllm serve` does with its positional model

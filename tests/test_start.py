@@ -27,7 +27,7 @@ import httpx
 import psutil
 import pytest
 
-from runtime.tinymodel import ANSWER, MARK_TEXT, write_tiny_model
+from runtime.engine.tinymodel import ANSWER, MARK_TEXT, write_tiny_model
 from tests.support.environ import outer_environ
 from tests.support.hub_server import HubServer
 from tests.support.net import free_port

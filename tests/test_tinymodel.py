@@ -17,8 +17,8 @@ import httpx
 import openai
 import pytest
 
-from runtime import tinymodel
-from runtime.tinymodel import (
+from runtime.engine import tinymodel
+from runtime.engine.tinymodel import (
     AFTER_TOOL,
     ANSWER,
     LONG_CYCLE,
@@ -220,7 +220,7 @@ def test_tokenize_counts_a_chat_like_the_completion_does(client, vllm_server):
 def test_writing_the_model_is_deterministic(tmp_path):
     first = tinymodel.write_tiny_model(tmp_path / "here")
     # Another process too: the BPE trainer's hash maps are seeded per process.
-    write_elsewhere = "import sys, pathlib, runtime.tinymodel as m; m.write_tiny_model(pathlib.Path(sys.argv[1]))"
+    write_elsewhere = "import sys, pathlib, runtime.engine.tinymodel as m; m.write_tiny_model(pathlib.Path(sys.argv[1]))"
     repository = Path(__file__).parents[1]
     subprocess.run([sys.executable, "-c", write_elsewhere, tmp_path / "there"], check=True, cwd=repository)
     assert digests(first) == digests(tmp_path / "there")

@@ -28,7 +28,7 @@ from runtime.bridge.stream import MessageAssembler, StreamTranslator
 from runtime.bridge.upstream import BROKEN
 
 if TYPE_CHECKING:
-    from runtime.bridge.app import Bridge
+    from runtime.bridge.state import Bridge
 
 log = logging.getLogger("runtime.bridge")
 

@@ -23,7 +23,7 @@ from runtime.bridge.sse import COMMENT_PING, SseParser
 from runtime.bridge.upstream import BROKEN
 
 if TYPE_CHECKING:
-    from runtime.bridge.app import Bridge
+    from runtime.bridge.state import Bridge
 
 PASSED_HEADERS = (b"content-type", b"cache-control")
 

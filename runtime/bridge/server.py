@@ -18,8 +18,9 @@ import sys
 
 import uvicorn
 
-from runtime.bridge.app import Bridge, create_app
+from runtime.bridge.app import create_app
 from runtime.bridge.connection import GuardedHttp, ReadLimits
+from runtime.bridge.state import Bridge
 from runtime.settings import SettingsError, load_settings
 
 log = logging.getLogger("runtime.bridge")

@@ -21,7 +21,7 @@ from runtime.bridge.connection import DROP, ClientGone, LeavableAnswer, unless_c
 from runtime.bridge.errors import BridgeError
 
 if TYPE_CHECKING:
-    from runtime.bridge.app import Bridge
+    from runtime.bridge.state import Bridge
 
 T = TypeVar("T")
 

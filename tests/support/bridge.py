@@ -1,5 +1,5 @@
 """The bridge as users run it (`python -m runtime bridge …`, a subprocess on a free port), and the
-stand-in upstream (`bench/upstream.py`) for the few faults that a shared vLLM cannot play.
+stand-in upstream (`tests/support/upstream.py`) for the few faults that a shared vLLM cannot play.
 
 `bridge`: one bridge per session in front of the session's vLLM. `start_bridge(...)`: one with
 its own settings or upstream, for a test that needs them.
@@ -102,9 +102,9 @@ def start_bridge(
 
 @contextmanager
 def start_stand_in(log_path: Path, *options: str) -> Iterator[Process]:
-    """`bench/upstream.py`: a scripted OpenAI-style streaming server (pace, silence, length)."""
+    """`tests/support/upstream.py`: a scripted OpenAI-style streaming server (pace, silence, length)."""
     with started(
-        [sys.executable, "bench/upstream.py", "--port", "0", *options], log_path, clean_environment({})
+        [sys.executable, "-m", "tests.support.upstream", "--port", "0", *options], log_path, clean_environment({})
     ) as upstream:
         yield upstream
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from runtime.tinymodel import REASONING_PARSER, SERVED_NAME, TOOL_CALL_PARSER, write_tiny_model
+from runtime.engine.tinymodel import REASONING_PARSER, SERVED_NAME, TOOL_CALL_PARSER, write_tiny_model
 from tests.support.net import free_port
 from tests.support.polling import wait_for_log_line, wait_until
 

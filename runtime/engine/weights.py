@@ -182,9 +182,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from runtime.engine import engine_command
+    from runtime.engine.command import engine_command
     from runtime.settings import SettingsError, load_settings
-    from runtime.volume import hub_cache, make_cache_dirs
+    from runtime.engine.volume import hub_cache, make_cache_dirs
 
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     try:

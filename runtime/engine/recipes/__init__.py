@@ -58,7 +58,7 @@ class Recipe(Strict):
     name: str
     description: str
     repo: str  # Hub repository, or a local directory (see `generate`)
-    generate: bool = False  # a local model that runtime.tinymodel writes when the directory is absent
+    generate: bool = False  # a local model that runtime.engine.tinymodel writes when the directory is absent
     native_context: Annotated[int, Field(ge=256)]
     yarn: Yarn | None = None
     aliases: list[str] = []  # names besides the bare name and claude-<name>
@@ -99,7 +99,7 @@ class Recipe(Strict):
 
 @cache
 def load_recipe(name: str) -> Recipe:
-    """The recipe `name` (a file in runtime/models/), validated; RecipeError when absent or malformed."""
+    """The recipe `name` (a file in runtime/engine/recipes/), validated; RecipeError when absent or malformed."""
     path = RECIPES_DIR / f"{name}.toml"
     if name not in recipe_names():
         raise RecipeError(f"no recipe named {name!r}: expected one of {', '.join(recipe_names())}")

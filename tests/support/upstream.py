@@ -9,7 +9,7 @@ and size of vLLM 0.32's (named `chatcmpl-<x-request-id>`, as vLLM names them), a
 chunk says `finish_reason: "abort"`). It prints each abort asked for, each stream it ended so, and each
 stream its client dropped.
 
-    python bench/upstream.py --port 0 [--tokens 200] [--pace-ms 0] [--first-token-delay-s 0] [--no-reasoning]
+    python -m tests.support.upstream --port 0 [--tokens 200] [--pace-ms 0] [--first-token-delay-s 0] [--no-reasoning]
 """
 
 from __future__ import annotations

@@ -21,18 +21,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from runtime.gpu import GpuError, inspect_gpu
-from runtime.install import ensure_engine
+from runtime.engine.install import ensure_engine
 from runtime.settings import MODEL_REPO_ID, VARIABLES, Settings, SettingsError, key_entry, load_settings
-from runtime.volume import cache_env, cache_root, hub_cache, make_cache_dirs
-from runtime.weights import ensure_weights, is_complete
+from runtime.engine.volume import cache_env, cache_root, hub_cache, make_cache_dirs
+from runtime.engine.weights import ensure_weights, is_complete
 
 if TYPE_CHECKING:
-    from runtime.models import Recipe
+    from runtime.engine.recipes import Recipe
 
 log = logging.getLogger(__name__)
 
-# The package's parent directory: the engine's interpreter imports runtime.vllm_cli from there.
-RUNTIME_ROOT = Path(__file__).resolve().parent.parent
+# The package's parent directory: the engine's interpreter imports runtime.engine.vllm_cli from there.
+RUNTIME_ROOT = Path(__file__).resolve().parents[2]
 # The highest memory fraction that survives speculation: 0.93 OOMs at the last step, in the rejection sampler.
 SPECULATION_MAX_UTIL = 0.90
 VLLM_DEFAULT_UTIL = 0.92
@@ -53,7 +53,7 @@ class EngineCommand:
     window: int
     port: int
     hub_repos: tuple[str, ...]  # what vLLM reads from the Hub: the checkpoint, a tokenizer repo
-    cache: Path  # runtime.volume's cache root: weights and compile caches
+    cache: Path  # runtime.engine.volume's cache root: weights and compile caches
     # The key the runtime's own probe sends when vLLM checks keys (VL_BRIDGE=off with VL_API_KEYS).
     api_key: str | None = None
 
@@ -81,7 +81,7 @@ def engine_command(
 
     `extra_env` is added as is (e.g. runtime.gpu's LD_LIBRARY_PATH for CUDA forward compatibility).
     """
-    from runtime.models import load_recipe  # pydantic: a stock image's bare python imports this module without it
+    from runtime.engine.recipes import load_recipe  # pydantic: a stock image's bare python imports this module without it
 
     recipe = load_recipe(settings.model)
     options, window = _tuning(settings, recipe)
@@ -106,7 +106,7 @@ def engine_command(
         options["middleware"] = ENGINE_KEYS_MIDDLEWARE
     python = Path(settings.venv) / "bin" / "python"
     source = settings.repo or model_source(recipe, settings)
-    argv = [str(python), "-m", "runtime.vllm_cli", "serve", source]
+    argv = [str(python), "-m", "runtime.engine.vllm_cli", "serve", source]
     argv += [word for name, value in options.items() for word in _option_words(name, value)]
     argv += _extra_args(settings.extra_args)
     cache = cache_root(settings)
@@ -319,7 +319,7 @@ def ensure_generated_model(directory: Path) -> None:
     """Writes the tiny demo model into `directory` unless it is there; a crash midway leaves no half model."""
     if directory.is_dir():
         return
-    from runtime.tinymodel import write_tiny_model  # tokenizers and torch: only on this path
+    from runtime.engine.tinymodel import write_tiny_model  # tokenizers and torch: only on this path
 
     log.info("generating the tiny demo model in %s", directory)
     partial = directory.with_name(directory.name + ".partial")

@@ -1,0 +1,89 @@
+"""The bridge's accounting: one trace line and one metrics update per request, whatever its outcome."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from runtime.bridge.errors import error_type
+from runtime.bridge.metrics import Metrics
+from runtime.logsafe import PROMPT_CHARS, loggable
+
+log = logging.getLogger("runtime.bridge")
+
+QUIET_ROUTES = frozenset({"/health", "/metrics", "/"})  # polled often: no trace line
+
+
+class Accounting:
+    """ASGI middleware: one trace line and one metrics update per request, whatever its outcome.
+
+    Handlers fill `scope["state"]["trace"]` (model, tokens, TTFT, stop reason, error type).
+    """
+
+    def __init__(self, app: ASGIApp, metrics: Metrics, routes: frozenset[str]) -> None:
+        self.app = app
+        self.metrics = metrics
+        self.routes = routes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.monotonic()
+        trace: dict[str, Any] = {}
+        scope.setdefault("state", {})["trace"] = trace
+        status = 0
+
+        async def sending(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            self.account(scope, trace, status, time.monotonic() - started)
+
+    def account(self, scope: Scope, trace: dict[str, Any], status: int, duration: float) -> None:
+        path = scope["path"]
+        route = path if path in self.routes else ("/v1/models/{id}" if path.startswith("/v1/models/") else "other")
+        status = status or (499 if trace.get("stop") == "client_gone" else 500)
+        problem = trace.get("error_type") or (error_type(status) if status >= 400 else "")
+        key = scope["state"].get("key", "-")
+        metrics = self.metrics
+        metrics.count_request(route, status, problem, key)
+        metrics.count_tokens(key, trace.get("input", 0), trace.get("cached", 0), trace.get("output", 0))
+        if "ttft_s" in trace:
+            metrics.ttft.observe(trace["ttft_s"])
+        if route not in QUIET_ROUTES:
+            client_id = Headers(scope=scope).get("x-request-id")
+            log.info(trace_line(scope["method"], route, status, key, duration, trace, client_id))
+
+
+def trace_line(
+    method: str, route: str, status: int, key: str, duration: float, trace: dict[str, Any], client_id: str | None = None
+) -> str:
+    """`trace id=… POST /v1/messages 200 key=… model=… in=… … dur_ms=… stop=… client_id=…`: `id` is the
+    bridge's own; what the client chose (model, its x-request-id, prompt) is escaped and capped (`loggable`)."""
+    fields = [f"trace id={trace.get('id', '-')} {loggable(method)} {route} {status} key={key}"]
+    if "model" in trace:
+        fields.append(f"model={loggable(trace['model'])}")
+    for name in ("stream", "input", "cached", "output"):
+        if name in trace:
+            fields.append(f"{name.replace('input', 'in').replace('output', 'out')}={trace[name]}")
+    if "ttft_s" in trace:
+        fields.append(f"ttft_ms={trace['ttft_s'] * 1000:.0f}")
+    fields.append(f"dur_ms={duration * 1000:.0f}")
+    for name in ("stop", "error_type"):
+        if trace.get(name):
+            fields.append(f"{name.replace('_type', '')}={trace[name]}")
+    if client_id is not None:
+        fields.append(f"client_id={loggable(client_id)}")
+    if "prompt" in trace:
+        fields.append(f"prompt={loggable(trace['prompt'], PROMPT_CHARS)}")
+    return " ".join(fields)

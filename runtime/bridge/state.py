@@ -1,0 +1,34 @@
+"""What one bridge process shares across requests: the upstream pool, the model catalog, the keys,
+the metrics and the limits read from the settings. Handlers and streams read it; nothing here serves.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from runtime.bridge.auth import AllowedHosts, ApiKeys
+from runtime.bridge.metrics import Metrics
+from runtime.bridge.models import Catalog
+from runtime.bridge.sharing import key_cap
+from runtime.bridge.upstream import Upstream
+from runtime.settings import Settings
+
+
+class Bridge:
+    """Everything one bridge process shares: the upstream pool, the model catalog, keys, metrics."""
+
+    def __init__(
+        self, upstream_url: str, settings: Settings, max_connections: int = 512, pool_timeout: float = 10.0
+    ) -> None:
+        self.upstream = Upstream(upstream_url, max_connections, pool_timeout)
+        self.catalog = Catalog(settings.aliases)
+        self.metrics = Metrics(lambda: self.upstream.in_use)
+        self.keys = ApiKeys.for_pod(settings.api_keys, Path(settings.state_dir))
+        self.hosts = AllowedHosts.for_pod(settings.allowed_hosts, os.environ)
+        self.ping_s: float = settings.bridge_ping_s
+        self.log_prompts: bool = settings.log_prompts
+        self.max_body: int = settings.max_body_mb * 2**20
+        labels = {label for label, _ in self.keys.keys}  # none when open
+        self.key_concurrency: int | None = key_cap(max_connections, len(labels), settings.key_concurrency)
+        self.stall_s: float = settings.client_stall_s
