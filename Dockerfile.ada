@@ -111,9 +111,9 @@ COPY runtime/ /opt/app/runtime/
 LABEL org.opencontainers.image.revision="${GIT_REVISION}" \
       org.opencontainers.image.created="${BUILD_DATE}"
 EXPOSE 8080 22
-# Healthy once the model is served; checked every 10 s so the pod says so within seconds (one small
-# Python start per check).
+# Healthy once the model is served (runtime/health.py: VL_PORT's /health names the model); checked
+# every 10 s so the pod says so within seconds (one small Python start per check, standard library only).
 HEALTHCHECK --interval=10s --timeout=10s --start-period=600s --retries=3 \
-  CMD ["/opt/venv/bin/python", "-c", "import json, os, urllib.request; host = os.environ.get('VL_LISTEN') or '0.0.0.0'; host = '127.0.0.1' if host in ('0.0.0.0', '::') else host; host = '[%s]' % host if ':' in host else host; url = 'http://%s:%s/health' % (host, os.environ.get('VL_PORT', '8080')); body = urllib.request.urlopen(url, timeout=5).read(); raise SystemExit(0 if not body or json.loads(body).get('model') else 1)"]
+  CMD ["/opt/venv/bin/python", "-m", "runtime.health"]
 ENTRYPOINT ["/usr/bin/tini", "--"]
 CMD ["/opt/venv/bin/python", "-m", "runtime", "start"]

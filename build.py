@@ -109,6 +109,13 @@ def parse_args(argv: Sequence[str] | None, targets: dict[str, Target]) -> argpar
         action="store_true",
         help="create or update the RunPod template through RunPod's API (RUNPOD_API_KEY)",
     )
+    runpod.add_argument(
+        "--cost-per-hour",
+        type=float,
+        metavar="DOLLARS",
+        help="the hourly price of the GPU you will rent (RunPod's console shows it): the template's "
+        "VL_COST_PER_HOUR, for the console's cost figures",
+    )
     args = parser.parse_args(argv)
     if (args.build or args.push or args.runpod_template or args.runpod) and not args.arch:
         parser.error("--build, --push, --runpod-template and --runpod need --arch")
@@ -198,12 +205,13 @@ def show_template(args: argparse.Namespace, target: Target, published: Published
             "password: a read token from https://huggingface.co/settings/tokens)"
         )
     name = f"vllm-pod {target.name}"
-    print(runpod.render_template(runpod.template_body(name, published.image), private=bool(published.pull_user)))
+    body = runpod.template_body(name, published.image, cost_per_hour=args.cost_per_hour)
+    print(runpod.render_template(body, private=bool(published.pull_user)))
     if args.runpod:
-        save_template(name, published)
+        save_template(name, published, args.cost_per_hour)
 
 
-def save_template(name: str, published: Published) -> None:
+def save_template(name: str, published: Published, cost_per_hour: float | None = None) -> None:
     from space import runpod
 
     key = os.environ.get("RUNPOD_API_KEY", "")
@@ -218,7 +226,7 @@ def save_template(name: str, published: Published) -> None:
                 "token (not the write token), or publish with --public"
             )
         credential = (published.pull_user, password)
-    runpod.save_template(published.image, name, key, credential)
+    runpod.save_template(published.image, name, key, credential, cost_per_hour=cost_per_hour)
 
 
 def say(line: str) -> None:

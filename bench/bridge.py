@@ -46,32 +46,29 @@ def process(
     argv: list[str], ready: re.Pattern[str], env: dict[str, str] | None = None, timeout: float = 60
 ) -> Iterator[tuple[subprocess.Popen[str], re.Match[str]]]:
     """Start `argv`, wait for a line of its output matching `ready`, stop it on exit."""
-    log = tempfile.TemporaryFile("w+")
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env={**os.environ, **(env or {})},
-                            start_new_session=True)  # its own process group: vLLM's engine core goes with it  # fmt: skip
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            log.seek(0)
-            found = ready.search(log.read())
-            if found:
-                break
-            if proc.poll() is not None or time.monotonic() > deadline:
+    with tempfile.TemporaryFile("w+") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env={**os.environ, **(env or {})},
+                                start_new_session=True)  # its own process group: vLLM's engine core goes with it  # fmt: skip
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
                 log.seek(0)
-                raise RuntimeError(f"{argv[:4]} did not start:\n{log.read()[-3000:]}")
-            time.sleep(0.1)
-        yield proc, found
-    finally:
-        if proc.poll() is None:  # one that died while starting is reaped already: its error stands
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                pass
-            with suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        log.close()
+                found = ready.search(log.read())
+                if found:
+                    break
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    log.seek(0)
+                    raise RuntimeError(f"{argv[:4]} did not start:\n{log.read()[-3000:]}")
+                time.sleep(0.1)
+            yield proc, found
+        finally:
+            if proc.poll() is None:  # one that died while starting is reaped already: its error stands
+                os.killpg(proc.pid, signal.SIGTERM)
+                with suppress(subprocess.TimeoutExpired):
+                    proc.wait(30)
+                with suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
 
 
 LISTENING = re.compile(r"(?:listening on|running on) http://[\d.]+:(\d+)", re.I)
@@ -367,7 +364,7 @@ async def main(args: argparse.Namespace) -> dict:
     upstream_argv = [sys.executable, "-m", "tests.support.upstream", "--port", "0", "--tokens", "100000"]
     with process(upstream_argv, LISTENING) as (_, found):
         fast = int(found.group(1))
-        with process(upstream_argv + ["--pace-ms", "20"], LISTENING) as (_, found):
+        with process([*upstream_argv, "--pace-ms", "20"], LISTENING) as (_, found):
             paced = int(found.group(1))
             for name, port in (("fast", fast), ("paced", paced)):
                 bridge_argv = [sys.executable, "-m", "runtime", "bridge", "--upstream", f"http://127.0.0.1:{port}",

@@ -31,7 +31,7 @@ from tempfile import TemporaryDirectory
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the bridge and the stand-in are started the tests' way, logs kept
-from tests.support.bridge import Process, start_bridge, start_stand_in
+from tests.support.bridge import Process, start_bridge, start_stand_in  # noqa: E402
 
 PACE_MS = 10  # the stand-in's time per token
 # Most streams short (20-400 tokens: 0.2-4 s), a quarter long (10-30 s): longer than what the

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import httpx
 
+from runtime.health import serves_model
+
 ANTHROPIC_VERSION = "2023-06-01"
 USER_AGENT = "vllm-pod-connect/1"  # RunPod's proxy answers 403 to the default Python user agents
 
@@ -48,6 +50,7 @@ def check_endpoint(base_url: str, key: str, model: str | None = None, timeout_s:
     base_url = base_url.rstrip("/")
     headers = {"anthropic-version": ANTHROPIC_VERSION, "authorization": f"Bearer {key}", "user-agent": USER_AGENT}
     with httpx.Client(base_url=base_url, headers=headers, timeout=timeout_s) as client:
+        _require_a_served_model(client)
         listing = _request(client, "GET", "/v1/models")
         entries = listing.get("data") or []
         windows = {e["id"]: int(e.get("max_input_tokens") or e.get("max_model_len") or 0) for e in entries}
@@ -63,6 +66,18 @@ def check_endpoint(base_url: str, key: str, model: str | None = None, timeout_s:
         if reply.get("type") != "message":
             raise EndpointError(f"{base_url}/v1/messages did not answer a message: {reply}")
     return Endpoint(base_url, chosen, windows[chosen], key)
+
+
+def _require_a_served_model(client: httpx.Client) -> None:
+    """The pod's own health check (runtime.health) from outside: a bridge whose engine still loads says
+    so here, rather than through a failure further on."""
+    url = f"{client.base_url}/health"
+    try:
+        response = client.get("/health")
+    except httpx.HTTPError as error:
+        raise EndpointError(f"{url} cannot be reached: {error}") from None
+    if response.status_code == 200 and not serves_model(response.status_code, response.content):
+        raise EndpointError(f"{url}: the bridge answers but its engine serves no model yet (still loading?)")
 
 
 def _request(client: httpx.Client, method: str, path: str, body: dict | None = None) -> dict:
@@ -102,7 +117,7 @@ def claude_environment(endpoint: Endpoint) -> dict[str, str]:
 def bash_script(environment: dict[str, str]) -> str:
     lines = ["unset ANTHROPIC_API_KEY  # it wins over ANTHROPIC_AUTH_TOKEN and goes to the paid API"]
     lines += [f"export {name}={shlex.quote(value)}" for name, value in environment.items()]
-    return "\n".join(lines + ["claude"])
+    return "\n".join([*lines, "claude"])
 
 
 def powershell_literal(value: str) -> str:
@@ -113,7 +128,7 @@ def powershell_literal(value: str) -> str:
 def powershell_script(environment: dict[str, str]) -> str:
     lines = ["Remove-Item Env:ANTHROPIC_API_KEY -ErrorAction SilentlyContinue"]
     lines += [f"$env:{name} = {powershell_literal(value)}" for name, value in environment.items()]
-    return "\n".join(lines + ["claude"])
+    return "\n".join([*lines, "claude"])
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -14,7 +14,7 @@ import keyword
 import math
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -103,23 +103,40 @@ def words(raw: str) -> tuple[str, ...]:
     return tuple(w for w in re.split(r"[\s,]+", raw.strip()) if w)
 
 
-def key_entry(entry: str) -> tuple[str | None, str]:
-    """An entry of VL_API_KEYS as (name, key): `name:key`, or a bare key (no name)."""
+@dataclass(frozen=True)
+class ApiKey:
+    """One entry of VL_API_KEYS: a key and the name that labels its usage (None: a salted hash does)."""
+
+    name: str | None
+    key: str = field(repr=False)  # a repr may reach a log: the key never does
+
+    @property
+    def entry(self) -> str:
+        """The entry as written in VL_API_KEYS: `name:key`, or the bare key."""
+        return f"{self.name}:{self.key}" if self.name else self.key
+
+
+def key_entry(entry: str) -> ApiKey:
+    """An entry of VL_API_KEYS: `name:key`, or a bare key (no name)."""
     named = NAMED_KEY.fullmatch(entry)
-    return (named.group(1), named.group(2)) if named else (None, entry)
+    return ApiKey(named.group(1), named.group(2)) if named else ApiKey(None, entry)
 
 
-def api_keys(raw: str) -> tuple[str, ...]:
-    """`words` that are each a key a header can carry and too long to guess; the error names the
-    entry by position and name, never by its key (the message is printed and published)."""
-    entries = words(raw)
+def key_entries(raw: str) -> tuple[ApiKey, ...]:
+    """VL_API_KEYS read as entries, unchecked (the redactor masks even keys the settings refuse)."""
+    return tuple(key_entry(entry) for entry in words(raw))
+
+
+def api_keys(raw: str) -> tuple[ApiKey, ...]:
+    """The entries of VL_API_KEYS, each a key a header can carry and too long to guess; the error names
+    the entry by position and name, never by its key (the message is printed and published)."""
+    entries = key_entries(raw)
     for position, entry in enumerate(entries, 1):
-        name, key = key_entry(entry)
-        which = f"entry {position}" + (f" ({name})" if name else "")
-        if not HEADER_TOKEN.fullmatch(key):
+        which = f"entry {position}" + (f" ({entry.name})" if entry.name else "")
+        if not HEADER_TOKEN.fullmatch(entry.key):
             raise ValueError(f"{which} holds a character an HTTP header cannot carry (non-ASCII or control)")
-        if len(key) < MIN_KEY_CHARS:
-            raise ValueError(f"{which} has {len(key)} characters")
+        if len(entry.key) < MIN_KEY_CHARS:
+            raise ValueError(f"{which} has {len(entry.key)} characters")
     return entries
 
 
@@ -151,6 +168,32 @@ def matching(pattern: re.Pattern[str], optional: bool = False) -> Parser:
         return value
 
     return parse
+
+
+REPO_TYPES = {"models": "model", "datasets": "dataset", "spaces": "space"}
+
+
+def hub_repo(spec: str) -> tuple[str, str]:
+    """A Hub repo id as (type, `owner/name`): `owner/name` is a model, `datasets/…` and `spaces/…` say
+    their type. The one check of a repo id, for the settings and for `runtime.hub.repo` alike."""
+    value = spec.strip()
+    if not HUB_REPO_ID.fullmatch(value):
+        raise ValueError
+    prefix, _, rest = value.partition("/")
+    if prefix not in REPO_TYPES:
+        return "model", value
+    if "/" not in rest:  # `datasets/logs`: a type without its owner (the Hub reserves these names)
+        raise ValueError
+    return REPO_TYPES[prefix], rest
+
+
+def optional_hub_repo(raw: str) -> str | None:
+    """A Hub repo id as written (see `hub_repo`), or None when empty."""
+    value = raw.strip()
+    if not value:
+        return None
+    hub_repo(value)
+    return value
 
 
 def listen_address(raw: str) -> str:
@@ -230,6 +273,33 @@ def choice(*options: str) -> Parser:
 
 def one_of(*options: str) -> str:
     return "one of " + ", ".join(repr(o) for o in options)
+
+
+# Whole words of a variable name that mark its value as secret. Matching words, not substrings, is
+# what keeps `TOKENIZERS_PARALLELISM`, `VL_KVBYTES` or `KEYBOARD` out; `TOKENS` is left out on
+# purpose: `MAX_TOKENS`-style names hold counts.
+# fmt: off
+SECRET_WORDS = frozenset({
+    "TOKEN", "KEY", "KEYS", "APIKEY", "SECRET", "SECRETS", "PASSWORD", "PASSWORDS", "PASSWD", "PASS",
+    "PASSPHRASE", "CREDENTIAL", "CREDENTIALS", "AUTH", "AUTHORIZATION", "COOKIE",
+})
+# fmt: on
+# Glued spellings (`HFTOKEN`, `OPENAIAPIKEY`); a bare `…KEY` suffix is not enough (`MONKEY`).
+SECRET_SUFFIXES = ("TOKEN", "APIKEY", "SECRET", "PASSWORD", "PASSWD")
+# A `PUBLIC_KEY` (RunPod's SSH key) is meant to be seen.
+PUBLIC_WORDS = frozenset({"PUBLIC", "PUB"})
+
+
+def is_secret(name: str) -> bool:
+    """Whether the value of a variable or field called `name` is a secret: for a `VL_*` setting, as its
+    row says (`VL_SSH_HOST_KEYS` is a path); for any other name, as its words say (`HF_TOKEN`, `api_key`).
+    The one rule for the Hub log's redaction, the Space status page and the settings printout."""
+    if name in BY_ENV:
+        return BY_ENV[name].secret
+    words = [w for w in re.split(r"[^A-Z0-9]+", name.upper()) if w]
+    if any(w in PUBLIC_WORDS for w in words):
+        return False
+    return any(w in SECRET_WORDS or w.endswith(SECRET_SUFFIXES) for w in words)
 
 
 def _var(env: str, default: str, parse: Parser, allowed: str, scope: Scope, doc: str, secret: bool = False) -> Variable:
@@ -344,11 +414,11 @@ VARIABLES: tuple[Variable, ...] = (
          "sshd's StrictModes; off only when ~/.ssh sits on a volume with loose permissions (every key is refused)."),
     _var("VL_SSH_ENV_FILE", "/etc/profile.d/pod-environment.sh", local_path, ABSOLUTE_FILE, P,
          "The pod's environment as `export` lines for login shells (RunPod's equivalent: /etc/rp_environment)."),
-    _var("VL_LOG_REPO", "", matching(HUB_REPO_ID, optional=True), HUB_REPO_ALLOWED, P,
+    _var("VL_LOG_REPO", "", optional_hub_repo, HUB_REPO_ALLOWED, P,
          "Hub repo that receives `etat/<POD_ID>.log` while the pod is not healthy; empty = off."),
     _var("VL_LOG_INTERVAL_S", "25", decimal(5.0, 3600.0), "a number of seconds in 5..3600", P,
          "How often the log is republished while not healthy."),
-    _var("VL_CONFIG_REPO", "", matching(HUB_REPO_ID, optional=True), HUB_REPO_ALLOWED, P,
+    _var("VL_CONFIG_REPO", "", optional_hub_repo, HUB_REPO_ALLOWED, P,
          "Hub repo holding the remote settings file; empty = no remote config."),
     _var("VL_CONFIG_FILE", "pod.env", repo_file,
          "a relative path inside the config repo (`a-z A-Z 0-9 _ . -` and `/`; no `..`)", P,
@@ -375,31 +445,114 @@ BY_ENV: dict[str, Variable] = {v.env: v for v in VARIABLES}
 
 
 class Settings:
-    """The effective settings: one attribute per variable (`VL_CTX` → `.ctx`), plus where each came from."""
+    """The effective settings: one typed attribute per variable (`VL_CTX` → `.ctx`), plus where each
+    came from (`sources`). The annotations are checked against VARIABLES (tests/test_settings.py)."""
+
+    # the engine
+    model: str
+    repo: str | None
+    ctx: int | None
+    util: float | None
+    kvbytes: int | None
+    kv: str | None
+    batched: int | None
+    seqs: int | None
+    spec: str
+    spec_n: int | None
+    look_min: int | None
+    look_max: int | None
+    tp: int | None
+    dp: int
+    mm_images: int
+    async_: bool | None
+    fastok: bool
+    flashinfer: bool
+    attn: str | None
+    aliases: tuple[str, ...]
+    extra_args: str
+    # the bridge
+    bridge: bool
+    bridge_ping_s: float
+    api_keys: tuple[ApiKey, ...]
+    allowed_hosts: tuple[str, ...]
+    log_prompts: bool
+    max_body_mb: int
+    key_concurrency: int | None
+    client_stall_s: float
+    cost_per_hour: float | None
+    # the pod
+    port: int
+    engine_port: int
+    ssh_port: int
+    ssh: bool
+    listen: str
+    ssh_host_keys: str
+    ssh_authorized_keys: str
+    ssh_strict_modes: bool
+    ssh_env_file: str
+    log_repo: str | None
+    log_interval_s: float
+    config_repo: str | None
+    config_file: str
+    config_poll_s: float
+    cuda_compat: str
+    state_dir: str
+    volume: str
+    cache_dir: str | None
+    venv: str
+    prebaked_marker: str
 
     def __init__(self, values: Mapping[str, Any], sources: Mapping[str, str]) -> None:
-        self._values = dict(values)
+        for variable in VARIABLES:
+            setattr(self, variable.attr, values[variable.attr])
         self.sources = dict(sources)
 
-    def __getattr__(self, attr: str) -> Any:
-        try:
-            return self._values[attr]
-        except KeyError:
-            raise AttributeError(attr) from None
-
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Settings) and self._values == other._values
+        return isinstance(other, Settings) and self.raw() == other.raw()
 
     def raw(self) -> dict[str, Any]:
-        return dict(self._values)
+        """The values by attribute name."""
+        return {v.attr: getattr(self, v.attr) for v in VARIABLES}
 
     def changed_scopes(self, other: Settings) -> set[Scope]:
         """The scopes whose settings differ between `self` and `other` (what a reload must restart).
         Without the bridge, vLLM serves the aliases and checks the keys itself: their change is then the engine's too."""
-        scopes = {v.scope for v in VARIABLES if self._values[v.attr] != other._values[v.attr]}
+        mine, theirs = self.raw(), other.raw()
+        scopes = {v.scope for v in VARIABLES if mine[v.attr] != theirs[v.attr]}
         if not other.bridge and (self.aliases != other.aliases or self.api_keys != other.api_keys):
             scopes.add(Scope.ENGINE)
         return scopes
+
+    def pod_scope_changes(self, current: Settings) -> list[str]:
+        """The pod-scoped variables (ports, log repo…) whose value here differs from `current`'s."""
+        mine, theirs = self.raw(), current.raw()
+        return [v.env for v in VARIABLES if v.scope is Scope.POD and mine[v.attr] != theirs[v.attr]]
+
+    def keeping_pod_scope(self, current: Settings) -> Settings:
+        """These settings, except the pod-scoped ones, kept from `current`: read once at start, they
+        only change at the next start."""
+        values, sources = self.raw(), dict(self.sources)
+        for variable in VARIABLES:
+            if variable.scope is Scope.POD:
+                values[variable.attr] = getattr(current, variable.attr)
+                sources[variable.attr] = current.sources[variable.attr]
+        return Settings(values, sources)
+
+    def environ(self, scope: Scope | None = None) -> dict[str, str]:
+        """The settings (of `scope`, or all) as `VL_*` text that `load_settings` reads back unchanged:
+        what a child process is given."""
+        return {v.env: as_text(getattr(self, v.attr)) for v in VARIABLES if scope in (None, v.scope)}
+
+
+def as_text(value: object) -> str:
+    """A setting's value as the environment writes it (the inverse of its parser)."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, tuple):
+        return ",".join(item.entry if isinstance(item, ApiKey) else str(item) for item in value)
+    return str(value)
 
 
 def parse_value(variable: Variable, raw: str) -> Any:
@@ -419,7 +572,8 @@ def load_settings(environ: Mapping[str, str], remote: Mapping[str, str] | None =
     Unknown `VL_*` names in the remote file are refused (a typo there must not pass silently);
     unknown ones in the environment are left alone (the platform may set its own).
     """
-    for name in remote or {}:
+    remote = remote or {}
+    for name in remote:
         if name not in BY_ENV:
             raise SettingsError(name, remote[name], "a known setting name (see the README's table)")
     values, sources = {}, {}
@@ -484,6 +638,7 @@ def run(args: argparse.Namespace) -> int:
         print(error, file=sys.stderr)
         return 2
     for v in VARIABLES:
-        value = "***" if v.secret and settings.raw()[v.attr] else settings.raw()[v.attr]
-        print(f"{v.env}={value!r}  ({settings.sources[v.attr]})")
+        value = getattr(settings, v.attr)
+        shown = "***" if is_secret(v.env) and value else value
+        print(f"{v.env}={shown!r}  ({settings.sources[v.attr]})")
     return 0

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import html
 import os
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -19,21 +18,11 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse
 from starlette.routing import Route
 
-from runtime.image import read_image_facts
 from runtime.engine.recipes import load_recipe, recipe_names
+from runtime.image import public_facts, read_image_facts
 from runtime.settings import Settings
 
 SPACE_PORT = 7860
-LOOKS_SECRET = re.compile(r"token|secret|key|passw|credential|auth", re.IGNORECASE)
-
-
-def public_facts(facts: Mapping[str, Any]) -> dict[str, Any]:
-    """The build facts minus anything whose name looks secret, at any depth."""
-    return {
-        key: public_facts(value) if isinstance(value, Mapping) else value
-        for key, value in facts.items()
-        if not LOOKS_SECRET.search(key)
-    }
 
 
 def status_app(facts: Mapping[str, Any] | None, space_id: str) -> Starlette:

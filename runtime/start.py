@@ -12,27 +12,27 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import importlib.util
 import logging
 import os
 import signal
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from runtime.engine.command import RUNTIME_ROOT, EngineCommand, prepare_engine
-from runtime.gpu import GpuError, inspect_gpu
 from runtime.engine.install import InstallError, ensure_runtime, is_prebaked, runs_in_venv
-from runtime.settings import VARIABLES, Scope, Settings, SettingsError, load_settings
+from runtime.engine.weights import WeightsError
+from runtime.gpu import GpuError, inspect_gpu
+from runtime.health import Answers200, engine_generates, local_address
+from runtime.settings import Scope, Settings, SettingsError, load_settings
 from runtime.sshd import SshdLayout, prepare_sshd
 from runtime.supervisor import ChildSpec, Health, Supervisor
-from runtime.engine.weights import WeightsError
 
 if TYPE_CHECKING:
-    import httpx
-
     from runtime.hub import LogPublisher, RemoteConfig
 
 log = logging.getLogger("runtime.start")
@@ -40,10 +40,11 @@ log = logging.getLogger("runtime.start")
 ENGINE, BRIDGE, SSHD = "engine", "bridge", "sshd"
 # The bridge's /health does not touch the engine: two misses in a row mean it is hung (seeds' watchdog).
 # 10 s: a loaded machine can stall a sound bridge for seconds, and a restart cuts every open stream.
-BRIDGE_HEALTH = {"interval_s": 10.0, "timeout_s": 10.0, "failures_before_restart": 2}
+BRIDGE_HEALTH = functools.partial(Health, interval_s=10.0, timeout_s=10.0, failures_before_restart=2)
 # A real one-token generation: a dead engine can still answer /v1/models with 200. Generous timeout:
 # a saturated engine queues the probe behind real work, and restarting a busy engine is a disaster.
-ENGINE_HEALTH = {"interval_s": 15.0, "timeout_s": 60.0, "failures_before_restart": 3}
+ENGINE_PROBE_S = 60.0
+ENGINE_HEALTH = functools.partial(Health, interval_s=15.0, timeout_s=ENGINE_PROBE_S, failures_before_restart=3)
 HUB_LAST_WORDS_S = 20.0  # how long a refused start waits for its one line to reach the Hub log
 REFUSED = 2  # exit status of a start refused by a setting, the GPU or the install
 
@@ -138,7 +139,7 @@ class Pod:
         self.loop: asyncio.AbstractEventLoop | None = None
         bridge_url = f"http://{local_address(settings.listen)}:{settings.port}/health"  # pod scope: never changes
         self.bridge_probe = Answers200(bridge_url)
-        self.bridge_health = Health(self.bridge_probe, **BRIDGE_HEALTH)
+        self.bridge_health = BRIDGE_HEALTH(self.bridge_probe)
         self.stopping = asyncio.Event()
         self.changes: asyncio.Queue[Settings] = asyncio.Queue()
 
@@ -210,7 +211,7 @@ class Pod:
     # --- the children ---
 
     def engine_spec(self, command: EngineCommand) -> ChildSpec:
-        health = Health(engine_generates(command), **ENGINE_HEALTH)
+        health = ENGINE_HEALTH(engine_generates(command, ENGINE_PROBE_S))
         return ChildSpec(ENGINE, command.argv, {**self.environ, **command.env}, health)
 
     def bridge_spec(self, command: EngineCommand) -> ChildSpec:
@@ -227,7 +228,7 @@ class Pod:
             "--port",
             str(settings.port),
         ]
-        env = {**self.environ, **bridge_environ(settings)}  # the bridge reads its settings from VL_*
+        env = {**self.environ, **settings.environ(Scope.BRIDGE)}  # the bridge reads its settings from VL_*
         env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(RUNTIME_ROOT), env.get("PYTHONPATH"))))
         return ChildSpec(BRIDGE, argv, env, self.bridge_health)
 
@@ -259,6 +260,7 @@ class Pod:
         (a change refused here never ran), not against the watcher's last file."""
         scopes = self.settings.changed_scopes(new)
         command = self.command
+        assert command is not None  # changes are applied once the pod has started
         if Scope.ENGINE in scopes:
             try:
                 command = await asyncio.to_thread(prepare_engine, new, self.accelerator, self.engine_env)
@@ -281,22 +283,6 @@ class Pod:
             # A running bridge stays: it learns the new model from vLLM's /v1/models.
 
 
-def bridge_environ(settings: Settings) -> dict[str, str]:
-    """The bridge's settings as `VL_*` text that `load_settings` reads back unchanged: only these, so
-    that an engine change leaves the bridge's command as it was."""
-    return {v.env: as_text(getattr(settings, v.attr)) for v in VARIABLES if v.scope is Scope.BRIDGE}
-
-
-def as_text(value: object) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    if isinstance(value, tuple):
-        return ",".join(value)
-    return str(value)
-
-
 def sshd_layout(settings: Settings) -> SshdLayout:
     return SshdLayout(
         config_file=Path(settings.state_dir) / "sshd_config",
@@ -307,52 +293,6 @@ def sshd_layout(settings: Settings) -> SshdLayout:
         listen=settings.listen,
         strict_modes=settings.ssh_strict_modes,
     )
-
-
-def local_address(listen: str) -> str:
-    """Where this machine reaches a server listening on `listen`, as a URL's host (IPv6 in brackets)."""
-    host = "127.0.0.1" if listen in ("0.0.0.0", "::", "") else listen
-    return f"[{host}]" if ":" in host else host
-
-
-class Answers200:
-    """A probe: GET `url` answers 200 (the bridge's /health, which never waits on the engine).
-    One HTTP client for every check, made on the first: not an SSL context per check."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.client: httpx.AsyncClient | None = None
-
-    async def __call__(self) -> bool:
-        if self.client is None:
-            import httpx
-
-            self.client = httpx.AsyncClient(trust_env=False, timeout=None)  # the supervisor times each check
-        return (await self.client.get(self.url)).status_code == 200
-
-    async def aclose(self) -> None:
-        if self.client is not None:
-            await self.client.aclose()
-
-
-def engine_generates(command: EngineCommand) -> Callable[[], Awaitable[bool]]:
-    """A probe: the engine generates one token (runtime.probe); its reason is kept when it does not."""
-
-    async def probe() -> bool:
-        from runtime.probe import probe_engine
-
-        health = await asyncio.to_thread(
-            probe_engine, command.base_url, command.served_names[0], ENGINE_HEALTH["timeout_s"], command.api_key
-        )
-        if not health:
-            raise ProbeFailed(health.reason)
-        return True
-
-    return probe
-
-
-class ProbeFailed(RuntimeError):
-    """A health probe's answer was no; `str()` says why."""
 
 
 def seconds_since_process_start() -> float:

@@ -22,6 +22,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from runtime.logfiles import rotated
+
 log = logging.getLogger(__name__)
 
 STABLE_AFTER_S = 60.0  # a child without a health check that lived this long is no longer "dying in a row"
@@ -162,7 +164,8 @@ class Supervisor:
 
     def pid(self, name: str) -> int | None:
         child = self.children.get(name)
-        return child.process.pid if child is not None and child.running else None
+        process = child.process if child is not None and child.running else None
+        return process.pid if process is not None else None
 
     def healthy(self) -> bool:
         """Every health-checked child answers (false while any is starting, hung or dead)."""
@@ -316,17 +319,12 @@ class Supervisor:
                 failures += 1
                 if failures >= health.failures_before_restart:
                     child.ask(Request(Ask.HUNG, f"{failures} failed health checks in a row"))
-                    await until(lambda: launch != child.launches)
+                    await relaunched(child, launch)
 
     def _report(self, level: int, message: str) -> None:
         """A death or a restart: in the boot log, and published to the Hub at once."""
         log.log(level, message)
         self.on_incident(message)
-
-
-def rotated(path: Path) -> Path:
-    """Where a child's log goes when it reaches its cap (`bridge.log` → `bridge.log.1`): tail readers look there too."""
-    return path.with_name(path.name + ".1")
 
 
 class ChildLog:
@@ -413,6 +411,11 @@ async def probe_within(health: Health) -> tuple[bool, str]:
 async def until(condition: Callable[[], bool], every_s: float = 0.1) -> None:
     while not condition():
         await asyncio.sleep(every_s)
+
+
+async def relaunched(child: Child, launch: int) -> None:
+    """Until the keeper launched `child` again, after its launch number `launch`."""
+    await until(lambda: child.launches != launch)
 
 
 def kill_group(pgid: int, sig: signal.Signals) -> None:

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from runtime.engine.weights import human_bytes
+from runtime.units import human_bytes
 from space import BuildError
 from space.targets import ROOT, Target, target_packages
 
@@ -203,7 +203,9 @@ def check_wheel(path: Path, cuda_major: str, glibc: str) -> Libraries:
     """Read every ELF library in the wheel: a `libcudart.so.N` other than the base's CUDA major, or a
     GLIBC_x.y above the base's glibc, is a problem (one line each, naming the first library concerned)."""
     from elftools.common.exceptions import ELFError
+    from elftools.elf.dynamic import DynamicSection
     from elftools.elf.elffile import ELFFile
+    from elftools.elf.gnuversions import GNUVerNeedSection
 
     found = Libraries()
     base = tuple(int(part) for part in glibc.split("."))
@@ -219,13 +221,16 @@ def check_wheel(path: Path, cuda_major: str, glibc: str) -> Libraries:
                 continue
             found.count += 1
             dynamic = elf.get_section_by_name(".dynamic")
-            for library in [tag.needed for tag in dynamic.iter_tags("DT_NEEDED")] if dynamic else []:
+            needed = dynamic.iter_tags("DT_NEEDED") if isinstance(dynamic, DynamicSection) else ()
+            # pyelftools sets a DT_NEEDED tag's `needed` (the library's name) by setattr: its types miss it.
+            for library in [tag.needed for tag in needed]:  # type: ignore[attr-defined]
                 if match := CUDART.fullmatch(library):
                     found.cudart.add(library)
                     if match[1] != cuda_major:
                         wrong_cuda.setdefault(library, []).append(member)
             requirements = elf.get_section_by_name(".gnu.version_r")
-            names = [aux.name for _, auxes in (requirements.iter_versions() if requirements else ()) for aux in auxes]
+            versions = requirements.iter_versions() if isinstance(requirements, GNUVerNeedSection) else ()
+            names = [aux.name for _, auxes in versions for aux in auxes]
             newest = max(((int(m[1]), int(m[2])) for m in map(GLIBC.fullmatch, names) if m), default=(0, 0))
             found.glibc = max(found.glibc, newest)
             if newest > base:

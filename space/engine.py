@@ -66,11 +66,12 @@ def served_directory(directory: Path, name: str) -> Iterator[WheelServer]:
             server = http.server.ThreadingHTTPServer((address, WHEELS_PORT), handler)
             break
     else:  # no 127/8 beyond 127.0.0.1 (not Linux): any port, at the cost of the layer cache
-        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        address = "127.0.0.1"
+        server = http.server.ThreadingHTTPServer((address, 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield WheelServer(name, *server.server_address[:2])
+        yield WheelServer(name, address, server.server_port)
     finally:
         server.shutdown()
         server.server_close()
@@ -116,9 +117,8 @@ def default_build_args() -> dict[str, str]:
 
 
 def docker_client() -> Any:
-    from docker.errors import DockerException
-
     import docker
+    from docker.errors import DockerException
 
     try:
         return docker.from_env(timeout=600)

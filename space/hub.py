@@ -138,7 +138,9 @@ def upload(api: Any, space: Space, plan: Upload, message: str) -> str:
     """One commit with the changed files and the deletions; returns its id."""
     from huggingface_hub import CommitOperationAdd, CommitOperationDelete
 
-    operations = [CommitOperationAdd(path, content) for path, content in sorted(plan.changed.items())]
+    operations: list[CommitOperationAdd | CommitOperationDelete] = [
+        CommitOperationAdd(path, content) for path, content in sorted(plan.changed.items())
+    ]
     operations += [CommitOperationDelete(path) for path in plan.deleted]
     commit = hub_call(
         lambda: api.create_commit(space.space_id, operations, commit_message=message, repo_type="space"),

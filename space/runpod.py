@@ -24,6 +24,7 @@ CONTAINER_DISK_GB = 30  # the image itself; everything that grows lives on the v
 VOLUME_GB = 200  # model weights are tens of GB, plus vLLM's compile caches
 VOLUME_PATH = "/workspace"  # RunPod's convention, and VL_VOLUME's default: the one path that survives a stop
 CUDA_VERSIONS = ["13.0"]  # the image is built on CUDA 13.0 and refuses an older driver at start
+COST_PER_HOUR_MAX = 1000.0  # VL_COST_PER_HOUR's bound (runtime/settings.py, not imported here; a test compares)
 SECRETS = {  # variable -> RunPod secret of the same name (created once in the console, never sent by us)
     "HF_TOKEN": "a Hugging Face token: gated model downloads and the Hub log",
     "VL_API_KEYS": "the keys Claude Code may send (comma-separated): the bridge refuses any other",
@@ -39,18 +40,25 @@ def secret_reference(name: str) -> str:
     return f"{{{{ RUNPOD_SECRET_{name} }}}}"
 
 
-def template_env() -> dict[str, str]:
-    """The pod's environment: the default recipe, and secrets by reference only. No cache variable: the
-    runtime finds the volume at VOLUME_PATH (VL_VOLUME's default) and keeps weights and compile caches there."""
+def template_env(cost_per_hour: float | None = None) -> dict[str, str]:
+    """The pod's environment: the default recipe, secrets by reference only, and the GPU's hourly price when
+    given (the console's cost figures). No cache variable: the runtime finds the volume at VOLUME_PATH
+    (VL_VOLUME's default) and keeps weights and compile caches there."""
+    if cost_per_hour is not None and not 0 < cost_per_hour <= COST_PER_HOUR_MAX:
+        raise BuildError(f"--cost-per-hour must be a price in dollars, above 0 and at most {COST_PER_HOUR_MAX:g}")
     return {
         "VL_MODEL": "nemotron",  # the default recipe, spelled out so it is visible (and editable) in the console
         **{name: secret_reference(name) for name in SECRETS},  # values live in RunPod, never in the template
         # VL_LOG_REPO is left out, not set empty: the pod environment outranks the Hub settings file, and off
         # is already the default. Add VL_LOG_REPO=owner/name in the console to get start-up logs on the Hub.
+        # VL_COST_PER_HOUR likewise unless given: a template fits any GPU, the price is the GPU's.
+        **({"VL_COST_PER_HOUR": f"{cost_per_hour:g}"} if cost_per_hour is not None else {}),
     }
 
 
-def template_body(name: str, image: str, *, registry_id: str | None = None) -> dict[str, Any]:
+def template_body(
+    name: str, image: str, *, registry_id: str | None = None, cost_per_hour: float | None = None
+) -> dict[str, Any]:
     """The template as a CreateTemplateRequest (also a valid UpdateTemplateRequest: every field is mutable)."""
     return {
         "name": name,
@@ -59,7 +67,7 @@ def template_body(name: str, image: str, *, registry_id: str | None = None) -> d
         "disk": CONTAINER_DISK_GB,
         "mounts": {"persistent": {"size": VOLUME_GB, "path": VOLUME_PATH}},
         "ports": list(PORTS),
-        "env": template_env(),
+        "env": template_env(cost_per_hour),
         "registry": registry_id,  # the credential for a private image; null clears a stale one on update
         "allowedCudaVersions": list(CUDA_VERSIONS),
         "startSsh": True,  # RunPod injects PUBLIC_KEY (the account's SSH keys); the runtime's sshd uses it
@@ -267,7 +275,12 @@ def ensure_template(api: RunPodAPI, body: dict[str, Any]) -> str:
 
 
 def save_template(
-    image: str, name: str, api_key: str, registry_auth: tuple[str, str] | None, base_url: str | None = None
+    image: str,
+    name: str,
+    api_key: str,
+    registry_auth: tuple[str, str] | None,
+    base_url: str | None = None,
+    cost_per_hour: float | None = None,
 ) -> str:
     """Creates or updates the template `name` for `image` (and, for a private image, the registry credential
     from `registry_auth` = (username, password)); prints a line per step and returns the template id."""
@@ -276,4 +289,4 @@ def save_template(
     password = registry_auth[1] if registry_auth else ""
     with RunPodAPI(api_key, base_url, secrets=(password,)) as api:
         registry_id = ensure_registry(api, image, *registry_auth) if registry_auth else None
-        return ensure_template(api, template_body(name, image, registry_id=registry_id))
+        return ensure_template(api, template_body(name, image, registry_id=registry_id, cost_per_hour=cost_per_hour))

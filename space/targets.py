@@ -28,18 +28,6 @@ KINDS = ("gpu", "cpu")
 TARGET_KEYS = {"aliases", "kind", "description", "cuda-arch", "dockerfile", "committed"}
 BRIDGE_PORT, SSH_PORT = 8080, 22
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"  # Debian's and Ubuntu's, with docker/certs/ added
-# The pod is healthy once its model is served: the bridge's /health names it when vLLM answers (an
-# empty body is vLLM's own /health, with VL_BRIDGE=off). VL_PORT on VL_LISTEN, by loopback when the pod
-# listens everywhere (runtime.start.local_address's rule; the probe cannot afford the runtime's imports).
-HEALTH_PROBE = (
-    "import json, os, urllib.request; host = os.environ.get('VL_LISTEN') or '0.0.0.0'; "
-    "host = '127.0.0.1' if host in ('0.0.0.0', '::') else host; host = '[%s]' % host if ':' in host else host; "
-    "url = 'http://%s:%s/health' % (host, os.environ.get('VL_PORT', '"
-    f"{BRIDGE_PORT}"
-    "')); "
-    "body = urllib.request.urlopen(url, timeout=5).read(); "
-    "raise SystemExit(0 if not body or json.loads(body).get('model') else 1)"
-)
 TINY_RECIPE = ROOT / "runtime" / "engine" / "recipes" / "tiny.toml"  # its `repo` is where the cpu image bakes the model
 
 
@@ -136,6 +124,7 @@ def image_env(target: Target) -> dict[str, str]:
     env = {"PATH": "/opt/venv/bin:$PATH", "PYTHONPATH": "/opt/app", "PYTHONUNBUFFERED": "1"}
     if target.kind == "cpu":
         return env | {"VL_MODEL": tiny_recipe()["name"]}
+    assert target.cuda_arch is not None  # load_targets: every gpu target names its cuda-arch
     return env | {
         # Lets the container start on an older driver, so the runtime can say what is wrong.
         "NVIDIA_DISABLE_REQUIRE": "1",
@@ -156,7 +145,13 @@ def baked_models(target: Target) -> list[dict[str, Any]]:
         return []  # real weights come from the Hub at start, onto the pod's disk
     directory = tiny_recipe()["repo"]
     command = f"python -c \"from runtime.engine.tinymodel import write_tiny_model; write_tiny_model('{directory}')\""
-    return [{"name": "tiny demo", "sources": ["runtime/__init__.py", "runtime/engine/__init__.py", "runtime/engine/tinymodel.py"], "command": command}]
+    return [
+        {
+            "name": "tiny demo",
+            "sources": ["runtime/__init__.py", "runtime/engine/__init__.py", "runtime/engine/tinymodel.py"],
+            "command": command,
+        }
+    ]
 
 
 def template_values(target: Target, versions: dict[str, Any]) -> dict[str, Any]:
@@ -192,7 +187,6 @@ def template_values(target: Target, versions: dict[str, Any]) -> dict[str, Any]:
         "baked_models": baked_models(target),
         "pins": [*torch, *engine, *runtime],
         "ports": [BRIDGE_PORT, SSH_PORT],
-        "health_probe": HEALTH_PROBE,
     }
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from runtime.engine import tinymodel as tiny
 from runtime.connect import Endpoint, claude_environment
+from runtime.engine import tinymodel as tiny
 from tests.support.bridge import Process
 from tests.support.claude_code import CLAUDE, TIMEOUT_S, parse_result, quiet_environment, require_claude_code
 from tests.support.vllm_server import MAX_MODEL_LEN

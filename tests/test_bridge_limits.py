@@ -177,9 +177,15 @@ def test_a_client_that_leaves_mid_body_leaves_a_trace_and_no_traceback(bridge: P
 
 def test_a_slow_body_after_a_401_is_closed(tmp_path: Path) -> None:
     """Without a key the bridge answers before reading the body: dripping the rest holds nothing."""
-    with start_bridge(
-        f"http://127.0.0.1:{free_port()}", tmp_path / "bridge.log", {"VL_API_KEYS": "sk-test-key-0123456789"}, *SHORT
-    ) as bridge, connect(bridge) as sock:
+    with (
+        start_bridge(
+            f"http://127.0.0.1:{free_port()}",
+            tmp_path / "bridge.log",
+            {"VL_API_KEYS": "sk-test-key-0123456789"},
+            *SHORT,
+        ) as bridge,
+        connect(bridge) as sock,
+    ):
         answer = drip(sock, BODY_HEAD, b" ")
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 401 ") and json.loads(body)["error"]["type"] == "authentication_error"
@@ -219,10 +225,12 @@ def test_a_request_that_meets_the_engines_keep_alive_expiry_is_not_lost(tmp_path
     closed got a 529. The stand-in here drops any request that arrives after its keep-alive ran out,
     as a close crossing the request on the wire does; the test sends right then."""
     argv = [sys.executable, "-m", "tests.support.expiring_upstream", "--keep-alive-s", "5"]
-    with started(argv, tmp_path / "upstream.log", clean_environment({})) as upstream:
-        with start_bridge(upstream.url, tmp_path / "bridge.log") as bridge:
-            body = {"prompt": "hello"}
-            assert httpx.post(f"{bridge.url}/tokenize", json=body, timeout=DEADLINE_S).status_code == 200
-            upstream.wait_for_log("keep-alive expired: connection")
-            response = httpx.post(f"{bridge.url}/tokenize", json=body, timeout=DEADLINE_S)
-            assert response.status_code == 200, response.text
+    with (
+        started(argv, tmp_path / "upstream.log", clean_environment({})) as upstream,
+        start_bridge(upstream.url, tmp_path / "bridge.log") as bridge,
+    ):
+        body = {"prompt": "hello"}
+        assert httpx.post(f"{bridge.url}/tokenize", json=body, timeout=DEADLINE_S).status_code == 200
+        upstream.wait_for_log("keep-alive expired: connection")
+        response = httpx.post(f"{bridge.url}/tokenize", json=body, timeout=DEADLINE_S)
+        assert response.status_code == 200, response.text

@@ -29,16 +29,18 @@ def test_client_values_cannot_forge_a_log_line_nor_fill_the_log(tmp_path: Path) 
     """Model, x-request-id (obs-text bytes arrive as C1 characters) and, with VL_LOG_PROMPTS, the prompt:
     each escaped and capped in the trace line; the whole log holds no control character."""
     asks = [(FORGED, FORGED, b"id\x9b2J"), ("m" * HUGE, "p" * LONG_PROMPT, b"r" * 8000)]
-    with start_stand_in(tmp_path / "upstream.log", "--tokens", "2") as upstream:
-        with start_bridge(upstream.url, tmp_path / "bridge.log", {"VL_LOG_PROMPTS": "on"}) as bridge:
-            traces = []
-            for model, prompt, request_id in asks:
-                body = VALID | {"model": model, "messages": [{"role": "user", "content": prompt}]}
-                response = httpx.post(
-                    f"{bridge.url}/v1/messages", json=body, headers={"x-request-id": request_id}, timeout=60
-                )
-                assert response.status_code == 200, response.text
-                traces.append(bridge.wait_for_log(f"trace id={response.json()['id']} "))
+    with (
+        start_stand_in(tmp_path / "upstream.log", "--tokens", "2") as upstream,
+        start_bridge(upstream.url, tmp_path / "bridge.log", {"VL_LOG_PROMPTS": "on"}) as bridge,
+    ):
+        traces = []
+        for model, prompt, request_id in asks:
+            body = VALID | {"model": model, "messages": [{"role": "user", "content": prompt}]}
+            response = httpx.post(
+                f"{bridge.url}/v1/messages", json=body, headers={"x-request-id": request_id}, timeout=60
+            )
+            assert response.status_code == 200, response.text
+            traces.append(bridge.wait_for_log(f"trace id={response.json()['id']} "))
     log = bridge.log()
     assert not CONTROL.search(log), repr(CONTROL.search(log))
     assert not re.search(r"^fake-log-line", log, re.MULTILINE)
@@ -76,23 +78,25 @@ def test_a_reused_request_id_aborts_only_the_stream_that_left(route: str, tmp_pa
     generation is aborted by the bridge's id for it), the other's stream runs to its end."""
     shared = f"shared-{uuid.uuid4().hex}"
     body = VALID | {"max_tokens": STREAM_TOKENS, "stream": True}
-    with start_stand_in(tmp_path / "upstream.log", "--tokens", str(STREAM_TOKENS), "--pace-ms", "5") as upstream:
-        with start_bridge(upstream.url, tmp_path / "bridge.log") as bridge:
-            url, headers = f"{bridge.url}{route}", {"x-request-id": shared}
-            with httpx.stream("POST", url, json=body, headers=headers, timeout=SLOW_WAIT_S) as staying:
-                kept = staying.iter_lines()
-                lines = [next(line for line in kept if line.startswith("data: "))]  # streaming upstream now
-                with httpx.stream("POST", url, json=body, headers=headers, timeout=SLOW_WAIT_S) as leaving:
-                    next(line for line in leaving.iter_lines() if line.startswith("data: "))
-                left = bridge.wait_for_log(f"trace id=\\S+ POST {route} .*stop=client_gone", SLOW_WAIT_S)
-                left_id = trace_id(left)
-                upstream.wait_for_log(f"abort requested: chatcmpl-{left_id}$", SLOW_WAIT_S)
-                lines += list(kept)
-            assert completed(route, lines) == (
-                "tok " * STREAM_TOKENS,
-                "end_turn" if route == "/v1/messages" else "stop",
-            )
-            stayed = bridge.wait_for_log(f"trace id=(?!{left_id} )\\S+ POST {route} ", SLOW_WAIT_S)
+    with (
+        start_stand_in(tmp_path / "upstream.log", "--tokens", str(STREAM_TOKENS), "--pace-ms", "5") as upstream,
+        start_bridge(upstream.url, tmp_path / "bridge.log") as bridge,
+    ):
+        url, headers = f"{bridge.url}{route}", {"x-request-id": shared}
+        with httpx.stream("POST", url, json=body, headers=headers, timeout=SLOW_WAIT_S) as staying:
+            kept = staying.iter_lines()
+            lines = [next(line for line in kept if line.startswith("data: "))]  # streaming upstream now
+            with httpx.stream("POST", url, json=body, headers=headers, timeout=SLOW_WAIT_S) as leaving:
+                next(line for line in leaving.iter_lines() if line.startswith("data: "))
+            left = bridge.wait_for_log(f"trace id=\\S+ POST {route} .*stop=client_gone", SLOW_WAIT_S)
+            left_id = trace_id(left)
+            upstream.wait_for_log(f"abort requested: chatcmpl-{left_id}$", SLOW_WAIT_S)
+            lines += list(kept)
+        assert completed(route, lines) == (
+            "tok " * STREAM_TOKENS,
+            "end_turn" if route == "/v1/messages" else "stop",
+        )
+        stayed = bridge.wait_for_log(f"trace id=(?!{left_id} )\\S+ POST {route} ", SLOW_WAIT_S)
     assert "stream aborted" not in upstream.log()
     assert left.endswith(f" client_id={shared}") and stayed.endswith(f" client_id={shared}")
     assert shared not in (left_id, trace_id(stayed))

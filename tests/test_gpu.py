@@ -122,7 +122,7 @@ def test_inspect_reads_the_image_cuda_from_its_marker_and_logs_the_verdict(tmp_p
 
 def test_without_a_marker_the_base_images_cuda_version_is_used(tmp_path, compat):
     settings = load_settings({"VL_PREBAKED_MARKER": str(tmp_path / "absent")})
-    with pytest.raises(GpuError, match="needs CUDA 13.0"):
+    with pytest.raises(GpuError, match=r"needs CUDA 13\.0"):
         inspect_gpu(
             settings,
             {"CUDA_VERSION": "13.0.1"},

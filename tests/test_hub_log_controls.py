@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from runtime.hub.logpublish import LogPublisher, tail
-from runtime.hub.redact import MARKER, Redactor
+from runtime.hub.logpublish import LogPublisher
 from runtime.hub.repo import HubRepo
+from runtime.logfiles import tail
 from runtime.logsafe import CLIENT_VALUE_CHARS, loggable, strip_controls
+from runtime.redact import MARKER, Redactor
 from tests.support.hub_server import HubServer
 from tests.support.polling import wait_until
 
@@ -116,4 +117,4 @@ def test_the_tail_reads_on_through_a_rotated_log(tmp_path: Path) -> None:
     rows = tail(tmp_path / "bridge.log", lines=150, max_bytes=2000)
     assert rows == lines[-len(rows) :] and 20 < len(rows) < 150  # the older file's part begins mid-line: dropped
     (tmp_path / "bridge.log").write_text("")
-    assert tail(tmp_path / "bridge.log", lines=10) == lines[271:280] + [lines[280][:20]]
+    assert tail(tmp_path / "bridge.log", lines=10) == [*lines[271:280], lines[280][:20]]

@@ -13,9 +13,10 @@ from huggingface_hub.errors import RepositoryNotFoundError
 
 from runtime.gpu import GpuError, HostGpu, decide
 from runtime.hub.budget import CommitBudget
-from runtime.hub.logpublish import LogPublisher, tail
-from runtime.hub.redact import MARKER, Redactor
+from runtime.hub.logpublish import LogPublisher
 from runtime.hub.repo import HubRepo
+from runtime.logfiles import tail
+from runtime.redact import MARKER, Redactor
 from runtime.settings import load_settings
 from tests.support.hub_server import HubServer
 from tests.support.polling import wait_until

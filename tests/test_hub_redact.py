@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.hub.redact import MARKER, Redactor, name_looks_secret
+from runtime.redact import MARKER, Redactor
+from runtime.settings import is_secret
 
 HF = "hf_" + "AbCdEfGhIjKlMnOpQrStUvWxYz01234567"
 
@@ -36,10 +37,13 @@ HF = "hf_" + "AbCdEfGhIjKlMnOpQrStUvWxYz01234567"
         ("PATH", False),
         ("VL_SPEC", False),
         ("RUNPOD_POD_ID", False),
+        ("VL_API_KEYS", True),  # a setting: as its row in runtime/settings.py says
+        ("VL_SSH_HOST_KEYS", False),  # a path, not keys
+        ("VL_KEY_CONCURRENCY", False),
     ],
 )
 def test_which_names_look_secret(name: str, secret: bool) -> None:
-    assert name_looks_secret(name) is secret
+    assert is_secret(name) is secret
 
 
 ENV = {

@@ -9,9 +9,9 @@ import pytest
 from huggingface_hub import HfApi
 
 from runtime.hub.logpublish import LogPublisher
-from runtime.hub.redact import Redactor
 from runtime.hub.remoteconfig import ConfigFileError, RemoteConfig, parse_config_file
 from runtime.hub.repo import HubRepo
+from runtime.redact import Redactor
 from runtime.settings import Scope, Settings
 from tests.support.hub_server import HubServer
 from tests.support.polling import wait_until
@@ -137,7 +137,7 @@ def test_an_invalid_file_is_refused_and_the_old_configuration_keeps_serving(
     ]:
         watch.edit(bad)
         wait_until(
-            lambda: reason in (hub_server.file("pod-owner/pod-logs", "etat/pod-1.log") or b"").decode(),
+            lambda reason=reason: reason in (hub_server.file("pod-owner/pod-logs", "etat/pod-1.log") or b"").decode(),
             f"the refusal ({reason}) in the Hub log",
         )
         assert watch.config.settings == before

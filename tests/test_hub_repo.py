@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from huggingface_hub.utils import get_session
 
 from runtime.hub.repo import HUB_TIMEOUT_S, HubRepo, pod_id
-from runtime.settings import SettingsError
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize(
@@ -31,12 +35,19 @@ def test_bad_repo_specs(spec: str) -> None:
         HubRepo.parse(spec)
 
 
-def test_a_bad_repo_setting_stops_start_up_with_one_line() -> None:
-    with pytest.raises(SettingsError) as error:
-        HubRepo.from_environ("my-logs", {}, "VL_LOG_REPO")
-    assert str(error.value) == (
-        "VL_LOG_REPO='my-logs' is not allowed: expected a Hub repo id: owner/name, "
-        "datasets/owner/name or spaces/owner/name"
+def test_a_bad_repo_setting_is_refused_by_the_settings_with_one_line() -> None:
+    """The settings hold the repo id check: `python -m runtime settings` refuses it before a pod starts."""
+    result = subprocess.run(
+        [sys.executable, "-m", "runtime", "settings"],
+        capture_output=True,
+        text=True,
+        env={"VL_LOG_REPO": "my-logs", "PATH": "/usr/bin:/bin"},
+        cwd=ROOT,
+    )
+    assert result.returncode == 2
+    assert result.stderr == (
+        "VL_LOG_REPO='my-logs' is not allowed: expected a Hub repo id (owner/name, "
+        "datasets/owner/name or spaces/owner/name), or empty\n"
     )
 
 
@@ -65,6 +76,7 @@ def test_pod_id_falls_back_to_the_hostname() -> None:
 
 def test_hub_requests_have_a_timeout() -> None:
     """huggingface_hub's shared client waits forever by default; a hung Hub must not freeze a thread."""
-    HubRepo.parse("me/logs").api
+    api = HubRepo.parse("me/logs").api  # the client every Hub call makes, which bounds the shared session
+    assert api.endpoint
     assert get_session().timeout.read == HUB_TIMEOUT_S
     assert get_session().timeout.connect == HUB_TIMEOUT_S

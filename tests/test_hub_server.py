@@ -23,7 +23,8 @@ from huggingface_hub.errors import (
 from huggingface_hub.utils import parse_datetime
 
 from tests.support.docker_engine import import_debian_base, private_engine
-from tests.support.hub_server import HubServer, git_hash
+from tests.support.hub_repos import git_hash
+from tests.support.hub_server import HubServer
 from tests.support.registry import LocalRegistry
 from tests.support.space_builder import SpaceBuilder
 
@@ -276,7 +277,7 @@ def test_validate_yaml_refuses_what_the_hub_refuses_in_a_space_card(
     hub_server: HubServer, card: str, error: str
 ) -> None:
     hub_server.create_space(SPACE)
-    with pytest.raises(ValueError, match="Invalid metadata in README.md") as refused:
+    with pytest.raises(ValueError, match=r"Invalid metadata in README\.md") as refused:
         commit_app(api(hub_server, hub_server.write_token), {"README.md": card.encode()})  # asks validate-yaml first
     assert error in str(refused.value)
     assert [r.status for r in hub_server.received if r.path == "/api/validate-yaml"] == [400]

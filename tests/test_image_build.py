@@ -17,9 +17,9 @@ from collections.abc import Iterable, Iterator
 from datetime import datetime
 from pathlib import Path
 
+import docker
 import pytest
 
-import docker
 from runtime.engine.recipes import load_recipe
 from space import targets
 from tests.support.docker_engine import PrivateEngine
@@ -103,7 +103,7 @@ def test_the_image_config_runs_the_runtime_under_tini(
     assert config["Entrypoint"] == ["/usr/bin/tini", "--"]
     assert config["Cmd"] == ["/opt/venv/bin/python", "-m", "runtime", "start"]
     assert set(config["ExposedPorts"]) == {"8080/tcp", "22/tcp"}
-    assert "/health" in " ".join(config["Healthcheck"]["Test"])
+    assert config["Healthcheck"]["Test"] == ["CMD", "/opt/venv/bin/python", "-m", "runtime.health"]
     assert "VL_MODEL=tiny" in config["Env"]
 
 
@@ -142,18 +142,20 @@ class ChunkReader(io.RawIOBase):
 
 def layer_members(client: docker.DockerClient, image: str) -> Iterator[tuple[str, str]]:
     """(layer, path) for every file of every layer, streamed from `docker save` (never written to disk)."""
-    saved = tarfile.open(
+    with tarfile.open(
         fileobj=io.BufferedReader(ChunkReader(client.images.get(image).save(chunk_size=1 << 20)), buffer_size=1 << 20),
         mode="r|",
-    )
-    for member in saved:
-        if not member.isfile() or member.size < tarfile.BLOCKSIZE:
-            continue
-        try:
-            layer = tarfile.open(fileobj=saved.extractfile(member), mode="r|*")
-        except tarfile.ReadError:
-            continue  # a manifest or config, not a layer
-        yield from ((member.name, inner.name) for inner in layer)
+    ) as saved:
+        for member in saved:
+            if not member.isfile() or member.size < tarfile.BLOCKSIZE:
+                continue
+            try:
+                # Closed by the `with` below: opening is what tells a layer from a manifest or config.
+                layer = tarfile.open(fileobj=saved.extractfile(member), mode="r|*")  # noqa: SIM115
+            except tarfile.ReadError:
+                continue  # a manifest or config, not a layer
+            with layer:
+                yield from ((member.name, inner.name) for inner in layer)
 
 
 def test_no_layer_holds_package_lists_caches_or_host_keys(

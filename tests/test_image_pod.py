@@ -23,7 +23,7 @@ from docker.models.containers import Container
 
 from runtime.engine import tinymodel as tiny
 from tests.support.claude_code import CLAUDE, TIMEOUT_S, parse_result, quiet_environment, require_claude_code
-from tests.support.hub_server import HubServer
+from tests.support.hub_server import POD_CONFIG_REPO, POD_LOG_REPO, HubServer
 from tests.support.images import Engine, report, wait_for_status_page
 from tests.support.net import free_port
 from tests.support.polling import wait_for_log_line, wait_until
@@ -33,7 +33,7 @@ pytestmark = [pytest.mark.docker, pytest.mark.timeout(2400)]
 require_claude_code()
 
 POD_ID = "pod-under-test"
-LOG_REPO, CONFIG_REPO = "pod-owner/pod-logs", "pod-owner/pod-config"
+LOG_REPO, CONFIG_REPO = POD_LOG_REPO, POD_CONFIG_REPO  # the `hub` fixture (tests/support/hub_server.py) makes them
 KEY_NAME = "tester"
 HEALTHY_TIMEOUT_S = 600  # ~40 s on two idle cores; the machine is shared
 STATE_DIR = "/var/lib/vlpod"  # the image's VL_STATE_DIR
@@ -129,14 +129,6 @@ def wait_healthy(container: Container, timeout_s: float = HEALTHY_TIMEOUT_S) -> 
         wait_until(healthy, "the container's HEALTHCHECK to pass", timeout_s, every_s=1.0)
     except AssertionError as error:
         raise AssertionError(f"{error}\n{container.logs(tail=60).decode(errors='replace')}") from None
-
-
-@pytest.fixture(scope="module")
-def hub() -> Iterator[HubServer]:
-    with HubServer() as server:
-        server.create_repo(LOG_REPO, private=True)
-        server.create_repo(CONFIG_REPO, private=True)
-        yield server
 
 
 @pytest.fixture(scope="module")

@@ -17,11 +17,11 @@ from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
+import docker
 import httpx
 import pytest
 from docker.models.containers import Container
 
-import docker
 from runtime.engine import tinymodel as tiny
 from tests.support.docker_engine import HostPip
 from tests.support.hub_server import HubServer

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import httpx
 import pytest
 
-from runtime.settings import load_settings
+from runtime.settings import SettingsError, load_settings
 from space import BuildError, runpod
 from tests.support.net import free_port
 
@@ -203,3 +203,21 @@ def test_an_empty_key_is_refused_before_any_request(runpod_server: RunPodServer)
     with pytest.raises(BuildError, match="RUNPOD_API_KEY is empty"):
         runpod.save_template(PUBLIC_IMAGE, NAME, " \n", None, base_url=runpod_server.url)
     assert runpod_server.received == []
+
+
+def test_the_gpu_price_becomes_the_pods_cost_setting(
+    runpod_server: RunPodServer, api_url: str, runpod_openapi: OpenAPISchemas
+) -> None:
+    body = runpod.template_body(NAME, PUBLIC_IMAGE, cost_per_hour=0.69)
+    assert runpod_openapi.errors("CreateTemplateRequest", body) == []
+    runpod.save_template(PUBLIC_IMAGE, NAME, runpod_server.api_key, None, cost_per_hour=0.69)
+    saved = runpod_server.templates[0]["env"]["VL_COST_PER_HOUR"]
+    assert load_settings({"VL_COST_PER_HOUR": saved}).cost_per_hour == 0.69  # as the pod reads it
+    assert "VL_COST_PER_HOUR" not in runpod.template_body(NAME, PUBLIC_IMAGE)["env"]  # a template fits any GPU
+    highest = runpod.COST_PER_HOUR_MAX  # the same bound as the setting's
+    assert load_settings({"VL_COST_PER_HOUR": f"{highest:g}"}).cost_per_hour == highest
+    with pytest.raises(SettingsError):
+        load_settings({"VL_COST_PER_HOUR": f"{highest * 1.01:g}"})
+    for refused in (0.0, runpod.COST_PER_HOUR_MAX * 1.01, float("nan")):
+        with pytest.raises(BuildError, match="--cost-per-hour must be a price in dollars"):
+            runpod.template_body(NAME, PUBLIC_IMAGE, cost_per_hour=refused)

@@ -29,14 +29,13 @@ import pytest
 
 from runtime.engine.tinymodel import ANSWER, MARK_TEXT, write_tiny_model
 from tests.support.environ import outer_environ
-from tests.support.hub_server import HubServer
+from tests.support.hub_server import POD_CONFIG_REPO, POD_LOG_REPO, HubServer
 from tests.support.net import free_port
 from tests.support.polling import wait_until
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 POD_ID = "e2e-pod"
-LOG_REPO = f"{HubServer.owner}/pod-logs"
-CONFIG_REPO = f"{HubServer.owner}/pod-config"
+LOG_REPO, CONFIG_REPO = POD_LOG_REPO, POD_CONFIG_REPO  # the `hub` fixture (tests/support/hub_server.py) makes them
 HUB_LOG = f"etat/{POD_ID}.log"
 MARKER = "VLPOD_TEST_MARK"  # in the start process's environment, so in every descendant's
 ENGINE_START_S = 600.0  # ~30 s alone; far more while other engineers' tests share the two cores
@@ -135,14 +134,6 @@ def launch(env: dict[str, str]) -> subprocess.Popen:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-
-
-@pytest.fixture(scope="module")
-def hub() -> Iterator[HubServer]:
-    with HubServer() as server:
-        server.create_repo(LOG_REPO, private=True)
-        server.create_repo(CONFIG_REPO, private=True)
-        yield server
 
 
 @pytest.fixture(scope="module")

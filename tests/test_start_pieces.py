@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 from runtime.settings import VARIABLES, Scope, load_settings
-from runtime.start import bridge_environ
 
 
 def test_the_bridge_reads_back_exactly_the_effective_bridge_settings() -> None:
@@ -16,14 +15,14 @@ def test_the_bridge_reads_back_exactly_the_effective_bridge_settings() -> None:
     effective = load_settings(
         {"VL_API_KEYS": "key-one-0123456789,ci:key-two-0123456789", "VL_MAX_BODY_MB": "8"}, remote
     )
-    read_back = load_settings(bridge_environ(effective))
+    read_back = load_settings(effective.environ(Scope.BRIDGE))
     for variable in VARIABLES:
         if variable.scope is Scope.BRIDGE:
             assert getattr(read_back, variable.attr) == getattr(effective, variable.attr), variable.env
 
 
 def test_engine_settings_stay_out_of_the_bridge_command() -> None:
-    assert set(bridge_environ(load_settings({"VL_CTX": "4096"}))) == {
+    assert set(load_settings({"VL_CTX": "4096"}).environ(Scope.BRIDGE)) == {
         v.env for v in VARIABLES if v.scope is Scope.BRIDGE
     }
 

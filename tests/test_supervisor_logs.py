@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.hub.logpublish import tail
+from runtime.logfiles import tail
 from runtime.supervisor import Backoff, ChildSpec, Supervisor
 
 pytestmark = pytest.mark.anyio

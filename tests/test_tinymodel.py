@@ -220,7 +220,9 @@ def test_tokenize_counts_a_chat_like_the_completion_does(client, vllm_server):
 def test_writing_the_model_is_deterministic(tmp_path):
     first = tinymodel.write_tiny_model(tmp_path / "here")
     # Another process too: the BPE trainer's hash maps are seeded per process.
-    write_elsewhere = "import sys, pathlib, runtime.engine.tinymodel as m; m.write_tiny_model(pathlib.Path(sys.argv[1]))"
+    write_elsewhere = (
+        "import sys, pathlib, runtime.engine.tinymodel as m; m.write_tiny_model(pathlib.Path(sys.argv[1]))"
+    )
     repository = Path(__file__).parents[1]
     subprocess.run([sys.executable, "-c", write_elsewhere, tmp_path / "there"], check=True, cwd=repository)
     assert digests(first) == digests(tmp_path / "there")

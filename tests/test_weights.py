@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from runtime.settings import load_settings
 from runtime.engine.tinymodel import write_tiny_model
 from runtime.engine.volume import cache_env, cache_root, is_mount_point, make_cache_dirs
 from runtime.engine.weights import is_complete, repo_folder
+from runtime.settings import load_settings
 from tests.support.environ import outer_environ
 from tests.support.hub_server import HubServer
 from tests.support.polling import wait_for_log_line, wait_until

@@ -11,11 +11,15 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from runtime.bridge.errors import error_type
 from runtime.bridge.metrics import Metrics
+from runtime.bridge.usage import Usage
 from runtime.logsafe import PROMPT_CHARS, loggable
 
 log = logging.getLogger("runtime.bridge")
 
-QUIET_ROUTES = frozenset({"/health", "/metrics", "/"})  # polled often: no trace line
+# Polled often: no trace line, and not the traffic the console counts.
+QUIET_ROUTES = frozenset({"/health", "/metrics", "/", "/console", "/v1/pod/status"})
+UNIDENTIFIED = "-"  # the label of a request refused before its key was known
+CLIENT_GONE = 499  # nginx's status for a client that left before any answer
 
 
 class Accounting:
@@ -24,9 +28,10 @@ class Accounting:
     Handlers fill `scope["state"]["trace"]` (model, tokens, TTFT, stop reason, error type).
     """
 
-    def __init__(self, app: ASGIApp, metrics: Metrics, routes: frozenset[str]) -> None:
+    def __init__(self, app: ASGIApp, metrics: Metrics, usage: Usage, routes: frozenset[str]) -> None:
         self.app = app
         self.metrics = metrics
+        self.usage = usage
         self.routes = routes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -52,15 +57,19 @@ class Accounting:
     def account(self, scope: Scope, trace: dict[str, Any], status: int, duration: float) -> None:
         path = scope["path"]
         route = path if path in self.routes else ("/v1/models/{id}" if path.startswith("/v1/models/") else "other")
-        status = status or (499 if trace.get("stop") == "client_gone" else 500)
+        status = status or (CLIENT_GONE if trace.get("stop") == "client_gone" else 500)
         problem = trace.get("error_type") or (error_type(status) if status >= 400 else "")
-        key = scope["state"].get("key", "-")
+        key = scope["state"].get("key", UNIDENTIFIED)
         metrics = self.metrics
+        tokens = trace.get("input", 0), trace.get("cached", 0), trace.get("output", 0)
         metrics.count_request(route, status, problem, key)
-        metrics.count_tokens(key, trace.get("input", 0), trace.get("cached", 0), trace.get("output", 0))
-        if "ttft_s" in trace:
-            metrics.ttft.observe(trace["ttft_s"])
+        metrics.count_tokens(key, *tokens)
+        ttft_s = trace.get("ttft_s")
+        if ttft_s is not None:
+            metrics.ttft.observe(ttft_s)
         if route not in QUIET_ROUTES:
+            if key != UNIDENTIFIED:  # a client that left is no failure of the pod's
+                self.usage.count(key, status >= 400 and status != CLIENT_GONE, *tokens, ttft_s)
             client_id = Headers(scope=scope).get("x-request-id")
             log.info(trace_line(scope["method"], route, status, key, duration, trace, client_id))
 

@@ -22,9 +22,11 @@ from starlette.routing import Route
 from runtime.bridge.accounting import Accounting
 from runtime.bridge.auth import RequireKey
 from runtime.bridge.connection import read_body
+from runtime.bridge.console import console
 from runtime.bridge.errors import BridgeError, internal_failure
 from runtime.bridge.exchange import MessagesExchange, count_prompt
 from runtime.bridge.metrics import CONTENT_TYPE
+from runtime.bridge.podstatus import pod_status
 from runtime.bridge.relay import Relay, rewrite_model
 from runtime.bridge.requests import CountTokensRequest, MessagesRequest, Translator, decode
 from runtime.bridge.sharing import KeyShare
@@ -88,6 +90,9 @@ class Api:
         return JSONResponse({"status": "ok", "model": model.name if model else None,
                              "context_window": model.context_window if model else None})  # fmt: skip
 
+    async def status(self, request: Request) -> Response:
+        return JSONResponse(await pod_status(self.bridge))
+
     async def root(self, request: Request) -> Response:
         return Response(b"", 200)  # Claude Code's warm-up is a HEAD /
 
@@ -95,6 +100,7 @@ class Api:
         return [
             Route("/", self.root, methods=["GET", "HEAD"]),
             Route("/health", self.health, methods=["GET", "HEAD"]),
+            Route("/console", console, methods=["GET", "HEAD"]),
             Route("/v1/messages", self.messages, methods=["POST"]),
             Route("/v1/messages/count_tokens", self.count_tokens, methods=["POST"]),
             Route("/v1/models", self.models, methods=["GET"]),
@@ -104,6 +110,7 @@ class Api:
             Route("/tokenize", self.relay, methods=["POST"]),
             Route("/detokenize", self.relay, methods=["POST"]),
             Route("/metrics", self.prometheus, methods=["GET"]),
+            Route("/v1/pod/status", self.status, methods=["GET"]),
         ]
 
 
@@ -128,17 +135,21 @@ def create_app(bridge: Bridge) -> Starlette:
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         watcher = asyncio.create_task(bridge.catalog.watch(bridge.upstream))
+        sampler = asyncio.create_task(bridge.telemetry.run())  # the one task that asks nvidia-smi
         try:
             yield
         finally:
             watcher.cancel()
+            sampler.cancel()
             await bridge.upstream.aclose()
 
     routes = Api(bridge).routes()
     return Starlette(
         routes=routes,
         middleware=[
-            Middleware(Accounting, metrics=bridge.metrics, routes=frozenset(route.path for route in routes)),
+            Middleware(
+                Accounting, metrics=bridge.metrics, usage=bridge.usage, routes=frozenset(route.path for route in routes)
+            ),
             Middleware(RequireKey, keys=bridge.keys, hosts=bridge.hosts),
             Middleware(KeyShare, cap=bridge.key_concurrency),
         ],

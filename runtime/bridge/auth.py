@@ -20,12 +20,12 @@ from pathlib import Path
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from runtime.bridge.errors import BridgeError
-from runtime.settings import BY_ENV, key_entry, parse_value
+from runtime.settings import BY_ENV, ApiKey, parse_value
 
 log = logging.getLogger("runtime.bridge")
 
 OPEN_LABEL = "open"  # the usage label when no key is configured
-UNGUARDED = frozenset({"/", "/health"})  # the warm-up HEAD / and the supervisor's watchdog
+UNGUARDED = frozenset({"/", "/health", "/console"})  # warm-up HEAD /, watchdog, the console's page (no data)
 SALT_FILE = "key-label.salt"  # in VL_STATE_DIR: made once, so labels survive bridge restarts
 SALT_BYTES = 32  # 256 bits: a label cannot be tested against guessed keys without the salt
 LABEL_HEX = 12  # 48 bits of the HMAC: enough to tell a pod's keys apart, all a label needs
@@ -69,16 +69,13 @@ def label_of(key: str, salt: bytes) -> str:
 class ApiKeys:
     """The accepted keys and their labels; empty means the bridge is open."""
 
-    def __init__(self, entries: Sequence[str], salt: bytes) -> None:
-        self.keys: list[tuple[str, bytes]] = []
-        for entry in entries:
-            name, key = key_entry(entry)
-            self.keys.append((name or label_of(key, salt), key.encode()))
+    def __init__(self, entries: Sequence[ApiKey], salt: bytes) -> None:
+        self.keys = [(entry.name or label_of(entry.key, salt), entry.key.encode()) for entry in entries]
 
     @classmethod
-    def for_pod(cls, entries: Sequence[str], state_dir: Path) -> ApiKeys:
+    def for_pod(cls, entries: Sequence[ApiKey], state_dir: Path) -> ApiKeys:
         """The keys, labelled with the salt kept in `state_dir` (read only when a key has no name)."""
-        unnamed = any(key_entry(entry)[0] is None for entry in entries)
+        unnamed = any(entry.name is None for entry in entries)
         return cls(entries, label_salt(state_dir) if unnamed else b"")
 
     @property

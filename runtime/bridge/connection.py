@@ -36,7 +36,9 @@ MAX_HEADERS = 100  # Apache's default; Claude Code sends ~20
 BODY_MIN_RATE = 8 * 2**10  # bytes/s a body must average after its grace: one byte every few seconds is cut off
 LINGER_S = 2.0  # after a refusal, for the answer to reach a client still sending (closing sooner resets it)
 WARN_EVERY_S = 60.0  # the full-house warning, at most this often: a flood must not flood the log
-DROP = "vlpod.drop"  # in `scope["extensions"]`: closes the connection now, for a client that stopped reading
+# In `scope["extensions"]`, a dict as ASGI has them: its "drop" closes the connection now, for a client
+# that stopped reading.
+DROP = "vlpod.drop"
 RESET_ON_CLOSE = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends a reset and discards what is unsent
 
 
@@ -138,7 +140,7 @@ class GuardedHttp(HttpToolsProtocol):
         if self.refused:
             return
         super().on_message_begin()
-        self.scope.setdefault("extensions", {})[DROP] = self.drop
+        self.scope.setdefault("extensions", {})[DROP] = {"drop": self.drop}
         if self.reading is None:  # a pipelined request, begun in the read that ended the one before
             self.start_clock("head", self.limits.head_timeout_s)
 

@@ -6,11 +6,14 @@ per request, not per token: the hot path stays free of locks.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from runtime.telemetry import GpuReading
+
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+MIB = 2**20
 
 
 class Metrics:
@@ -32,6 +35,14 @@ class Metrics:
         in_use = Gauge("bridge_upstream_connections_in_use", "Upstream requests in flight (the bounded pool's use).",
                        registry=self.registry)  # fmt: skip
         in_use.set_function(upstream_in_use)
+        gpu = ["gpu", "name"]  # the index nvidia-smi gives, and the product name
+        self.gpu_utilization = Gauge("vlpod_gpu_utilization_percent", "GPU utilization (nvidia-smi, every 2 s).",
+                                     gpu, registry=self.registry)  # fmt: skip
+        self.gpu_memory_used = Gauge("vlpod_gpu_memory_used_bytes", "GPU memory in use.", gpu, registry=self.registry)
+        self.gpu_memory_total = Gauge("vlpod_gpu_memory_total_bytes", "GPU memory in all.", gpu, registry=self.registry)
+        self.gpu_temperature = Gauge("vlpod_gpu_temperature_celsius", "GPU temperature, where reported.",
+                                     gpu, registry=self.registry)  # fmt: skip
+        self.gpu_power = Gauge("vlpod_gpu_power_watts", "GPU power draw, where reported.", gpu, registry=self.registry)
 
     def count_request(self, route: str, status: int, error_type: str, key: str) -> None:
         self.requests.labels(route, str(status), error_type, key).inc()
@@ -40,6 +51,28 @@ class Metrics:
         for kind, value in (("input", input_tokens), ("cached", cached_tokens), ("output", output_tokens)):
             if value:
                 self.tokens.labels(key, kind).inc(value)
+
+    def show_gpus(self, gpus: Sequence[GpuReading]) -> None:
+        """The GPU gauges hold the latest sample only: a GPU no longer read has no series any more."""
+        gauges = (
+            self.gpu_utilization,
+            self.gpu_memory_used,
+            self.gpu_memory_total,
+            self.gpu_temperature,
+            self.gpu_power,
+        )
+        for gauge in gauges:
+            gauge.clear()
+        for gpu in gpus:
+            labels = (str(gpu.index), gpu.name)
+            values = (gpu.utilization_pct, gpu.memory_used_mib * MIB, gpu.memory_total_mib * MIB, gpu.temperature_c,
+                      gpu.power_w)  # fmt: skip
+            for gauge, value in zip(gauges, values, strict=True):
+                if value is not None:
+                    gauge.labels(*labels).set(value)
+
+    def streams_open(self) -> int:
+        return int(self.open_streams._value.get())  # prometheus-client has no public reader of a gauge
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

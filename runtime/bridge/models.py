@@ -9,6 +9,7 @@ picks a label, not an engine — Claude Code refuses to send names it does not l
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -89,10 +90,8 @@ class Catalog:
     async def watch(self, upstream: Upstream, settled_every_s: float = 30.0) -> None:
         """Poll every second until the model is known, then every `settled_every_s` (runs until cancelled)."""
         while True:
-            try:
+            with contextlib.suppress(BridgeError):  # vLLM not answering yet: asked again below
                 await self.refresh(upstream)
-            except BridgeError:
-                pass
             await asyncio.sleep(1.0 if self.model is None else settled_every_s)
 
     def upstream_name(self, requested: str) -> str | None:

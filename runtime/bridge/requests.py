@@ -386,4 +386,4 @@ def document_text(block: Document) -> str:
 
 
 def block_type(block: Struct) -> str:
-    return block.__struct_config__.tag
+    return str(block.__struct_config__.tag)  # every block's tag is its `type`, a string

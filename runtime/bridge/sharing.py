@@ -134,4 +134,4 @@ class WatchedAnswer(LeavableAnswer):
             self.trace["stop"] = "client_gone"
         except ClientStalled:
             self.trace["stop"] = "client_stalled"
-            scope["extensions"][DROP]()  # uvicorn's own close would wait for the client to read, forever
+            scope["extensions"][DROP]["drop"]()  # uvicorn's own close would wait for the client to read, forever

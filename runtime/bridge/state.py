@@ -1,5 +1,6 @@
 """What one bridge process shares across requests: the upstream pool, the model catalog, the keys,
-the metrics and the limits read from the settings. Handlers and streams read it; nothing here serves.
+the metrics, usage and GPU telemetry, and the limits read from the settings. Handlers and streams read
+it; nothing here serves.
 """
 
 from __future__ import annotations
@@ -12,7 +13,12 @@ from runtime.bridge.metrics import Metrics
 from runtime.bridge.models import Catalog
 from runtime.bridge.sharing import key_cap
 from runtime.bridge.upstream import Upstream
+from runtime.bridge.usage import Usage
+from runtime.image import public_facts, read_image_facts
 from runtime.settings import Settings
+from runtime.telemetry import GpuTelemetry
+
+ENGINE_LOG = "engine.log"  # the supervisor's log of the child named "engine" (runtime.start), in VL_STATE_DIR
 
 
 class Bridge:
@@ -32,3 +38,9 @@ class Bridge:
         labels = {label for label, _ in self.keys.keys}  # none when open
         self.key_concurrency: int | None = key_cap(max_connections, len(labels), settings.key_concurrency)
         self.stall_s: float = settings.client_stall_s
+        self.usage = Usage()
+        self.telemetry = GpuTelemetry(on_sample=self.metrics.show_gpus)  # sampling: create_app's lifespan
+        self.engine_log = Path(settings.state_dir) / ENGINE_LOG
+        facts = read_image_facts(Path(settings.prebaked_marker))
+        self.image = public_facts(facts) if facts is not None else None
+        self.cost_per_hour: float | None = settings.cost_per_hour

@@ -18,13 +18,13 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeGuard
 
-from runtime.gpu import GpuError, inspect_gpu
 from runtime.engine.install import ensure_engine
-from runtime.settings import MODEL_REPO_ID, VARIABLES, Settings, SettingsError, key_entry, load_settings
 from runtime.engine.volume import cache_env, cache_root, hub_cache, make_cache_dirs
 from runtime.engine.weights import ensure_weights, is_complete
+from runtime.gpu import GpuError, inspect_gpu
+from runtime.settings import MODEL_REPO_ID, VARIABLES, Settings, SettingsError, as_text, is_secret, load_settings
 
 if TYPE_CHECKING:
     from runtime.engine.recipes import Recipe
@@ -39,7 +39,8 @@ VLLM_DEFAULT_UTIL = 0.92
 # vLLM's own middleware when it serves the public port: our keys on every path (its --api-key leaves
 # /invocations open and would put the keys in its argv, which `ps` shows and vLLM logs).
 ENGINE_KEYS_MIDDLEWARE = "runtime.bridge.auth.EngineKeys"
-SECRET_ENV = frozenset(v.env for v in VARIABLES if v.secret)  # shown by `engine-args` as a reference, never a value
+# Shown by `engine-args` as a reference, never a value.
+SECRET_ENV = frozenset(v.env for v in VARIABLES if is_secret(v.env))
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,8 @@ def engine_command(
 
     `extra_env` is added as is (e.g. runtime.gpu's LD_LIBRARY_PATH for CUDA forward compatibility).
     """
-    from runtime.engine.recipes import load_recipe  # pydantic: a stock image's bare python imports this module without it
+    # pydantic: a stock image's bare python imports this module without it
+    from runtime.engine.recipes import load_recipe
 
     recipe = load_recipe(settings.model)
     options, window = _tuning(settings, recipe)
@@ -115,12 +117,12 @@ def engine_command(
     api_key = None
     if "middleware" in options:
         # The middleware reads the effective keys (the Hub file's too) from the engine's environment.
-        env["VL_API_KEYS"] = ",".join(settings.api_keys)
-        api_key = key_entry(settings.api_keys[0])[1]
+        env["VL_API_KEYS"] = as_text(settings.api_keys)
+        api_key = settings.api_keys[0].key
     return EngineCommand(tuple(argv), env, recipe, names, window, port, repos, cache, api_key)
 
 
-def is_hub_repo(value: object) -> bool:
+def is_hub_repo(value: object) -> TypeGuard[str]:
     """Whether vLLM reads `value` (a checkpoint, a tokenizer) from the Hub rather than from a directory."""
     return isinstance(value, str) and not value.startswith("/") and MODEL_REPO_ID.fullmatch(value) is not None
 

@@ -21,6 +21,7 @@ follow the script: see `weights`.
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -213,7 +214,7 @@ class Script:
             after_think |= {mode_token(mode): pieces[0], mode_token(mode, thinking=True): pieces[0]}
         follows: dict[int, int] = {}
         for path in paths:
-            for current, following in zip(path, path[1:]):
+            for current, following in itertools.pairwise(path):
                 if follows.setdefault(ids[current], ids[following]) != ids[following]:
                     raise ValueError(f"{current!r} would lead to two tokens: make the pieces unique")
         return cls(

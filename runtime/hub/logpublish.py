@@ -8,7 +8,6 @@ caller or raises into it, so a Hub outage never touches serving.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections import deque
@@ -18,17 +17,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from runtime.hub.budget import CommitBudget
-from runtime.hub.redact import Redactor
 from runtime.hub.repo import HubRepo, pod_id
+from runtime.logfiles import tail
 from runtime.logsafe import strip_controls
+from runtime.redact import Redactor
 from runtime.settings import Settings
-from runtime.supervisor import rotated
 
 log = logging.getLogger("runtime.hub.log")
 
 LOG_FOLDER = "etat"  # the seeds' layout, kept so existing habits and scripts still find the logs
-TAIL_LINES = 150  # per source: enough to see a traceback and what led to it
-TAIL_BYTES = 32 * 1024  # per source: engine lines can be long; keeps the file small and "regular" on the Hub
 NOTES_KEPT = 50
 RETRY_S = (5.0, 300.0)  # back-off after a failed upload: first wait, longest wait
 
@@ -36,35 +33,6 @@ RETRY_S = (5.0, 300.0)  # back-off after a failed upload: first wait, longest wa
 def log_path(pod: str) -> str:
     """Where a pod's log lives in the log repo."""
     return f"{LOG_FOLDER}/{pod}.log"
-
-
-def tail(path: Path, lines: int = TAIL_LINES, max_bytes: int = TAIL_BYTES) -> list[str]:
-    """The last `lines` lines of a log, read on through its rotated file (the supervisor's cap) when it is
-    short, without control sequences, and only the final state of `\\r` progress bars."""
-    try:
-        data, cut = end_of(path, max_bytes)
-        if not cut and len(data) < max_bytes:
-            older, cut = end_of(rotated(path), max_bytes - len(data))
-            data = older + data
-    except OSError as error:
-        return [f"(cannot read {path}: {error})"]
-    rows = data.decode("utf-8", "replace").split("\n")
-    if cut:
-        rows = rows[1:]  # cut in the middle
-    if rows and not rows[-1]:
-        rows.pop()
-    return [strip_controls(row.rstrip("\r").rsplit("\r", 1)[-1]) for row in rows[-lines:]]
-
-
-def end_of(path: Path, max_bytes: int) -> tuple[bytes, bool]:
-    """The last `max_bytes` of a file (none when there is no file), and whether the file was longer."""
-    try:
-        with path.open("rb") as file:
-            size = file.seek(0, os.SEEK_END)
-            file.seek(max(0, size - max_bytes))
-            return file.read(), size > max_bytes
-    except FileNotFoundError:
-        return b"", False
 
 
 def utc_now() -> str:
@@ -128,7 +96,7 @@ class LogPublisher:
         redactor: Redactor,
     ) -> LogPublisher:
         """The pod's publisher: `VL_LOG_REPO`, `VL_LOG_INTERVAL_S`, `HF_ENDPOINT`, `HF_TOKEN`, `RUNPOD_POD_ID`."""
-        repo = HubRepo.from_environ(settings.log_repo, environ, "VL_LOG_REPO") if settings.log_repo else None
+        repo = HubRepo.from_environ(settings.log_repo, environ) if settings.log_repo else None
         return cls(repo, pod_id(environ), sources, is_healthy, redactor, interval_s=settings.log_interval_s)
 
     def start(self) -> None:
@@ -210,6 +178,7 @@ class LogPublisher:
         return healthy
 
     def _upload(self, text: str) -> bool:
+        assert self.repo is not None  # the publisher runs only with a log repo
         try:
             self.repo.write_text(self.path, text, f"log of pod {self.pod}")
         except Exception as error:  # any failure (network, 4xx, 5xx, timeout) is retried later, never raised

@@ -16,9 +16,9 @@ from collections.abc import Callable, Mapping
 
 from huggingface_hub.errors import RemoteEntryNotFoundError
 
-from runtime.hub.redact import Redactor
 from runtime.hub.repo import FileVersion, HubRepo
-from runtime.settings import VARIABLES, Scope, Settings, SettingsError, load_settings
+from runtime.redact import Redactor
+from runtime.settings import Scope, Settings, SettingsError, load_settings
 
 log = logging.getLogger("runtime.hub.config")
 
@@ -62,16 +62,6 @@ def unquote(raw: str, where: str) -> str:
     return re.split(r"\s#", raw, maxsplit=1)[0].rstrip()
 
 
-def keep_pod_scope(new: Settings, current: Settings) -> Settings:
-    """`new`, except the pod-scoped settings (ports, log repo…), which only change at the next start."""
-    values, sources = new.raw(), dict(new.sources)
-    for variable in VARIABLES:
-        if variable.scope is Scope.POD:
-            values[variable.attr] = current.raw()[variable.attr]
-            sources[variable.attr] = current.sources[variable.attr]
-    return Settings(values, sources)
-
-
 class RemoteConfig:
     """The pod's settings, kept in step with the Hub file `VL_CONFIG_FILE` in `VL_CONFIG_REPO`.
 
@@ -97,7 +87,7 @@ class RemoteConfig:
         self.redactor = redactor or Redactor.from_environ(self.environ)
         self.file = self.settings.config_file
         spec = self.settings.config_repo
-        self.repo = HubRepo.from_environ(spec, self.environ, "VL_CONFIG_REPO") if spec else None
+        self.repo = HubRepo.from_environ(spec, self.environ) if spec else None
         self.poll_s = poll_s or self.settings.config_poll_s
         self._version = _UNSEEN
         self._hub_down = False
@@ -158,6 +148,7 @@ class RemoteConfig:
 
     def _fetch(self) -> tuple[FileVersion, str | None]:
         """The file's version and, when it changed since the last look, its text ('' once it is deleted)."""
+        assert self.repo is not None  # the watcher runs only with a config repo
         try:
             version = self.repo.version(self.file)
         except RemoteEntryNotFoundError:
@@ -172,11 +163,10 @@ class RemoteConfig:
             self.settings = full
             log.info("settings from %s (changing %s)", self.where, ", ".join(changed) or "nothing")
             return bool(changed)
-        current = self.settings.raw()
-        later = [v.env for v in VARIABLES if v.scope is Scope.POD and full.raw()[v.attr] != current[v.attr]]
+        later = full.pod_scope_changes(self.settings)
         if later:
             log.info("%s changes %s: applies at the next pod start", self.where, ", ".join(later))
-        new = keep_pod_scope(full, self.settings)
+        new = full.keeping_pod_scope(self.settings)
         scopes = frozenset(new.changed_scopes(self.settings))
         if not scopes:
             return False

@@ -6,6 +6,7 @@ Everything goes through the real `huggingface_hub` client; the endpoint (`HF_END
 
 from __future__ import annotations
 
+import functools
 import re
 import socket
 import tempfile
@@ -19,16 +20,13 @@ from huggingface_hub.errors import RemoteEntryNotFoundError, RepositoryNotFoundE
 from huggingface_hub.utils import disable_progress_bars
 from huggingface_hub.utils._http import default_client_factory
 
-from runtime.settings import SettingsError
+from runtime.settings import hub_repo
 
 # huggingface_hub's shared HTTP client waits forever by default: one hung connection would freeze the
 # log publisher's thread for good. Every request (connect, each read, each write) gets this bound.
 # (That client is shared by all threads, and huggingface_hub closes it after a connection error, which
 # fails the other threads' requests in flight: the publisher and the watcher count it as one more failure.)
 HUB_TIMEOUT_S = 20.0
-REPO_TYPES = {"models": "model", "datasets": "dataset", "spaces": "space"}
-REPO_ID_ALLOWED = "a Hub repo id: owner/name, datasets/owner/name or spaces/owner/name"
-_REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 _setup_lock = threading.Lock()
 _bounded = False
 
@@ -78,23 +76,20 @@ class HubRepo:
 
     @classmethod
     def parse(cls, spec: str, *, endpoint: str | None = None, token: str | bool | None = None) -> HubRepo:
-        prefix, _, rest = spec.strip().strip("/").partition("/")
-        repo_type, repo_id = (REPO_TYPES[prefix], rest) if prefix in REPO_TYPES else ("model", spec.strip().strip("/"))
-        if not _REPO_ID.fullmatch(repo_id):
-            raise ValueError(f"{spec!r} is not {REPO_ID_ALLOWED}")
+        """The repo `spec` names (the settings' rule: `runtime.settings.hub_repo`); ValueError when malformed."""
+        try:
+            repo_type, repo_id = hub_repo(spec.strip().strip("/"))  # a pasted URL path's slashes are harmless
+        except ValueError:
+            raise ValueError(
+                f"{spec!r} is not a Hub repo id: owner/name, datasets/owner/name or spaces/owner/name"
+            ) from None
         return cls(repo_id, repo_type, endpoint, token)
 
     @classmethod
-    def from_environ(cls, spec: str, environ: Mapping[str, str], variable: str = "repo") -> HubRepo:
-        """The repo a setting names, as the pod sees it: `HF_ENDPOINT` (default: the Hub) and `HF_TOKEN`.
-
-        Without `HF_TOKEN` it is anonymous, never a token found elsewhere on disk. A malformed repo id
-        stops start-up like any bad setting (`SettingsError` naming `variable`).
-        """
-        try:
-            return cls.parse(spec, endpoint=environ.get("HF_ENDPOINT") or None, token=environ.get("HF_TOKEN") or False)
-        except ValueError:
-            raise SettingsError(variable, spec, REPO_ID_ALLOWED) from None
+    def from_environ(cls, spec: str, environ: Mapping[str, str]) -> HubRepo:
+        """The repo a setting names (checked by the settings), as the pod sees it: `HF_ENDPOINT`
+        (default: the Hub) and `HF_TOKEN`; without it anonymous, never a token found elsewhere on disk."""
+        return cls.parse(spec, endpoint=environ.get("HF_ENDPOINT") or None, token=environ.get("HF_TOKEN") or False)
 
     def __str__(self) -> str:
         return self.repo_id if self.repo_type == "model" else f"{self.repo_type}s/{self.repo_id}"
@@ -132,7 +127,8 @@ class HubRepo:
     def write_text(self, path: str, text: str, message: str) -> None:
         """One commit writing `path`; creates the repo (private) when it does not exist yet."""
         api = self.api
-        upload = dict(
+        upload = functools.partial(
+            api.upload_file,
             path_or_fileobj=text.encode(),
             path_in_repo=path,
             repo_id=self.repo_id,
@@ -140,10 +136,10 @@ class HubRepo:
             commit_message=message,
         )
         try:
-            api.upload_file(**upload)
+            upload()
         except RepositoryNotFoundError:
             api.create_repo(self.repo_id, repo_type=self.repo_type, private=True, exist_ok=True)
-            api.upload_file(**upload)
+            upload()
 
     def list_files(self, folder: str) -> list[str]:
         """Paths of the files directly inside `folder` on `main` (empty when the folder does not exist)."""

@@ -19,9 +19,9 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
+import docker
 from docker.errors import DockerException
 
-import docker
 from tests.support.repo_copy import ROOT
 
 DEFAULT_BRIDGE = Path("/sys/class/net/docker0")
@@ -121,10 +121,8 @@ class PrivateEngine:
         """Stop dockerd (and the containerd it started), then remove its folder."""
         if self.process and self.process.poll() is None:
             self.process.terminate()
-            try:
+            with suppress(subprocess.TimeoutExpired):
                 self.process.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                pass
         if self.process:
             with suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signal.SIGKILL)  # the group we started: dockerd's containerd

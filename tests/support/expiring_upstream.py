@@ -16,17 +16,11 @@ import asyncio
 import itertools
 import json
 
+from tests.support.http_framing import next_request, response
+
 LISTING = {"object": "list", "data": [{"id": "fake", "object": "model", "created": 0, "max_model_len": 4096}]}
 COUNTED = {"count": 3, "max_model_len": 4096, "tokens": [1, 2, 3]}
 NUMBERS = itertools.count(1)
-
-
-def response(body: dict) -> bytes:
-    content = json.dumps(body).encode()
-    return b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (
-        len(content),
-        content,
-    )
 
 
 class ExpiringConnection(asyncio.Protocol):
@@ -56,18 +50,15 @@ class ExpiringConnection(asyncio.Protocol):
         if self.timer is not None:
             self.timer.cancel()
         self.buffer += data
-        while b"\r\n\r\n" in self.buffer:
-            head, _, rest = self.buffer.partition(b"\r\n\r\n")
-            lines = head.split(b"\r\n")
-            length = next(
-                (int(line.split(b":")[1]) for line in lines[1:] if line.lower().startswith(b"content-length:")), 0
-            )
-            if len(rest) < length:
-                return
-            self.buffer = rest[length:]
-            path = lines[0].split(b" ")[1]
-            self.transport.write(response(LISTING if path == b"/v1/models" else COUNTED))
-            print(f"answered {path.decode()}: connection {self.number}", flush=True)
+        while True:
+            request, self.buffer = next_request(self.buffer)
+            if request is None:
+                break
+            listing = request.target == b"/v1/models"
+            self.transport.write(response(200, json.dumps(LISTING if listing else COUNTED).encode()))
+            print(f"answered {request.target.decode()}: connection {self.number}", flush=True)
+        if self.buffer:
+            return  # a request is still arriving: the connection is not idle
         self.timer = asyncio.get_running_loop().call_later(self.keep_alive_s, self.expire)
 
     def expire(self) -> None:

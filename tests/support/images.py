@@ -14,9 +14,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import docker
 import pytest
 
-import docker
 from tests.support.docker_engine import PrivateEngine, host_pip_build_options, import_debian_base, private_engine
 from tests.support.repo_copy import ROOT
 

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 
 import docker
+
 from space.context import context_tar
 from tests.support.hub_spaces import Build
 

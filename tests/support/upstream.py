@@ -19,7 +19,8 @@ import asyncio
 import json
 import sys
 import time
-from http import HTTPStatus
+
+from tests.support.http_framing import next_request, response
 
 SERVED = "fake"
 WINDOW = 65536
@@ -62,11 +63,6 @@ def final_chunks(request_id: str, tokens: int, finish: str | None = None) -> byt
     )
 
 
-def response(status: int, body: bytes, content_type: bytes = b"application/json") -> bytes:
-    head = b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n"
-    return head % (status, HTTPStatus(status).phrase.encode(), content_type, len(body)) + body
-
-
 class Upstream(asyncio.Protocol):
     """One client connection; requests on it are served one after the other (HTTP/1.1 keep-alive)."""
 
@@ -91,19 +87,12 @@ class Upstream(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
-        while b"\r\n\r\n" in self.buffer:
-            head, _, rest = self.buffer.partition(b"\r\n\r\n")
-            lines = head.split(b"\r\n")
-            length = next(
-                (int(line.split(b":")[1]) for line in lines[1:] if line.lower().startswith(b"content-length:")), 0
-            )
-            if len(rest) < length:
+        while True:
+            request, self.buffer = next_request(self.buffer)
+            if request is None:
                 return
-            body, self.buffer = rest[:length], rest[length:]
-            method, path = lines[0].split(b" ")[:2]
-            request_id = next((line.split(b":", 1)[1].strip().decode() for line in lines[1:]
-                               if line.lower().startswith(b"x-request-id:")), None)  # fmt: skip
-            self.serve(method, path.split(b"?")[0], body, request_id)
+            request_id = request.headers.get(b"x-request-id")
+            self.serve(request.method, request.path, request.body, request_id.decode() if request_id else None)
 
     def serve(self, method: bytes, path: bytes, body: bytes, request_id: str | None) -> None:
         assert self.transport is not None

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -169,12 +170,8 @@ def stop(process: subprocess.Popen) -> None:
     """SIGTERM the server's process group, then SIGKILL what is left after STOP_TIMEOUT_S."""
     if process.poll() is None:
         os.killpg(process.pid, signal.SIGTERM)
-        try:
+        with suppress(subprocess.TimeoutExpired):
             process.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
+    with suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)  # the engine core child may outlive the API server
-    except ProcessLookupError:
-        pass
     process.wait()

@@ -86,7 +86,11 @@ class Recipe(Strict):
 
     @property
     def default_window(self) -> int:
-        return int(self.vllm.get("max-model-len", self.native_context))
+        window = self.vllm.get("max-model-len", self.native_context)
+        # A [vllm] value is kept as written: `consistent`, the first to ask, refuses one that is no count.
+        if isinstance(window, bool) or not isinstance(window, int):
+            raise ValueError(f"max-model-len {window!r} is not a whole number of tokens")
+        return window
 
     @model_validator(mode="after")
     def consistent(self) -> Recipe:

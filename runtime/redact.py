@@ -12,40 +12,13 @@ import re
 import threading
 from collections.abc import Iterable, Mapping
 
+from runtime.settings import is_secret, key_entries
+
 MARKER = "[redacted]"
 
-# Whole words of a variable name that mark its value as secret. Matching words, not substrings, is
-# what keeps `TOKENIZERS_PARALLELISM`, `VL_KVBYTES` or `KEYBOARD` out; `TOKENS` is left out on
-# purpose: `MAX_TOKENS`-style names hold counts.
-SECRET_WORDS = frozenset(
-    {
-        "TOKEN",
-        "KEY",
-        "KEYS",
-        "APIKEY",
-        "SECRET",
-        "SECRETS",
-        "PASSWORD",
-        "PASSWORDS",
-        "PASSWD",
-        "PASS",
-        "PASSPHRASE",
-        "CREDENTIAL",
-        "CREDENTIALS",
-        "AUTH",
-        "AUTHORIZATION",
-        "COOKIE",
-    }
-)
-# Glued spellings (`HFTOKEN`, `OPENAIAPIKEY`); a bare `…KEY` suffix is not enough (`MONKEY`).
-SECRET_SUFFIXES = ("TOKEN", "APIKEY", "SECRET", "PASSWORD", "PASSWD")
-# A `PUBLIC_KEY` (RunPod's SSH key) is meant to be seen.
-PUBLIC_WORDS = frozenset({"PUBLIC", "PUB"})
 # Shorter values are not credible secrets, and masking `1` or `on` everywhere would wreck the log.
 MIN_SECRET_LENGTH = 6
 HARMLESS_VALUES = frozenset({"true", "false", "none", "null", "yes", "no", "on", "off"})
-# Settings whose value is a list of secrets (each one is redacted on its own).
-SECRET_LISTS = frozenset({"VL_API_KEYS"})
 
 # Where a token may start: not inside a word, but right after an escape (`\n` in JSON-quoted prompts).
 START = r"(?:(?<![A-Za-z0-9])|(?<=\\[nrt]))"
@@ -113,14 +86,6 @@ SECRET_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
 ASSIGNMENT = re.compile(r"\b([A-Z][A-Z0-9_]*)=([\"']?)([^\s\"']+)")
 
 
-def name_looks_secret(name: str) -> bool:
-    """Whether a variable's name says its value is a secret (`HF_TOKEN` yes, `VL_KVBYTES` no)."""
-    words = [w for w in re.split(r"[^A-Z0-9]+", name.upper()) if w]
-    if any(w in PUBLIC_WORDS for w in words):
-        return False
-    return any(w in SECRET_WORDS or w.endswith(SECRET_SUFFIXES) for w in words)
-
-
 def value_looks_secret(value: str) -> bool:
     """Whether a value under a secret-looking name is worth masking (not `1`, `on`, or a marker)."""
     return len(value) >= MIN_SECRET_LENGTH and value.lower() not in HARMLESS_VALUES and MARKER not in value
@@ -131,19 +96,17 @@ def secret_values(variables: Mapping[str, str]) -> set[str]:
     A `VL_API_KEYS` entry `name:key` is accepted by its key alone: both are masked (the name is not)."""
     found: set[str] = set()
     for name, value in variables.items():
-        if not name_looks_secret(name) and name not in SECRET_LISTS:
+        if not is_secret(name):
             continue
         found.add(value.strip())
-        if name in SECRET_LISTS:
-            entries = re.split(r"[\s,]+", value)
-            found.update(entries)
-            found.update(entry.partition(":")[2] for entry in entries)
+        if name == "VL_API_KEYS":
+            found.update(item for entry in key_entries(value) for item in (entry.entry, entry.key))
     return {v for v in found if value_looks_secret(v)}
 
 
 def mask_secret_assignment(match: re.Match[str]) -> str:
     name, quote, value = match.groups()
-    return f"{name}={quote}{MARKER}" if name_looks_secret(name) and value_looks_secret(value) else match.group(0)
+    return f"{name}={quote}{MARKER}" if is_secret(name) and value_looks_secret(value) else match.group(0)
 
 
 class Redactor:

