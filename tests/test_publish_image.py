@@ -120,6 +120,8 @@ def test_the_published_image_runs_from_the_registry_as_the_hub_runs_a_space(
         started = time.monotonic()
         image = client.images.pull(f"{registry.host}/{IMAGE_NAME}", tag="latest")
         report(request, f"pull into an empty engine: {time.monotonic() - started:.0f} s")
+        # As the Hub runs a Space: uid 1000, not root. The page answering proves the image works so
+        # (a `docker exec id -u` added nothing and lost its output under load, failing one CI run).
         container = client.containers.run(
             image.id, detach=True, user="1000", network_mode="none", environment={"SPACE_ID": SPACE}
         )
@@ -127,7 +129,6 @@ def test_the_published_image_runs_from_the_registry_as_the_hub_runs_a_space(
             facts = wait_for_status_page(container)
             assert facts["space_id"] == SPACE and facts["prebaked"] is True
             assert facts["facts"]["target"] == "cpu"
-            assert container.exec_run(["id", "-u"]).output.decode().strip() == "1000"
         finally:
             container.remove(force=True)
 
