@@ -296,10 +296,10 @@ def is_secret(name: str) -> bool:
     The one rule for the Hub log's redaction, the Space status page and the settings printout."""
     if name in BY_ENV:
         return BY_ENV[name].secret
-    words = [w for w in re.split(r"[^A-Z0-9]+", name.upper()) if w]
-    if any(w in PUBLIC_WORDS for w in words):
+    parts = [part for part in re.split(r"[^A-Z0-9]+", name.upper()) if part]
+    if any(part in PUBLIC_WORDS for part in parts):
         return False
-    return any(w in SECRET_WORDS or w.endswith(SECRET_SUFFIXES) for w in words)
+    return any(part in SECRET_WORDS or part.endswith(SECRET_SUFFIXES) for part in parts)
 
 
 def _var(env: str, default: str, parse: Parser, allowed: str, scope: Scope, doc: str, secret: bool = False) -> Variable:
