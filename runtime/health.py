@@ -2,7 +2,8 @@
 
 The supervisor's watchdog, the image's HEALTHCHECK (`python -m runtime.health`) and `runtime connect`
 ask through these. The HEALTHCHECK starts a fresh Python every 10 s: this module imports only the
-standard library at load time (httpx, ~0.5 s to import, only inside the probes that need it).
+standard library and the settings table at load time (httpx, ~0.5 s to import, only inside the probes
+that need it).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import urllib.request
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from runtime.settings import BY_ENV, parse_value  # standard library only, as this module at load
 
 if TYPE_CHECKING:
     import httpx
@@ -128,8 +131,6 @@ def serves_model(status: int, body: bytes) -> bool:
 def pod_health_url(environ: Mapping[str, str]) -> str:
     """The public port's /health seen from inside the pod: VL_PORT on VL_LISTEN, by loopback when the
     pod listens everywhere. Only these two settings are read: a check must not fail on the others."""
-    from runtime.settings import BY_ENV, parse_value  # standard library only, unlike the rest of the runtime
-
     port, listen = BY_ENV["VL_PORT"], BY_ENV["VL_LISTEN"]
     host = parse_value(listen, environ.get(listen.env) or listen.default)
     return f"http://{local_address(host)}:{parse_value(port, environ.get(port.env) or port.default)}/health"

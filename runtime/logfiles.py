@@ -9,8 +9,14 @@ from pathlib import Path
 
 from runtime.logsafe import strip_controls
 
+ENGINE, BRIDGE, SSHD = "engine", "bridge", "sshd"  # the pod's children, by the names their logs carry
 TAIL_LINES = 150  # per source: enough to see a traceback and what led to it
 TAIL_BYTES = 32 * 1024  # per source: engine lines can be long; keeps the file small and "regular" on the Hub
+
+
+def log_file(state_dir: Path, name: str) -> Path:
+    """Where the log of `name` (a child, or `boot`) is written: `<VL_STATE_DIR>/<name>.log`."""
+    return state_dir / f"{name}.log"
 
 
 def rotated(path: Path) -> Path:

@@ -28,6 +28,7 @@ from runtime.engine.install import InstallError, ensure_runtime, is_prebaked, ru
 from runtime.engine.weights import WeightsError
 from runtime.gpu import GpuError, inspect_gpu
 from runtime.health import Answers200, engine_generates, local_address
+from runtime.logfiles import BRIDGE, ENGINE, SSHD, log_file
 from runtime.settings import Scope, Settings, SettingsError, load_settings
 from runtime.sshd import SshdLayout, prepare_sshd
 from runtime.supervisor import ChildSpec, Health, Supervisor
@@ -37,7 +38,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("runtime.start")
 
-ENGINE, BRIDGE, SSHD = "engine", "bridge", "sshd"
 # The bridge's /health does not touch the engine: two misses in a row mean it is hung (seeds' watchdog).
 # 10 s: a loaded machine can stall a sound bridge for seconds, and a restart cuts every open stream.
 BRIDGE_HEALTH = functools.partial(Health, interval_s=10.0, timeout_s=10.0, failures_before_restart=2)
@@ -97,7 +97,7 @@ def log_to(state_dir: Path) -> None:
     """The runtime's own log: on stderr (the container's log, which has its own timestamps) and in
     `boot.log`, the first part of the Hub log."""
     state_dir.mkdir(parents=True, exist_ok=True)
-    console, boot = logging.StreamHandler(sys.stderr), logging.FileHandler(state_dir / "boot.log")
+    console, boot = logging.StreamHandler(sys.stderr), logging.FileHandler(log_file(state_dir, "boot"))
     console.setFormatter(logging.Formatter("%(message)s"))
     boot.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s", "%Y-%m-%d %H:%M:%S"))
     logging.basicConfig(level=logging.WARNING, handlers=[console, boot])
@@ -164,7 +164,7 @@ class Pod:
         from runtime.hub import LogPublisher, Redactor, RemoteConfig
 
         redactor = Redactor.from_environ(self.environ)
-        logs = {name: self.state_dir / f"{name}.log" for name in ("boot", ENGINE, BRIDGE)}
+        logs = {name: log_file(self.state_dir, name) for name in ("boot", ENGINE, BRIDGE)}
         if self.settings.log_repo:
             self.hub_log = LogPublisher.from_settings(
                 self.settings, self.environ, logs, self.supervisor.healthy, redactor
@@ -216,18 +216,7 @@ class Pod:
 
     def bridge_spec(self, command: EngineCommand) -> ChildSpec:
         settings = self.settings
-        argv = [
-            sys.executable,
-            "-m",
-            "runtime",
-            "bridge",
-            "--upstream",
-            command.base_url,
-            "--host",
-            settings.listen,
-            "--port",
-            str(settings.port),
-        ]
+        argv = bridge_argv(command.base_url, settings.listen, settings.port)
         env = {**self.environ, **settings.environ(Scope.BRIDGE)}  # the bridge reads its settings from VL_*
         env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(RUNTIME_ROOT), env.get("PYTHONPATH"))))
         return ChildSpec(BRIDGE, argv, env, self.bridge_health)
@@ -281,6 +270,11 @@ class Pod:
             if new.bridge and not bridge_runs:
                 self.supervisor.start(self.bridge_spec(command))
             # A running bridge stays: it learns the new model from vLLM's /v1/models.
+
+
+def bridge_argv(upstream: str, host: str, port: int) -> list[str]:
+    """The bridge's command line: `python -m runtime bridge` on `host:port`, in front of `upstream`."""
+    return [sys.executable, "-m", "runtime", "bridge", "--upstream", upstream, "--host", host, "--port", str(port)]
 
 
 def sshd_layout(settings: Settings) -> SshdLayout:

@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from runtime.logfiles import rotated
+from runtime.logfiles import log_file, rotated
 
 log = logging.getLogger(__name__)
 
@@ -194,7 +194,7 @@ class Supervisor:
 
     async def _launch(self, child: Child, keep_old_log: bool) -> bool:
         spec = child.spec
-        log_path = self.state_dir / f"{spec.name}.log"
+        log_path = log_file(self.state_dir, spec.name)
         if keep_old_log and log_path.exists():
             log_path.rename(self.state_dir / f"{spec.name}.hung.{time.strftime('%Y%m%dT%H%M%S')}.log")
         child.healthy = child.healthy_since_launch = False
@@ -260,9 +260,8 @@ class Supervisor:
             return
         child.healthy = child.healthy_since_launch = False  # its failing checks from now on prove nothing
         kill_group(process.pid, signal.SIGTERM)
-        kill_group(
-            process.pid, signal.SIGCONT
-        )  # a stopped process handles its TERM only once continued (as systemd does)
+        # A stopped process handles its TERM only once continued (as systemd does).
+        kill_group(process.pid, signal.SIGCONT)
         try:
             await asyncio.wait_for(process.wait(), self.grace_s)
         except TimeoutError:

@@ -66,9 +66,8 @@ def test_the_powershell_environment_is_literal(keyed_bridge: Process) -> None:
     assert "Remove-Item Env:ANTHROPIC_API_KEY" in done.stdout
     assert "$env:ANTHROPIC_MODEL = 'tiny'\n" in done.stdout
     assert "$env:CLAUDE_CODE_MAX_CONTEXT_TOKENS = '65536'\n" in done.stdout
-    assert (
-        "$env:ANTHROPIC_AUTH_TOKEN = 'sk-pod-''$HOME\"x-0123456789'\n" in done.stdout
-    )  # nothing expanded, the quote doubled
+    # Nothing expanded, the quote doubled.
+    assert "$env:ANTHROPIC_AUTH_TOKEN = 'sk-pod-''$HOME\"x-0123456789'\n" in done.stdout
 
 
 def test_a_wrong_key_is_refused_in_one_line(keyed_bridge: Process) -> None:

@@ -16,7 +16,7 @@ import pytest
 from playwright.sync_api import Browser, Page, ViewportSize, expect, sync_playwright
 
 from runtime.engine import tinymodel as tiny
-from tests.support.bridge import Process, start_bridge
+from tests.support.bridge import Process, pod_status, start_bridge
 from tests.support.vllm_server import VllmServer
 
 WATCHER, ALICE = "sk-console-watcher-0123456789", "sk-console-alice-0123456789"
@@ -77,12 +77,6 @@ def log_in(page: Page, url: str, key: str) -> None:
     page.get_by_test_id("key-submit").click()
 
 
-def status(url: str) -> dict:
-    response = httpx.get(f"{url}/v1/pod/status", headers={"authorization": f"Bearer {WATCHER}"}, timeout=30.0)
-    assert response.status_code == 200, response.text
-    return response.json()
-
-
 def keep_screenshot(page: Page, artifacts: Path) -> None:
     """The test's artifact; also at CONSOLE_SCREENSHOT when set (how docs/console.png is made)."""
     page.screenshot(path=artifacts / "console.png")
@@ -138,7 +132,7 @@ def test_logged_in_it_shows_the_model_and_counts_requests(
     )
     expect(page.get_by_test_id("cost-per-hour")).to_have_text("$2.50 / h")
 
-    shown = status(watched.url)  # what the machine has: GPUs, or the note that says there are none
+    shown = pod_status(watched.url, WATCHER)  # what the machine has: GPUs, or the note that says there are none
     if shown["gpus"]:
         expect(page.get_by_test_id("gpu")).to_have_count(len(shown["gpus"]))
     else:

@@ -19,7 +19,7 @@ import httpx
 
 from runtime.bridge.metrics import Metrics
 from runtime.telemetry import NO_GPU, QUERY, GpuReading, GpuTelemetry, Sample, parse_query, read_gpus
-from tests.support.bridge import Process, start_bridge, start_stand_in
+from tests.support.bridge import pod_status, start_bridge, start_stand_in
 from tests.support.polling import wait_until
 
 DATA = Path(__file__).parent / "data" / "gpu"
@@ -121,25 +121,19 @@ def fake_nvidia_smi(directory: Path, recording: Path) -> Path:
     return directory
 
 
-def status(bridge: Process) -> dict:
-    response = httpx.get(f"{bridge.url}/v1/pod/status", headers={"x-api-key": KEY}, timeout=10)
-    assert response.status_code == 200, response.text
-    return response.json()
-
-
 def test_a_bridge_samples_its_gpus_in_the_background_into_status_and_metrics(tmp_path):
     path = f"{fake_nvidia_smi(tmp_path / 'bin', RTX5090)}{os.pathsep}{os.environ['PATH']}"
     with (
         start_stand_in(tmp_path / "upstream.log") as upstream,
         start_bridge(upstream.url, tmp_path / "bridge.log", {"PATH": path, "VL_API_KEYS": KEY}) as bridge,
     ):
-        found = wait_until(lambda: (gpus := status(bridge)["gpus"]) and len(gpus[0]["history"]) >= 2 and gpus,
+        found = wait_until(lambda: (gpus := pod_status(bridge.url, KEY)["gpus"]) and len(gpus[0]["history"]) >= 2 and gpus,
                            "a second sample in the history", 30, every_s=0.5)  # fmt: skip
         assert [(gpu["name"], gpu["memory_used_mib"], gpu["power_w"]) for gpu in found] == [
             ("NVIDIA GeForce RTX 5090", 28812.0, 99.0),
             ("NVIDIA GeForce RTX 5090", 28860.0, 70.0),
         ]
-        assert status(bridge)["gpu_note"] is None
+        assert pod_status(bridge.url, KEY)["gpu_note"] is None
         metrics = httpx.get(f"{bridge.url}/metrics", headers={"x-api-key": KEY}, timeout=10).text
         assert 'vlpod_gpu_temperature_celsius{gpu="1",name="NVIDIA GeForce RTX 5090"} 50.0' in metrics
 
@@ -152,7 +146,7 @@ def test_a_bridge_without_nvidia_smi_says_there_is_no_gpu(tmp_path):
             upstream.url, tmp_path / "bridge.log", {"PATH": str(tmp_path / "empty"), "VL_API_KEYS": KEY}
         ) as bridge,
     ):
-        found = wait_until(lambda: (state := status(bridge))["gpu_note"] != "GPUs not sampled yet" and state,
+        found = wait_until(lambda: (state := pod_status(bridge.url, KEY))["gpu_note"] != "GPUs not sampled yet" and state,
                            "the first sample", 30, every_s=0.2)  # fmt: skip
         assert (found["gpus"], found["gpu_note"]) == ([], NO_GPU)
         metrics = httpx.get(f"{bridge.url}/metrics", headers={"x-api-key": KEY}, timeout=10).text

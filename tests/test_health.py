@@ -10,7 +10,7 @@ import httpx
 import psutil
 
 from runtime.health import pod_health_url, probe_engine, serves_model
-from tests.support.vllm_server import free_port
+from tests.support.net import free_port
 
 
 def test_a_live_engine_is_healthy(vllm_server):

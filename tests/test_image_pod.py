@@ -162,9 +162,10 @@ def pod(
     }
     client = image_engine[1]
     started = time.monotonic()
+    # shm_size: the default 64 MiB kills vLLM's CPU engine.
     container = client.containers.run(
         cpu_image, detach=True, network_mode="host", environment=environment, shm_size="1g"
-    )  # the default 64 MiB kills vLLM's CPU engine
+    )
     try:
         wait_healthy(container)
         seconds = time.monotonic() - started

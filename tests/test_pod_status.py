@@ -18,7 +18,7 @@ import pytest
 from runtime.bridge.auth import SALT_FILE, label_of
 from runtime.bridge.podstatus import EngineQueue, parse_queue
 from runtime.engine import tinymodel as tiny
-from tests.support.bridge import Process, start_bridge, start_stand_in
+from tests.support.bridge import Process, pod_status, start_bridge, start_stand_in
 from tests.support.net import free_port
 from tests.support.polling import wait_until
 from tests.support.vllm_server import MAX_MODEL_LEN, VllmServer
@@ -54,7 +54,12 @@ def pod_settings(root: Path) -> dict[str, str]:
 def pod(vllm_server: VllmServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
     root = tmp_path_factory.mktemp("pod")
     with start_bridge(vllm_server.url, root / "bridge.log", pod_settings(root)) as bridge:
-        wait_until(lambda: status(bridge)["engine"]["state"] == "healthy", "the bridge to know the model", 60, 0.2)
+        wait_until(
+            lambda: pod_status(bridge.url, ALICE)["engine"]["state"] == "healthy",
+            "the bridge to know the model",
+            60,
+            0.2,
+        )
         yield bridge
 
 
@@ -63,10 +68,9 @@ def get(bridge: Process, key: str | None, **headers: str) -> httpx.Response:
     return httpx.get(f"{bridge.url}/v1/pod/status", headers=auth | headers, timeout=30)
 
 
-def status(bridge: Process, key: str = ALICE) -> dict:
-    response = get(bridge, key)
-    assert response.status_code == 200, response.text
-    return response.json()
+def pod_state_dir(bridge: Process) -> Path:
+    """The VL_STATE_DIR that pod_settings gave this bridge (beside its log)."""
+    return bridge.log_path.parent / "state"
 
 
 def by_name(state: dict) -> dict[str, dict]:
@@ -75,14 +79,14 @@ def by_name(state: dict) -> dict[str, dict]:
 
 def test_without_a_key_the_answer_is_the_401_envelope(pod: Process):
     for headers in ({}, {"x-api-key": "sk-wrong-0123456789abcdef"}):
-        response = httpx.get(f"{pod.url}/v1/pod/status", headers=headers, timeout=30)
+        response = get(pod, None, **headers)
         assert response.status_code == 401 and response.json()["type"] == "error"
         assert response.json()["error"]["type"] == "authentication_error"
     assert get(pod, None, **{"x-api-key": BOB}).status_code == 200  # x-api-key as well as Bearer
 
 
 def test_a_healthy_pod_says_its_model_engine_image_and_cost(pod: Process, vllm_server: VllmServer):
-    state = status(pod)
+    state = pod_status(pod.url, ALICE)
     assert state["model"] == {"name": vllm_server.model, "context_window": MAX_MODEL_LEN}
     assert state["engine"] == {"state": "healthy", "boot_log": []}
     assert state["image"] == {"target": "cpu", "revision": "83c465b", "build": {}}  # secret-looking names dropped
@@ -93,7 +97,7 @@ def test_a_healthy_pod_says_its_model_engine_image_and_cost(pod: Process, vllm_s
 
 
 def test_usage_grows_per_key_as_the_clients_were_told(pod: Process):
-    before = status(pod)
+    before = pod_status(pod.url, ALICE)
     alice = anthropic.Anthropic(base_url=pod.url, api_key=ALICE, max_retries=0)
     unnamed = anthropic.Anthropic(base_url=pod.url, auth_token=UNNAMED, max_retries=0)
     prompt = [{"role": "user", "content": f"{tiny.MARK_TEXT} " + " ".join(f"word{n}" for n in range(300))}]
@@ -103,9 +107,9 @@ def test_usage_grows_per_key_as_the_clients_were_told(pod: Process):
     unnamed.messages.create(model="claude-tiny", max_tokens=8, messages=prompt)
     with pytest.raises(anthropic.BadRequestError):
         alice.messages.create(model="claude-tiny", max_tokens=8, messages=[])  # one error of alice's
-    after = status(pod)
+    after = pod_status(pod.url, ALICE)
 
-    salt = (Path(pod_state_dir(pod)) / SALT_FILE).read_bytes()
+    salt = (pod_state_dir(pod) / SALT_FILE).read_bytes()
     was, now = by_name(before).get("alice"), by_name(after)["alice"]
     grown = {k: now[k] - (was[k] if was else 0) for k in now if k != "name"}
     assert grown == {
@@ -131,10 +135,6 @@ def test_usage_grows_per_key_as_the_clients_were_told(pod: Process):
     assert "-" not in by_name(after) and all(row["name"] not in PLANTED for row in after["keys"])
 
 
-def pod_state_dir(bridge: Process) -> Path:
-    return bridge.log_path.parent / "state"
-
-
 def test_no_key_or_token_anywhere_in_the_body(pod: Process):
     anthropic.Anthropic(base_url=pod.url, api_key=BOB, max_retries=0).messages.create(
         model="claude-tiny", max_tokens=4, messages=[{"role": "user", "content": f"{tiny.MARK_TEXT} {BOB} {ALICE}"}]
@@ -156,6 +156,7 @@ def test_a_starting_engine_shows_its_log_redacted_and_without_controls(tmp_path:
     nobody = f"http://127.0.0.1:{free_port()}"
     with start_bridge(nobody, tmp_path / "bridge.log", settings) as bridge:
         response = get(bridge, ALICE)
+    assert response.status_code == 200, response.text  # a starting engine does not keep the console dark
     state = response.json()
     assert (state["model"], state["engine"]["state"]) == (None, "starting")
     assert state["engine"]["boot_log"][:18] == lines[12:30]  # the last 20 lines
@@ -175,10 +176,12 @@ def test_an_engine_that_stops_answering_is_restarting(tmp_path: Path):
         start_stand_in(tmp_path / "upstream.log") as upstream,
         start_bridge(upstream.url, tmp_path / "bridge.log", settings) as bridge,
     ):
-        wait_until(lambda: status(bridge)["engine"]["state"] == "healthy", "the model to be known", 30, 0.2)
+        wait_until(
+            lambda: pod_status(bridge.url, ALICE)["engine"]["state"] == "healthy", "the model to be known", 30, 0.2
+        )
         upstream.process.terminate()
         upstream.process.wait(10)
-        state = status(bridge)
+        state = pod_status(bridge.url, ALICE)
     assert state["engine"] == {"state": "restarting", "boot_log": ["engine died", "relaunching"]}
     assert state["model"]["name"]  # the last one known
 

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 from space.engine import wheel_sources
-from tests.support.docker_engine import HostPip, host_pip_build_options, private_engine
+from tests.support.docker_engine import HostPip, private_engine
 from tests.support.hub_server import HubServer
-from tests.support.images import Engine, report, wait_for_status_page
+from tests.support.images import Engine, report, run_build_py, wait_for_status_page
 from tests.support.registry import LocalRegistry
 from tests.support.repo_copy import copy_repo
 from tests.support.space_builder import SpaceBuilder
@@ -162,27 +162,7 @@ def test_registry_builds_locally_and_pushes_every_layer(
     repo: Path,
 ) -> None:
     reference = f"{registry.host}/acme/vllm-pod"
-    command = [
-        sys.executable,
-        "build.py",
-        "--arch",
-        "cpu",
-        "--push",
-        "--registry",
-        reference,
-        "--build-arg",
-        f"BASE_IMAGE={image_base}",
-        *image_engine[0].build_options,
-        *host_pip_build_options(),
-    ]
-    result = subprocess.run(
-        command,
-        cwd=repo,
-        capture_output=True,
-        text=True,
-        timeout=3000,
-        env={**os.environ, "DOCKER_HOST": image_engine[0].docker_host},
-    )
+    result, _ = run_build_py(repo, image_engine[0], image_base, "--push", "--registry", reference, timeout_s=3000)
 
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     assert f"build.py: pushed {reference}:cpu" in result.stdout

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import getpass
 import logging
 import socketserver
 import subprocess
@@ -15,6 +14,7 @@ from runtime import sshd
 from runtime.health import sshd_answers
 from tests.support.net import free_port
 from tests.support.polling import wait_until
+from tests.support.ssh import ssh_argv
 
 
 def make_key_pair(directory: Path, name: str = "client_key") -> Path:
@@ -36,24 +36,7 @@ def layout_in(directory: Path) -> sshd.SshdLayout:
 
 
 def ssh(port: int, *options: str, command: str = "true") -> subprocess.CompletedProcess[str]:
-    base = [
-        "ssh",
-        "-p",
-        str(port),
-        "-o",
-        "BatchMode=yes",
-        "-o",
-        "StrictHostKeyChecking=no",
-        "-o",
-        "UserKnownHostsFile=/dev/null",
-        "-o",
-        "ConnectTimeout=10",
-        "-F",
-        "/dev/null",
-    ]
-    return subprocess.run(
-        [*base, *options, f"{getpass.getuser()}@127.0.0.1", command], capture_output=True, text=True, timeout=30
-    )
+    return subprocess.run(ssh_argv(port, *options, command=command), capture_output=True, text=True, timeout=30)
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ The measured times are printed (`-s`): the report's numbers, never asserted on.
 from __future__ import annotations
 
 import contextlib
-import getpass
 import os
 import re
 import secrets
@@ -32,6 +31,7 @@ from tests.support.environ import outer_environ
 from tests.support.hub_server import POD_CONFIG_REPO, POD_LOG_REPO, HubServer
 from tests.support.net import free_port
 from tests.support.polling import wait_until
+from tests.support.ssh import ssh_argv
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 POD_ID = "e2e-pod"
@@ -215,23 +215,9 @@ def test_the_hub_log_is_published_until_healthy_and_carries_no_secret(pod: Runni
 
 
 def test_ssh_login_with_the_pod_key_sees_the_pod_environment(pod: RunningPod) -> None:
-    command = [
-        "ssh",
-        "-p",
-        pod.env["VL_SSH_PORT"],
-        "-i",
-        str(pod.client_key),
-        "-F",
-        "/dev/null",
-        "-o",
-        "BatchMode=yes",
-        "-o",
-        "StrictHostKeyChecking=no",
-        "-o",
-        "UserKnownHostsFile=/dev/null",
-        f"{getpass.getuser()}@127.0.0.1",
-        'echo "$POD_GREETING|${PUBLIC_KEY-none}"',
-    ]
+    command = ssh_argv(
+        pod.env["VL_SSH_PORT"], "-i", str(pod.client_key), command='echo "$POD_GREETING|${PUBLIC_KEY-none}"'
+    )
     wait_until(lambda: pod.pid("sshd"), "sshd")
     result = wait_until(
         lambda: (r := subprocess.run(command, capture_output=True, text=True, timeout=30)).returncode == 0 and r,

@@ -1,5 +1,5 @@
 """`python -m runtime status` (issue 12): the console as a terminal table, for a known state and against a
-real bridge (in front of the stand-in upstream: the table's source is the bridge, not the engine)."""
+real bridge in front of the session's real vLLM, its key row matching what the anthropic SDK was told."""
 
 from __future__ import annotations
 
@@ -11,8 +11,11 @@ from pathlib import Path
 
 import anthropic
 
+from runtime.engine import tinymodel as tiny
 from runtime.status import REDRAW, render
-from tests.support.bridge import ROOT, clean_environment, start_bridge, start_stand_in
+from tests.support.bridge import ROOT, start_bridge
+from tests.support.environ import outer_environ
+from tests.support.vllm_server import VllmServer
 
 KEY = "sk-console-0123456789abcdef"
 
@@ -89,22 +92,17 @@ def test_a_starting_pod_shows_its_engine_log_without_terminal_controls():
 
 
 def status_command(url: str, *options: str) -> subprocess.CompletedProcess[str]:
-    environ = clean_environment({})
-    for name in ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN"):
-        environ.pop(name, None)
+    environ = outer_environ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN")
     return subprocess.run([sys.executable, "-m", "runtime", "status", url, *options], cwd=ROOT, env=environ,
                           capture_output=True, text=True, timeout=60)  # fmt: skip
 
 
-def test_the_command_shows_a_real_bridge_and_never_its_key(tmp_path: Path):
-    settings = {"VL_API_KEYS": f"console:{KEY}", "VL_COST_PER_HOUR": "0.69", "VL_STATE_DIR": str(tmp_path / "state")}
-    with (
-        start_stand_in(tmp_path / "upstream.log", "--tokens", "7") as upstream,
-        start_bridge(upstream.url, tmp_path / "bridge.log", settings) as bridge,
-    ):
+def test_the_command_shows_a_real_bridge_and_never_its_key(vllm_server: VllmServer, tmp_path: Path):
+    settings = {"VL_API_KEYS": f"console:{KEY}", "VL_COST_PER_HOUR": "0.01", "VL_STATE_DIR": str(tmp_path / "state")}
+    with start_bridge(vllm_server.url, tmp_path / "bridge.log", settings) as bridge:
         client = anthropic.Anthropic(base_url=bridge.url, api_key=KEY, max_retries=0)
-        for _ in range(2):
-            client.messages.create(model="claude-any", max_tokens=50, messages=[{"role": "user", "content": "hi"}])
+        prompt = [{"role": "user", "content": tiny.MARK_TEXT}]
+        told = [client.messages.create(model="claude-any", max_tokens=20, messages=prompt).usage for _ in range(2)]
         shown = status_command(bridge.url, "--key", KEY)
         refused = status_command(bridge.url)
         watched, watch_status = watch_twice(bridge.url)
@@ -112,8 +110,11 @@ def test_the_command_shows_a_real_bridge_and_never_its_key(tmp_path: Path):
     lines = shown.stdout.splitlines()
     assert "Engine  healthy" in lines and any(line.startswith("Model   ") and "window" in line for line in lines)
     key_row = next(line.split() for line in lines if line.startswith("  console "))
-    assert key_row == ["console", "2", *key_row[2:4], "14", "0"]  # requests, input, cached, output (7 each), errors
-    assert "  $0.69/h    so far $0.00    " in shown.stdout
+    told_in, told_out = sum(u.input_tokens for u in told), sum(u.output_tokens for u in told)
+    told_cached = sum(u.cache_read_input_tokens or 0 for u in told)
+    assert told_in > 0 and told_out > 0
+    assert key_row == ["console", "2", f"{told_in:,}", f"{told_cached:,}", f"{told_out:,}", "0"]  # errors last
+    assert "  $0.01/h    so far $0.00    " in shown.stdout  # a cent an hour: $0.00 for the test's whole run
     assert KEY not in shown.stdout + shown.stderr
     assert refused.returncode == 1 and refused.stdout == ""
     assert refused.stderr == (
@@ -126,8 +127,7 @@ def test_the_command_shows_a_real_bridge_and_never_its_key(tmp_path: Path):
 def watch_twice(url: str) -> tuple[str, int]:
     """`--watch` until it has drawn the table twice, then Ctrl-C (SIGINT): its output and exit status.
     The key comes from ANTHROPIC_AUTH_TOKEN, as in Claude Code's environment."""
-    environ = clean_environment({"ANTHROPIC_AUTH_TOKEN": KEY})
-    environ.pop("ANTHROPIC_API_KEY", None)
+    environ = outer_environ("ANTHROPIC_API_KEY") | {"ANTHROPIC_AUTH_TOKEN": KEY}
     process = subprocess.Popen([sys.executable, "-m", "runtime", "status", url, "--watch"], cwd=ROOT, env=environ,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
     assert process.stdout is not None

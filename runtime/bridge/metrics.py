@@ -72,7 +72,7 @@ class Metrics:
                     gauge.labels(*labels).set(value)
 
     def streams_open(self) -> int:
-        return int(self.open_streams._value.get())  # prometheus-client has no public reader of a gauge
+        return int(next(iter(self.open_streams.collect())).samples[0].value)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

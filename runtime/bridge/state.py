@@ -15,10 +15,9 @@ from runtime.bridge.sharing import key_cap
 from runtime.bridge.upstream import Upstream
 from runtime.bridge.usage import Usage
 from runtime.image import public_facts, read_image_facts
+from runtime.logfiles import ENGINE, log_file
 from runtime.settings import Settings
 from runtime.telemetry import GpuTelemetry
-
-ENGINE_LOG = "engine.log"  # the supervisor's log of the child named "engine" (runtime.start), in VL_STATE_DIR
 
 
 class Bridge:
@@ -40,7 +39,7 @@ class Bridge:
         self.stall_s: float = settings.client_stall_s
         self.usage = Usage()
         self.telemetry = GpuTelemetry(on_sample=self.metrics.show_gpus)  # sampling: create_app's lifespan
-        self.engine_log = Path(settings.state_dir) / ENGINE_LOG
+        self.engine_log = log_file(Path(settings.state_dir), ENGINE)
         facts = read_image_facts(Path(settings.prebaked_marker))
         self.image = public_facts(facts) if facts is not None else None
         self.cost_per_hour: float | None = settings.cost_per_hour

@@ -16,8 +16,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 
+from runtime.start import bridge_argv
 from tests.support.polling import wait_for_log_line, wait_until
 from tests.support.vllm_server import VllmServer
 
@@ -74,6 +76,13 @@ def started(argv: list[str], log_path: Path, env: dict[str, str]) -> Iterator[Pr
                 process.wait()
 
 
+def pod_status(url: str, key: str) -> dict:
+    """`GET /v1/pod/status` with `key` as a Bearer token: the console's data; fails unless it answers 200."""
+    response = httpx.get(f"{url}/v1/pod/status", headers={"authorization": f"Bearer {key}"}, timeout=30)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
 def clean_environment(settings: dict[str, str]) -> dict[str, str]:
     """This process's environment without any VL_* of the developer's, plus `settings`."""
     return {k: v for k, v in os.environ.items() if not k.startswith("VL_")} | settings
@@ -83,19 +92,7 @@ def clean_environment(settings: dict[str, str]) -> dict[str, str]:
 def start_bridge(
     upstream: str, log_path: Path, settings: dict[str, str] | None = None, *options: str
 ) -> Iterator[Process]:
-    argv = [
-        sys.executable,
-        "-m",
-        "runtime",
-        "bridge",
-        "--upstream",
-        upstream,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "0",
-        *options,
-    ]
+    argv = [*bridge_argv(upstream, "127.0.0.1", 0), *options]  # the pod's own command, on a free port
     with started(argv, log_path, clean_environment(settings or {})) as bridge:
         yield bridge
 

@@ -34,26 +34,21 @@ def report(request: pytest.FixtureRequest, line: str) -> None:
 
 def build_cpu(repo: Path, engine: PrivateEngine, base: str, tag: str) -> tuple[subprocess.CompletedProcess[str], float]:
     """`build.py --arch cpu --build` as a user on this machine runs it; returns its result and duration."""
-    command = [
-        sys.executable,
-        "build.py",
-        "--arch",
-        "cpu",
-        "--build",
-        "--tag",
-        tag,
-        "--build-arg",
-        f"BASE_IMAGE={base}",
-        *engine.build_options,
-        *host_pip_build_options(),
-    ]
+    return run_build_py(repo, engine, base, "--build", "--tag", tag)
+
+
+def run_build_py(
+    repo: Path, engine: PrivateEngine, base: str, *action: str, timeout_s: float = 1800
+) -> tuple[subprocess.CompletedProcess[str], float]:
+    """`build.py --arch cpu ACTION…` on `engine`, from the base image `base`; its result and duration."""
+    options = ["--build-arg", f"BASE_IMAGE={base}", *engine.build_options, *host_pip_build_options()]
     started = time.monotonic()
     result = subprocess.run(
-        command,
+        [sys.executable, "build.py", "--arch", "cpu", *action, *options],
         cwd=repo,
         capture_output=True,
         text=True,
-        timeout=1800,
+        timeout=timeout_s,
         env={**os.environ, "DOCKER_HOST": engine.docker_host},
     )
     return result, time.monotonic() - started
