@@ -19,7 +19,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "logs": ("runtime.hub.logtail", "tail a pod's remote log on the Hub"),
     "connect": ("runtime.connect", "check an endpoint and print Claude Code's environment"),
     "status": ("runtime.status", "show a running pod's console in the terminal: engine, traffic, keys, GPUs, cost"),
-    "settings": ("runtime.settings", "print the effective VL_* settings, or the README's table of them"),
+    "settings": (
+        "runtime.settings_command",
+        "print the effective VL_* settings, check a settings file, or the README's tables",
+    ),
 }
 
 

@@ -128,12 +128,18 @@ def serves_model(status: int, body: bytes) -> bool:
         return False
 
 
+def health_url(listen: str, port: int) -> str:
+    """The public port's /health seen from inside the pod, by loopback when the pod listens everywhere:
+    what the supervisor's watchdog and the HEALTHCHECK both ask."""
+    return f"http://{local_address(listen)}:{port}/health"
+
+
 def pod_health_url(environ: Mapping[str, str]) -> str:
-    """The public port's /health seen from inside the pod: VL_PORT on VL_LISTEN, by loopback when the
-    pod listens everywhere. Only these two settings are read: a check must not fail on the others."""
+    """`health_url` for VL_LISTEN and VL_PORT of the pod's environment, their only source (no Hub file
+    may set them). Only these two settings are read: a check must not fail on the others."""
     port, listen = BY_ENV["VL_PORT"], BY_ENV["VL_LISTEN"]
     host = parse_value(listen, environ.get(listen.env) or listen.default)
-    return f"http://{local_address(host)}:{parse_value(port, environ.get(port.env) or port.default)}/health"
+    return health_url(host, parse_value(port, environ.get(port.env) or port.default))
 
 
 def pod_serves(environ: Mapping[str, str], timeout_s: float = HEALTHCHECK_TIMEOUT_S) -> bool:

@@ -7,13 +7,14 @@ The README's settings table is generated from `VARIABLES` (`python -m runtime se
 
 from __future__ import annotations
 
-import argparse
+import difflib
 import enum
 import ipaddress
 import keyword
 import math
 import re
-from collections.abc import Callable, Mapping
+import shlex
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,18 @@ class Scope(enum.StrEnum):
 
     ENGINE = "engine"  # vLLM restarts (weights stay on disk)
     BRIDGE = "bridge"  # the bridge alone restarts, in seconds
-    POD = "pod"  # read once at start: takes effect at the next pod start
+    POD = "pod"  # the pod's environment only (ports, paths, repos, intervals): fixed for the pod's life
+
+
+# A refusal quotes the value it refuses: a 1 MB value must not become a 1 MB log line (or Hub note).
+QUOTED_CHARS = 120
+
+
+def quoted(value: str) -> str:
+    """`value` as a message quotes it: its repr, cut to QUOTED_CHARS with its full length said."""
+    if len(value) <= QUOTED_CHARS:
+        return repr(value)
+    return f"{value[:QUOTED_CHARS]!r}... ({len(value):,} characters)"
 
 
 class SettingsError(ValueError):
@@ -34,10 +46,14 @@ class SettingsError(ValueError):
 
     def __init__(self, variable: str, value: str, allowed: str) -> None:
         self.variable, self.value, self.allowed = variable, value, allowed
-        super().__init__(f"{variable}={value!r} is not allowed: expected {allowed}")
+        super().__init__(f"{variable}={quoted(value)} is not allowed: expected {allowed}")
 
 
 Parser = Callable[[str], Any]
+
+
+class Disallowed(ValueError):
+    """A parser's reason to refuse a value, worth adding to what is allowed ("129 entries, at most 128")."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +68,7 @@ class Variable:
     scope: Scope
     doc: str
     secret: bool = False
+    max_chars: int = 0  # 0: MAX_VALUE_CHARS
 
 
 # --- parsers: each takes the raw text and raises ValueError when the value is not allowed ---
@@ -68,6 +85,12 @@ REPO_FILE_SEGMENT = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.-]{0,254}")  # a file 
 # In a path on an sshd_config line, a space splits the argument and a newline starts a new directive.
 UNSAFE_IN_PATH = re.compile(r"[\s\x00-\x1f\x7f]")
 PATH_MAX = 4096  # Linux's limit on a path: a longer one fails every system call that takes it
+# Every value is bounded before it is parsed: 40,000 aliases (269 KB) passed once, then the bridge's exec
+# failed with "Argument list too long" after the old bridge had stopped. Linux takes 128 KiB per variable.
+MAX_VALUE_CHARS = 4096
+MAX_NAMES = 64  # aliases or allowed hosts: a few are what a pod needs
+MAX_KEYS = 128  # VL_API_KEYS entries (one per person or tool of a team)
+MAX_KEY_CHARS = 256
 MIN_PING_S = 1.0  # no proxy cuts a connection silent for less; below it pings only burn CPU (1e-300 s: 134,585/s)
 # `name:key` in VL_API_KEYS: the name labels the key's usage in traces and metrics.
 NAMED_KEY = re.compile(r"([A-Za-z0-9_.-]{1,64}):(.+)")
@@ -79,10 +102,6 @@ MIN_KEY_CHARS = 16
 DNS_NAME = re.compile(
     r"(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*"
 )
-
-
-def text(raw: str) -> str:
-    return raw.strip()
 
 
 def switch(raw: str) -> bool:
@@ -101,6 +120,13 @@ def optional_switch(raw: str) -> bool | None:
 def words(raw: str) -> tuple[str, ...]:
     """A list written with commas and/or spaces: `a,b c` → ('a', 'b', 'c')."""
     return tuple(w for w in re.split(r"[\s,]+", raw.strip()) if w)
+
+
+def at_most(limit: int, items: tuple[Any, ...]) -> tuple[Any, ...]:
+    """`items`, unless there are more than `limit` of them (ValueError saying how many)."""
+    if len(items) > limit:
+        raise Disallowed(f"{len(items):,} entries, at most {limit}")
+    return items
 
 
 @dataclass(frozen=True)
@@ -130,19 +156,19 @@ def key_entries(raw: str) -> tuple[ApiKey, ...]:
 def api_keys(raw: str) -> tuple[ApiKey, ...]:
     """The entries of VL_API_KEYS, each a key a header can carry and too long to guess; the error names
     the entry by position and name, never by its key (the message is printed and published)."""
-    entries = key_entries(raw)
+    entries = at_most(MAX_KEYS, key_entries(raw))
     for position, entry in enumerate(entries, 1):
         which = f"entry {position}" + (f" ({entry.name})" if entry.name else "")
         if not HEADER_TOKEN.fullmatch(entry.key):
-            raise ValueError(f"{which} holds a character an HTTP header cannot carry (non-ASCII or control)")
-        if len(entry.key) < MIN_KEY_CHARS:
-            raise ValueError(f"{which} has {len(entry.key)} characters")
+            raise Disallowed(f"{which} holds a character an HTTP header cannot carry (non-ASCII or control)")
+        if not MIN_KEY_CHARS <= len(entry.key) <= MAX_KEY_CHARS:
+            raise Disallowed(f"{which} has {len(entry.key)} characters")
     return entries
 
 
 def host_names(raw: str) -> tuple[str, ...]:
     """`words` that are each a DNS name, lower-cased (Host headers are compared without case)."""
-    names = tuple(name.lower() for name in words(raw))
+    names = at_most(MAX_NAMES, tuple(name.lower() for name in words(raw)))
     if not all(DNS_NAME.fullmatch(name) for name in names):
         raise ValueError
     return names
@@ -150,10 +176,37 @@ def host_names(raw: str) -> tuple[str, ...]:
 
 def model_names(raw: str) -> tuple[str, ...]:
     """`words` that are each a model name as clients send them (see MODEL_NAME)."""
-    names = words(raw)
+    names = at_most(MAX_NAMES, words(raw))
     if not all(MODEL_NAME.fullmatch(name) for name in names):
         raise ValueError
     return names
+
+
+# vLLM flags the runtime sets itself: from VL_EXTRA_ARGS they would put vLLM on every interface
+# (`--host 0.0.0.0`: no key behind the bridge), drop the keys' middleware, or rename what is served.
+# `--config` is a YAML file of arguments (it can set any of them); `--uds` moves the server off its port.
+RUNTIME_FLAGS = ("host", "port", "uds", "api-key", "middleware", "served-model-name", "config")
+
+
+def runtime_flag(word: str) -> str | None:
+    """The runtime's flag that `word` would set in vLLM's parser, which takes `_` for `-`, `--flag=value`
+    and any unambiguous abbreviation (`--ho`): None when it sets none of them."""
+    if not word.startswith("--"):
+        return None
+    name = word[2:].split("=", 1)[0].replace("_", "-")
+    return next((f"--{flag}" for flag in RUNTIME_FLAGS if name and flag.startswith(name)), None)
+
+
+def engine_arguments(raw: str) -> str:
+    """Extra vLLM arguments: shell-quoted, and none of the runtime's own flags (RUNTIME_FLAGS)."""
+    try:
+        arguments = shlex.split(raw)
+    except ValueError as error:  # an unclosed quote
+        raise Disallowed(str(error)) from None
+    owned = sorted({flag for flag in map(runtime_flag, arguments) if flag})
+    if owned:
+        raise Disallowed(f"{', '.join(owned)} {'is' if len(owned) == 1 else 'are'} the runtime's")
+    return raw.strip()
 
 
 def matching(pattern: re.Pattern[str], optional: bool = False) -> Parser:
@@ -302,10 +355,19 @@ def is_secret(name: str) -> bool:
     return any(part in SECRET_WORDS or part.endswith(SECRET_SUFFIXES) for part in parts)
 
 
-def _var(env: str, default: str, parse: Parser, allowed: str, scope: Scope, doc: str, secret: bool = False) -> Variable:
+def _var(
+    env: str,
+    default: str,
+    parse: Parser,
+    allowed: str,
+    scope: Scope,
+    doc: str,
+    secret: bool = False,
+    max_chars: int = 0,
+) -> Variable:
     attr = env.removeprefix("VL_").lower()
     attr += "_" if keyword.iskeyword(attr) else ""  # VL_ASYNC → .async_
-    return Variable(env, attr, default, parse, allowed, scope, doc, secret)
+    return Variable(env, attr, default, parse, allowed, scope, doc, secret, max_chars)
 
 
 def recipe_names() -> tuple[str, ...]:
@@ -368,22 +430,25 @@ VARIABLES: tuple[Variable, ...] = (
     _var("VL_ATTN", "", matching(IDENTIFIER, optional=True), "a vLLM attention backend name, or empty", E,
          "Force an attention backend; empty = vLLM's choice (forcing TRITON_ATTN cost 32% prefill)."),
     _var("VL_ALIASES", "", model_names,
-         "model names (letters, digits, `_.:@/+[]-`, no leading `-`) separated by commas or spaces", B,
+         f"at most {MAX_NAMES} model names (letters, digits, `_.:@/+[]-`, no leading `-`) separated by commas or spaces", B,
          "Extra names the bridge answers to (any unknown name still falls back to the served model); "
          "with VL_BRIDGE=off vLLM serves them itself (a change then restarts it)."),
-    _var("VL_EXTRA_ARGS", "", text, "extra vLLM arguments, shell-quoted", E, "Appended verbatim to the vLLM command."),
+    _var("VL_EXTRA_ARGS", "", engine_arguments,
+         f"extra vLLM arguments, shell-quoted, none of the runtime's own ({', '.join('--' + f for f in RUNTIME_FLAGS)})",
+         E, "Appended to the vLLM command (the flags the runtime sets are refused: the settings above own them).",
+         max_chars=8192),
     # --- the bridge ---
     _var("VL_BRIDGE", "on", switch, one_of("on", "off"), E,
          "Serve the bridge on the public port; off = vLLM's native API there (no effort budget, no pings)."),
     _var("VL_BRIDGE_PING_S", "15", decimal(MIN_PING_S, 300.0), "a number of seconds in 1..300", B,
          "SSE `ping` interval while the engine is silent (RunPod's proxy cuts after ~100-125 s)."),
     _var("VL_API_KEYS", "", api_keys,
-         f"keys (`key` or `name:key`) separated by commas, each key {MIN_KEY_CHARS} or more visible ASCII "
-         "characters, or empty", B,
+         f"at most {MAX_KEYS} keys (`key` or `name:key`) separated by commas, each key {MIN_KEY_CHARS} to "
+         f"{MAX_KEY_CHARS} visible ASCII characters, or empty", B,
          "Keys accepted by the bridge (Bearer or x-api-key), or by vLLM itself when VL_BRIDGE=off; empty = open, "
          "with a loud warning. A key without a name is labelled in traces and metrics by a salted hash "
-         "(the salt: `key-label.salt` in VL_STATE_DIR).", secret=True),
-    _var("VL_ALLOWED_HOSTS", "", host_names, "host names separated by commas or spaces, or empty", B,
+         "(the salt: `key-label.salt` in VL_STATE_DIR).", secret=True, max_chars=MAX_KEYS * (MAX_KEY_CHARS + 66)),
+    _var("VL_ALLOWED_HOSTS", "", host_names, f"at most {MAX_NAMES} host names separated by commas or spaces, or empty", B,
          "Without keys: names the bridge answers to in `Host`, besides IP addresses, `localhost` and RunPod's "
          "`<pod>-<port>.proxy.runpod.net` (any other is refused with a 403, against DNS rebinding)."),
     _var("VL_LOG_PROMPTS", "off", switch, one_of("on", "off"), B, "Include prompt text in the per-request trace."),
@@ -523,25 +588,10 @@ class Settings:
             scopes.add(Scope.ENGINE)
         return scopes
 
-    def pod_scope_changes(self, current: Settings) -> list[str]:
-        """The pod-scoped variables (ports, log repo…) whose value here differs from `current`'s."""
-        mine, theirs = self.raw(), current.raw()
-        return [v.env for v in VARIABLES if v.scope is Scope.POD and mine[v.attr] != theirs[v.attr]]
-
-    def keeping_pod_scope(self, current: Settings) -> Settings:
-        """These settings, except the pod-scoped ones, kept from `current`: read once at start, they
-        only change at the next start."""
-        values, sources = self.raw(), dict(self.sources)
-        for variable in VARIABLES:
-            if variable.scope is Scope.POD:
-                values[variable.attr] = getattr(current, variable.attr)
-                sources[variable.attr] = current.sources[variable.attr]
-        return Settings(values, sources)
-
-    def environ(self, scope: Scope | None = None) -> dict[str, str]:
-        """The settings (of `scope`, or all) as `VL_*` text that `load_settings` reads back unchanged:
+    def environ(self, *scopes: Scope) -> dict[str, str]:
+        """The settings (of `scopes`, or all) as `VL_*` text that `load_settings` reads back unchanged:
         what a child process is given."""
-        return {v.env: as_text(getattr(self, v.attr)) for v in VARIABLES if scope in (None, v.scope)}
+        return {v.env: as_text(getattr(self, v.attr)) for v in VARIABLES if not scopes or v.scope in scopes}
 
 
 def as_text(value: object) -> str:
@@ -559,23 +609,19 @@ def parse_value(variable: Variable, raw: str) -> Any:
     try:
         if "\x00" in raw:  # no environment holds a NUL (only the Hub file can), and no argv or file takes one
             raise ValueError
+        if len(raw) > (limit := variable.max_chars or MAX_VALUE_CHARS):
+            raise Disallowed(f"{len(raw):,} characters, at most {limit:,}")
         return variable.parse(raw)
     except (ValueError, TypeError) as error:
-        if variable.secret:  # the value is never shown: the parser's reason names what is wrong instead
-            raise SettingsError(variable.env, "***", "; ".join(filter(None, (variable.allowed, str(error))))) from None
-        raise SettingsError(variable.env, raw, variable.allowed) from None
+        allowed = f"{variable.allowed}; {error}" if isinstance(error, Disallowed) else variable.allowed
+        # A secret's value is never shown: the parser's reason names what is wrong instead.
+        raise SettingsError(variable.env, "***" if variable.secret else raw, allowed) from None
 
 
 def load_settings(environ: Mapping[str, str], remote: Mapping[str, str] | None = None) -> Settings:
-    """Settings from defaults < `remote` (the Hub file) < `environ`; raises SettingsError on a bad value.
-
-    Unknown `VL_*` names in the remote file are refused (a typo there must not pass silently);
-    unknown ones in the environment are left alone (the platform may set its own).
-    """
+    """Settings from defaults < `remote` (the Hub file's values, judged by runtime.settingsfile) <
+    `environ`; raises SettingsError on a bad value. Names that are no setting are not read."""
     remote = remote or {}
-    for name in remote:
-        if name not in BY_ENV:
-            raise SettingsError(name, remote[name], "a known setting name (see the README's table)")
     values, sources = {}, {}
     for variable in VARIABLES:
         raw, source = variable.default, "default"
@@ -588,8 +634,25 @@ def load_settings(environ: Mapping[str, str], remote: Mapping[str, str] | None =
     return Settings(values, sources)
 
 
+def not_a_setting(name: str) -> str:
+    """Why `name`, which looks like one of ours, is read by nothing: with the closest setting's name."""
+    bare = {env.removeprefix("VL_"): env for env in BY_ENV}  # compared without the prefix all share
+    closest = difflib.get_close_matches(name.removeprefix("VL_"), bare, n=1, cutoff=0.6)
+    hint = f" (did you mean {bare[closest[0]]}?)" if closest else ""
+    return f"{name} is not a setting{hint}"
+
+
+def unknown_settings(environ: Mapping[str, str]) -> list[str]:
+    """One warning per `VL_*` variable of the environment that is no setting (`VL_MODLE`: a 30 GB download
+    of the default model on a real pod); only a warning, since other tools may own `VL_` names."""
+    names = sorted(name for name in environ if name.startswith("VL_") and name not in BY_ENV)
+    return [f"warning: {not_a_setting(name)}; it is ignored" for name in names]
+
+
 README_BEGIN = "<!-- settings table: generated by `python -m runtime settings --update-readme`; do not edit -->"
 README_END = "<!-- end of settings table -->"
+HUB_TABLE_BEGIN = "<!-- hub file table: generated by `python -m runtime settings --update-readme`; do not edit -->"
+HUB_TABLE_END = "<!-- end of hub file table -->"
 
 
 def markdown_table() -> str:
@@ -601,44 +664,38 @@ def markdown_table() -> str:
     return "\n".join(rows)
 
 
+def hub_file_table() -> str:
+    """What a Hub settings file may change, and what each change does: the settings table's scopes and
+    secret flags, grouped (generated, like the settings table)."""
+
+    def names(variables: Iterable[Variable]) -> str:
+        return ", ".join(f"`{v.env}`" for v in variables)
+
+    def of(scope: Scope, secret: bool = False) -> list[Variable]:
+        return [v for v in VARIABLES if v.scope is scope and v.secret is secret]
+
+    rows = [
+        "| settings | from a Hub file | a change |",
+        "|---|---|---|",
+        f"| engine: {names(of(Scope.ENGINE))} | yes | vLLM restarts (weights stay on disk); the bridge stays |",
+        f"| bridge: {names(of(Scope.BRIDGE))} | yes | the bridge alone restarts, in seconds |",
+        f"| secret: {names(of(Scope.BRIDGE, True))} | only from a private repo; never empty while the pod has "
+        "keys (a file cannot open a keyed pod) | the bridge alone restarts (vLLM too with `VL_BRIDGE=off`) |",
+        f"| pod: {names(of(Scope.POD))} | never: the file is refused; set them in the pod's environment "
+        "(the RunPod template) | — |",
+    ]
+    return "\n".join(rows)
+
+
 def readme_with_table(readme: str) -> str:
-    """`readme` with the text between its settings markers replaced by the current table."""
-    head, begin, rest = readme.partition(README_BEGIN)
-    _, end, tail = rest.partition(README_END)
-    if not begin or not end:
-        raise ValueError(f"the README lacks the markers {README_BEGIN!r} ... {README_END!r}")
-    return f"{head}{README_BEGIN}\n{markdown_table()}\n{README_END}{tail}"
-
-
-def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--markdown", action="store_true", help="print the README's settings table")
-    parser.add_argument(
-        "--update-readme",
-        metavar="PATH",
-        nargs="?",
-        const="README.md",
-        help="rewrite the settings table of the README (default: ./README.md)",
-    )
-
-
-def run(args: argparse.Namespace) -> int:
-    import os
-    import sys
-
-    if args.markdown:
-        print(markdown_table())
-        return 0
-    if args.update_readme:
-        readme = Path(args.update_readme)
-        readme.write_text(readme_with_table(readme.read_text()))
-        return 0
-    try:
-        settings = load_settings(os.environ)
-    except SettingsError as error:
-        print(error, file=sys.stderr)
-        return 2
-    for v in VARIABLES:
-        value = getattr(settings, v.attr)
-        shown = "***" if is_secret(v.env) and value else value
-        print(f"{v.env}={shown!r}  ({settings.sources[v.attr]})")
-    return 0
+    """`readme` with the text between each pair of table markers replaced by the current table."""
+    for begin, end, table in (
+        (README_BEGIN, README_END, markdown_table()),
+        (HUB_TABLE_BEGIN, HUB_TABLE_END, hub_file_table()),
+    ):
+        head, found_begin, rest = readme.partition(begin)
+        _, found_end, tail = rest.partition(end)
+        if not found_begin or not found_end:
+            raise ValueError(f"the README lacks the markers {begin!r} ... {end!r}")
+        readme = f"{head}{begin}\n{table}\n{end}{tail}"
+    return readme

@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,14 +28,15 @@ from runtime.engine.command import RUNTIME_ROOT, EngineCommand, prepare_engine
 from runtime.engine.install import InstallError, ensure_runtime, is_prebaked, runs_in_venv
 from runtime.engine.weights import WeightsError
 from runtime.gpu import GpuError, inspect_gpu
-from runtime.health import Answers200, engine_generates, local_address
+from runtime.health import Answers200, engine_generates, health_url
 from runtime.logfiles import BRIDGE, ENGINE, SSHD, log_file
-from runtime.settings import Scope, Settings, SettingsError, load_settings
+from runtime.settings import Scope, Settings, SettingsError, load_settings, unknown_settings
+from runtime.settingsfile import FileRefused, SettingsFile, settings_with_file
 from runtime.sshd import SshdLayout, prepare_sshd
 from runtime.supervisor import ChildSpec, Health, Supervisor
 
 if TYPE_CHECKING:
-    from runtime.hub import LogPublisher, RemoteConfig
+    from runtime.hub import LogPublisher, Redactor, RemoteConfig
 
 log = logging.getLogger("runtime.start")
 
@@ -47,6 +49,8 @@ ENGINE_PROBE_S = 60.0
 ENGINE_HEALTH = functools.partial(Health, interval_s=15.0, timeout_s=ENGINE_PROBE_S, failures_before_restart=3)
 HUB_LAST_WORDS_S = 20.0  # how long a refused start waits for its one line to reach the Hub log
 REFUSED = 2  # exit status of a start refused by a setting, the GPU or the install
+CRASHED = 1  # exit status of a start stopped by anything else (its traceback is in boot.log)
+KEEPS_SERVING = "the current configuration keeps serving"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -56,9 +60,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     environ = dict(os.environ)
     try:
-        settings = load_settings(environ)
+        return start(environ)
+    except Exception as error:  # before the pod's Hub log exists (its own crashes are start()'s)
+        line = crash_line(error)
+        print(line, file=sys.stderr)
+        publish_refusal(line, environ)
+        return CRASHED
+
+
+def start(environ: Mapping[str, str]) -> int:
+    unknown = unknown_settings(environ)
+    try:
+        settings = load_settings(environ)  # the pod scope is final here: no Hub file can change it
     except SettingsError as error:
-        print(error, file=sys.stderr)
+        print("\n".join([*unknown, str(error)]), file=sys.stderr)
         publish_refusal(str(error), environ)
         return REFUSED
     if environ.get("SPACE_ID"):  # the Hugging Face builder runs the image on a CPU: say what it is
@@ -66,16 +81,33 @@ def run(args: argparse.Namespace) -> int:
 
         return serve_space_status(settings, environ)
     log_to(Path(settings.state_dir))
+    for line in unknown:
+        log.warning("%s", line)
     if not is_prebaked(settings) and not runs_in_venv(settings):
         return enter_venv(settings, environ)
-    pod = Pod(settings, environ)
+    hub = PodHub.connect(settings, environ)
     try:
+        pod = Pod(starting_settings(settings, environ, hub), environ, hub)
         pod.prepare()
+        status = asyncio.run(pod.serve())
     except (SettingsError, GpuError, InstallError, WeightsError) as error:
         log.error("%s", error)
-        publish_refusal(str(error), environ, pod.hub_log)
-        return REFUSED
-    return asyncio.run(pod.serve())
+        hub.tell(str(error))
+        status = REFUSED
+    except Exception as error:
+        line = crash_line(error)
+        log.error("%s", line)
+        logging.getLogger(TRACEBACKS).error("%s", line, exc_info=error)
+        hub.tell(line)
+        status = CRASHED
+    hub.close(HUB_LAST_WORDS_S if status else 2.0)
+    return status
+
+
+def crash_line(error: BaseException) -> str:
+    """The one line an unexpected error gives (the Hub log's redactor masks what it quotes)."""
+    message = " ".join(str(error).split())[:500]
+    return f"runtime start failed: {type(error).__name__}: {message}".rstrip(": ")
 
 
 def enter_venv(settings: Settings, environ: Mapping[str, str]) -> int:
@@ -93,62 +125,140 @@ def enter_venv(settings: Settings, environ: Mapping[str, str]) -> int:
     os.execve(python, [python, "-m", "runtime", *sys.argv[1:]], {**environ, "PYTHONPATH": path})
 
 
+TRACEBACKS = "runtime.tracebacks"  # a logger whose records reach boot.log only
+
+
 def log_to(state_dir: Path) -> None:
     """The runtime's own log: on stderr (the container's log, which has its own timestamps) and in
-    `boot.log`, the first part of the Hub log."""
+    `boot.log`, the first part of the Hub log; an unexpected error's traceback in boot.log alone."""
     state_dir.mkdir(parents=True, exist_ok=True)
     console, boot = logging.StreamHandler(sys.stderr), logging.FileHandler(log_file(state_dir, "boot"))
     console.setFormatter(logging.Formatter("%(message)s"))
     boot.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s", "%Y-%m-%d %H:%M:%S"))
     logging.basicConfig(level=logging.WARNING, handlers=[console, boot])
     logging.getLogger("runtime").setLevel(logging.INFO)  # libraries' INFO is a line per HTTP request
+    tracebacks = logging.getLogger(TRACEBACKS)
+    tracebacks.addHandler(boot)
+    tracebacks.propagate = False
 
 
-def publish_refusal(line: str, environ: Mapping[str, str], publisher: LogPublisher | None = None) -> None:
-    """The line that stopped start-up, to the Hub log when one is configured (the pod may have no SSH)
-    and its client is installed (a stock image's python has none before installing the runtime)."""
+def publish_refusal(line: str, environ: Mapping[str, str]) -> None:
+    """The line that stopped start-up before the pod's Hub side existed, to the Hub log when one is
+    configured (the pod may have no SSH) and its client is installed (a stock image's python has none
+    before installing the runtime)."""
     repo = environ.get("VL_LOG_REPO", "").strip()
-    if publisher is None and repo and importlib.util.find_spec("huggingface_hub") is not None:
-        from runtime.hub import LogPublisher, Redactor
-        from runtime.hub.repo import HubRepo, pod_id
+    if not repo or importlib.util.find_spec("huggingface_hub") is None:
+        return
+    from runtime.hub import LogPublisher, Redactor
+    from runtime.hub.repo import HubRepo, pod_id
 
-        try:
-            hub = HubRepo.from_environ(repo, environ)
-        except ValueError:
-            return  # the bad setting was the log repo itself
-        publisher = LogPublisher(hub, pod_id(environ), {}, lambda: False, Redactor.from_environ(environ))
-    if publisher is not None:
-        publisher.start()
-        publisher.publish_now(line)
-        publisher.close(HUB_LAST_WORDS_S)
+    try:
+        hub = HubRepo.from_environ(repo, environ)
+    except ValueError:
+        return  # the bad setting was the log repo itself
+    last_words = PodHub(LogPublisher(hub, pod_id(environ), {}, lambda: False, Redactor.from_environ(environ)))
+    last_words.tell(line)
+    last_words.close(HUB_LAST_WORDS_S)
+
+
+@dataclass
+class PodHub:
+    """The pod's Hub side, made from the environment's settings (the pod scope, which no Hub file can
+    change): the log publisher, the settings file's source, and the redactor both share. Each is
+    None when its repo is not configured (the Hub client is then never imported)."""
+
+    log: LogPublisher | None = None
+    remote: RemoteConfig | None = None
+    redactor: Redactor | None = None
+
+    @classmethod
+    def connect(cls, settings: Settings, environ: Mapping[str, str]) -> PodHub:
+        if not (settings.log_repo or settings.config_repo):
+            return cls()
+        from runtime.hub import LogPublisher, Redactor, RemoteConfig
+
+        redactor = Redactor.from_environ(environ)
+        logs = {name: log_file(Path(settings.state_dir), name) for name in ("boot", ENGINE, BRIDGE)}
+        # Not healthy until the pod says so: the Pod hands its supervisor's verdict over once it exists.
+        publisher = LogPublisher.from_settings(settings, environ, logs, lambda: False, redactor)  # idle without a repo
+        remote = RemoteConfig.from_settings(settings, environ) if settings.config_repo else None
+        return cls(publisher, remote, redactor)
+
+    def tell(self, line: str) -> None:
+        """A death, a restart, a refusal: to the Hub log at once (when the publisher runs)."""
+        if self.log is not None:
+            self.log.publish_now(line)
+
+    def learn(self, values: Mapping[str, str]) -> None:
+        if self.redactor is not None:
+            self.redactor.learn(values)
+
+    def close(self, timeout_s: float) -> None:
+        """Publishes what is pending (started first if need be), then stops, within `timeout_s`."""
+        if self.log is not None:
+            self.log.start()
+            self.log.close(timeout_s)
+
+
+def starting_settings(settings: Settings, environ: Mapping[str, str], hub: PodHub) -> Settings:
+    """The settings the pod starts on: the environment's, with the Hub file applied when it can be read
+    and is accepted (judged exactly as a live change is)."""
+    file = hub.remote.read() if hub.remote is not None else None
+    new = judged(settings, environ, file, hub) if file is not None else None
+    if file is None or new is None:
+        return settings
+    changed = sorted(scope.value for scope in settings.changed_scopes(new))
+    log.info("settings from %s (changing %s)", file.where, ", ".join(changed) or "nothing")
+    return new
+
+
+def judged(current: Settings, environ: Mapping[str, str], file: SettingsFile, hub: PodHub) -> Settings | None:
+    """The settings `file` yields over `current`, or None once its refusal is logged and published."""
+    values: dict[str, str] = {}
+
+    def learn(file_values: Mapping[str, str]) -> None:
+        values.update(file_values)
+        hub.learn(file_values)  # before any message can quote them
+
+    try:
+        new = settings_with_file(current, environ, file, learn)
+    except FileRefused as refusal:
+        refuse(str(refusal), hub)
+        return None
+    for name in sorted(set(values) & set(environ)):
+        log.info("%s from %s is overridden by the pod's environment", name, file.where)
+    return new
+
+
+def refuse(line: str, hub: PodHub) -> None:
+    """One wording for every refusal of the Hub file, at start and live."""
+    line = f"{line}; {KEEPS_SERVING}"
+    log.error("%s", line if hub.redactor is None else hub.redactor(line))
+    hub.tell(line)
 
 
 class Pod:
-    """The running pod: its effective settings, the children they call for, and their supervisor."""
+    """The running pod, built once from its final settings: the children they call for, their
+    supervisor, and the live changes from the Hub file."""
 
-    def __init__(self, settings: Settings, environ: Mapping[str, str]) -> None:
-        self.settings = settings
-        self.environ = environ
+    def __init__(self, settings: Settings, environ: Mapping[str, str], hub: PodHub) -> None:
+        self.settings, self.environ, self.hub = settings, environ, hub
         self.state_dir = Path(settings.state_dir)
-        self.supervisor = Supervisor(self.state_dir, on_incident=self.incident)
-        self.hub_log: LogPublisher | None = None
-        self.remote: RemoteConfig | None = None
+        self.supervisor = Supervisor(self.state_dir, on_incident=hub.tell)
+        if hub.log is not None:
+            hub.log.is_healthy = self.supervisor.healthy
         self.accelerator = "cpu"
         self.engine_env: Mapping[str, str] = {}
         self.command: EngineCommand | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
-        bridge_url = f"http://{local_address(settings.listen)}:{settings.port}/health"  # pod scope: never changes
-        self.bridge_probe = Answers200(bridge_url)
+        # The HEALTHCHECK asks the same URL (runtime.health.pod_health_url): both read the pod scope.
+        self.bridge_probe = Answers200(health_url(settings.listen, settings.port))
         self.bridge_health = BRIDGE_HEALTH(self.bridge_probe)
         self.stopping = asyncio.Event()
-        self.changes: asyncio.Queue[Settings] = asyncio.Queue()
+        self.changes: asyncio.Queue[SettingsFile] = asyncio.Queue()
 
     def prepare(self) -> None:
-        """Everything before vLLM's launch: the Hub file, the GPU, the engine (installed unless prebaked)."""
-        if self.settings.log_repo or self.settings.config_repo:
-            self.connect_hub()
-        if self.remote is not None:
-            self.settings = self.remote.load()
+        """Everything before vLLM's launch: the GPU, the engine (installed unless prebaked), the weights."""
         if not is_prebaked(self.settings):
             self.publish_progress()
         gpu = inspect_gpu(self.settings, self.environ)
@@ -157,44 +267,33 @@ class Pod:
 
     def publish_progress(self) -> None:
         """Installing or downloading takes minutes: the Hub log shows their progress from now on."""
-        if self.hub_log is not None:
-            self.hub_log.start()
-
-    def connect_hub(self) -> None:
-        from runtime.hub import LogPublisher, Redactor, RemoteConfig
-
-        redactor = Redactor.from_environ(self.environ)
-        logs = {name: log_file(self.state_dir, name) for name in ("boot", ENGINE, BRIDGE)}
-        if self.settings.log_repo:
-            self.hub_log = LogPublisher.from_settings(
-                self.settings, self.environ, logs, self.supervisor.healthy, redactor
-            )
-        if self.settings.config_repo:
-            self.remote = RemoteConfig(self.environ, self.changed_elsewhere, notify=self.incident, redactor=redactor)
+        if self.hub.log is not None:
+            self.hub.log.start()
 
     async def serve(self) -> int:
-        """Launch the children (vLLM first: it takes longest), watch the Hub, supervise until SIGTERM."""
+        """Launch the children (vLLM first: it takes longest), watch the Hub, supervise until SIGTERM;
+        whatever ends it, no child outlives it."""
         assert self.command is not None
         self.loop = asyncio.get_running_loop()
         self.catch_signals()  # before any launch: a SIGTERM must never leave a child behind
-        self.supervisor.start(self.engine_spec(self.command))
-        log.info("vLLM launched %.2f s after the process started", seconds_since_process_start())
-        if self.settings.bridge:
-            self.supervisor.start(self.bridge_spec(self.command))
-        for watcher in (self.hub_log, self.remote):
-            if watcher is not None:
-                watcher.start()
         applying = asyncio.create_task(self.apply_changes())
-        await self.start_sshd()
-        await self.stopping.wait()
-        log.info("stopping: SIGTERM to every child, SIGKILL after %.0f s", self.supervisor.grace_s)
-        applying.cancel()
-        if self.remote is not None:
-            self.remote.stop(timeout_s=1.0)
-        await self.supervisor.stop()
-        await self.bridge_probe.aclose()
-        if self.hub_log is not None:
-            self.hub_log.close(timeout_s=2.0)
+        try:
+            self.supervisor.start(self.engine_spec(self.command))
+            log.info("vLLM launched %.2f s after the process started", seconds_since_process_start())
+            if self.settings.bridge:
+                self.supervisor.start(self.bridge_spec(self.command))
+            self.publish_progress()
+            if self.hub.remote is not None:
+                self.hub.remote.start(self.file_arrived)
+            await self.start_sshd()
+            await self.stopping.wait()
+            log.info("stopping: SIGTERM to every child, SIGKILL after %.0f s", self.supervisor.grace_s)
+        finally:
+            applying.cancel()
+            if self.hub.remote is not None:
+                self.hub.remote.stop(timeout_s=1.0)
+            await self.supervisor.stop()
+            await self.bridge_probe.aclose()
         log.info("stopped")
         return 0
 
@@ -202,11 +301,6 @@ class Pod:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self.stopping.set)
-
-    def incident(self, message: str) -> None:
-        """A death, a restart or a refusal: the Hub log publishes it at once."""
-        if self.hub_log is not None:
-            self.hub_log.publish_now(message)
 
     # --- the children ---
 
@@ -217,7 +311,8 @@ class Pod:
     def bridge_spec(self, command: EngineCommand) -> ChildSpec:
         settings = self.settings
         argv = bridge_argv(command.base_url, settings.listen, settings.port)
-        env = {**self.environ, **settings.environ(Scope.BRIDGE)}  # the bridge reads its settings from VL_*
+        # Every setting the bridge reads, as they are now: its own, and the pod's (state folder, image facts).
+        env = {**self.environ, **settings.environ(Scope.BRIDGE, Scope.POD)}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(RUNTIME_ROOT), env.get("PYTHONPATH"))))
         return ChildSpec(BRIDGE, argv, env, self.bridge_health)
 
@@ -235,29 +330,33 @@ class Pod:
 
     # --- live reconfiguration ---
 
-    def changed_elsewhere(self, settings: Settings, scopes: frozenset[Scope]) -> None:
-        """The Hub watcher's callback, on its thread: hand the change over to the event loop."""
+    def file_arrived(self, file: SettingsFile) -> None:
+        """The Hub watcher's callback, on its thread: hand the new file over to the event loop."""
         assert self.loop is not None  # the watcher starts once the loop runs
-        self.loop.call_soon_threadsafe(self.changes.put_nowait, settings)
+        self.loop.call_soon_threadsafe(self.changes.put_nowait, file)
 
     async def apply_changes(self) -> None:
         while True:
             await self.reconfigure(await self.changes.get())
 
-    async def reconfigure(self, new: Settings) -> None:
-        """Restart what the change needs, and only that. The scopes are computed against what runs
-        (a change refused here never ran), not against the watcher's last file."""
+    async def reconfigure(self, file: SettingsFile) -> None:
+        """The one place a new Hub file is judged, compared with what runs, and acted on: restart what
+        the change needs, and only that; a refused file changes nothing."""
+        new = judged(self.settings, self.environ, file, self.hub)
+        if new is None:
+            return
         scopes = self.settings.changed_scopes(new)
+        if not scopes:
+            return
         command = self.command
         assert command is not None  # changes are applied once the pod has started
         if Scope.ENGINE in scopes:
             try:
                 command = await asyncio.to_thread(prepare_engine, new, self.accelerator, self.engine_env)
             except (SettingsError, InstallError, WeightsError) as error:
-                line = f"refused the new settings: {error}; the current configuration keeps serving"
-                log.error("%s", line)
-                self.incident(line)
+                refuse(f"refused {file.where}: {error}", self.hub)
                 return
+        log.info("new settings from %s: restarting %s", file.where, " and ".join(sorted(s.value for s in scopes)))
         self.settings, self.command = new, command
         bridge_runs = BRIDGE in self.supervisor.children
         if Scope.BRIDGE in scopes and bridge_runs and new.bridge:

@@ -19,13 +19,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from runtime.settings import SettingsError, load_settings
+from runtime.settings import BY_ENV, SettingsError, load_settings
 from tests.support.bridge import ROOT, Process, start_bridge
 from tests.support.environ import outer_environ
 from tests.support.net import free_port
 
 KEY = "sk-unnamed-0123456789abcdef"
-ALLOWED = "keys (`key` or `name:key`) separated by commas, each key 16 or more visible ASCII characters, or empty"
+ALLOWED = BY_ENV["VL_API_KEYS"].allowed
 # A value, the line that refuses it, and the secret parts that line must never show.
 REFUSED = [
     ("sk-short", "entry 1 has 8 characters", ["sk-short"]),

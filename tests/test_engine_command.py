@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from runtime.engine.command import EngineCommand, engine_command, refuse_missing_requirements
 from runtime.engine.recipes import Recipe, load_recipe, recipe_names
 from runtime.packages import read_versions
-from runtime.settings import SettingsError, load_settings
+from runtime.settings import BY_ENV, SettingsError, load_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -132,7 +132,8 @@ def test_a_max_model_len_that_is_not_a_count_is_refused(window: object) -> None:
         ),
         (
             {"VL_EXTRA_ARGS": "--chat-template 'unclosed"},
-            'VL_EXTRA_ARGS="--chat-template \'unclosed" is not allowed: expected shell-quoted vLLM arguments (No closing quotation)',
+            f'VL_EXTRA_ARGS="--chat-template \'unclosed" is not allowed: expected {BY_ENV["VL_EXTRA_ARGS"].allowed}; '
+            "No closing quotation",
         ),
     ],
     ids=lambda v: " ".join(f"{k}={x}" for k, x in v.items()) if isinstance(v, dict) else "",

@@ -72,3 +72,47 @@ def test_vllm_accepts_the_command(serve_parser, name, env):
         assert engine.kv_cache_memory_bytes == 8589934592 and engine.async_scheduling is False
     if "VL_EXTRA_ARGS" in env:
         assert args.uvicorn_log_level == "warning"
+
+
+RUNTIME_DESTS = ("host", "port", "uds", "api_key", "middleware", "served_model_name", "config")
+
+
+def spellings(option: str) -> list[str]:
+    """What a user may write for `option` in vLLM's parser: its prefixes (argparse's abbreviations), with
+    `_` for `-`, and with `=value`."""
+    prefixes = [option[:end] for end in range(3, len(option) + 1)]
+    return [*prefixes, *("--" + prefix[2:].replace("-", "_") for prefix in prefixes)]
+
+
+def sets_dest(serve_parser, words: list[str], dest: str) -> bool:
+    """Whether vLLM's own serve parser, given `words` after the model, sets `dest` to "X"."""
+    try:
+        args = serve_parser.parse_args(["owner/model", *words])
+    except SystemExit:  # ambiguous, or not an option of vLLM's: it would not start, not take the flag
+        return False
+    value = getattr(args, dest, None)
+    return value == "X" or value == ["X"] or value == 1234
+
+
+def test_every_way_to_reach_a_runtime_flag_in_extra_args_is_refused(serve_parser):
+    """VL_EXTRA_ARGS may not set what the runtime owns (vLLM on every interface without a key...): checked
+    against vLLM's own parser, which takes abbreviations and underscores."""
+    from runtime.settings import SettingsError, runtime_flag
+
+    reached = 0
+    for action in serve_parser._actions:
+        if action.dest not in RUNTIME_DESTS or action.dest == "config":  # --config reads a file: see below
+            continue
+        value = "1234" if action.dest == "port" else "X"
+        for option in (o for o in action.option_strings if o.startswith("--")):
+            for spelled in spellings(option):
+                for words in ([spelled, value], [f"{spelled}={value}"]):
+                    if sets_dest(serve_parser, words, action.dest):
+                        reached += 1
+                        assert runtime_flag(words[0]) is not None, words
+                        with pytest.raises(SettingsError):
+                            load_settings({"VL_EXTRA_ARGS": " ".join(words)})
+    assert reached > 40, "vLLM's parser takes abbreviations: many spellings reach these flags"
+    for words in ("--config x.yaml", "--config=x.yaml", "--conf x.yaml"):  # a YAML file can set any of them
+        with pytest.raises(SettingsError):
+            load_settings({"VL_EXTRA_ARGS": words})

@@ -2,8 +2,9 @@
 real bridge, a real sshd, and the real huggingface_hub client against the local test Hub.
 
 A vLLM cold start costs ~30 s on two shared cores, so ONE pod serves every test here, in file order
-(four cold starts in all): serving, the Hub log, SSH, remote config (bridge-only, invalid, engine),
-the watchdogs, VL_BRIDGE=off, then SIGTERM.
+(four cold starts in all): serving (on its environment's port, its Hub file at start refused), the Hub
+log, SSH, remote config (pod settings refused, bridge-only, invalid, engine), the watchdogs,
+VL_BRIDGE=off, then SIGTERM.
 The measured times are printed (`-s`): the report's numbers, never asserted on.
 """
 
@@ -173,6 +174,8 @@ def pod(hub: HubServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ru
             "VL_CONFIG_POLL_S": "5",
         }
     )
+    # At start, a Hub file that sets pod settings: refused whole, the pod starts on its environment.
+    hub.put_file(CONFIG_REPO, "pod.env", f"VL_PORT={free_port()}\nVL_STATE_DIR={root / 'elsewhere'}\nVL_ALIASES=x\n")
     started = time.monotonic()
     running = RunningPod(launch(env), state, env, hub, root / "client_key", marker)
     try:
@@ -203,6 +206,23 @@ def test_the_bridge_answers_messages(pod: RunningPod) -> None:
     assert wait_until(pod.serves, "an answer through the bridge", 60, every_s=0.5)
 
 
+def test_a_hub_file_with_pod_settings_at_start_is_refused_and_all_agree_on_the_environment_s_port(
+    pod: RunningPod,
+) -> None:
+    refusal = (
+        f"refused {CONFIG_REPO}/pod.env: VL_PORT, VL_STATE_DIR are pod settings: set them in the pod's environment "
+        "(the RunPod template); the current configuration keeps serving"
+    )
+    assert refusal in pod.boot_log()
+    assert not (pod.state.parent / "elsewhere").exists(), "the pod writes to its environment's folder only"
+    assert "x" not in ids_or_none(pod), "the file was refused whole"
+    # The HEALTHCHECK (the image's command, with the pod's environment) asks the port the bridge serves.
+    healthcheck = subprocess.run([sys.executable, "-m", "runtime.health"], cwd=REPO_ROOT, env=pod.env, timeout=60)
+    assert healthcheck.returncode == 0
+    wait_until(lambda: "bridge is healthy" in pod.boot_log(), "the watchdog's probe answered on that port", RELOAD_S)
+    wait_until(lambda: refusal in pod.hub_log(), "the refusal in the Hub log", HUB_BUDGET_S)
+
+
 def test_the_hub_log_is_published_until_healthy_and_carries_no_secret(pod: RunningPod) -> None:
     header = f"# vllm-pod {POD_ID} · "
     versions = [c.files[HUB_LOG].decode() for c in pod.hub.commits(LOG_REPO) if HUB_LOG in c.files]
@@ -226,6 +246,17 @@ def test_ssh_login_with_the_pod_key_sees_the_pod_environment(pod: RunningPod) ->
         every_s=0.5,
     )
     assert result.stdout.strip() == "hello from the pod|none"
+
+
+@pytest.mark.parametrize("line", ["VL_PORT=9000", "VL_STATE_DIR=/srv/elsewhere"])
+def test_a_live_file_with_a_pod_setting_is_refused_and_nothing_restarts(pod: RunningPod, line: str) -> None:
+    engine, bridge = pod.pid("engine"), pod.pid("bridge")
+    name = line.split("=")[0]
+    pod.set_remote_config(f"VL_ALIASES=my-alias\n{line}\n")
+    refusal = f": {name} is a pod setting: set it in the pod's environment (the RunPod template); the current"
+    wait_until(lambda: refusal in pod.boot_log(), "the refusal", RELOAD_S)
+    assert (pod.pid("engine"), pod.pid("bridge")) == (engine, bridge)
+    assert pod.serves() and "my-alias" not in pod.model_ids()
 
 
 def test_a_bridge_only_change_reloads_the_bridge_alone(pod: RunningPod) -> None:

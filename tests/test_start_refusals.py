@@ -3,6 +3,7 @@ what is allowed, exits non-zero, launches nothing, and publishes the line when a
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -87,4 +88,45 @@ def test_a_recipe_the_engine_cannot_run_stops_start_up_with_one_line_saying_what
         "flashnext needs vllm.v1.ple_offload, which "
     ), result.stderr
     assert "vllm/vllm-openai:qwen38-flash-next" in last and "Traceback" not in result.stderr
+    assert not list((tmp_path / "state").glob("*.pid")), "nothing was launched"
+
+
+def test_a_misspelt_setting_is_one_warning_line_naming_the_closest(tmp_path: Path) -> None:
+    result = start(tmp_path, VL_MODLE="qwen", VL_CTX="lots")
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        "warning: VL_MODLE is not a setting (did you mean VL_MODEL?); it is ignored",
+        f"VL_CTX='lots' is not allowed: expected {BY_ENV['VL_CTX'].allowed}",
+    ]
+
+
+def test_an_unexpected_error_is_one_published_line_with_its_traceback_in_boot_log(
+    tmp_path: Path, hub_server: HubServer
+) -> None:
+    """Anything but the four refusals used to print a traceback locally and nothing to the Hub log, exactly
+    when the operator has no SSH. Here: a cache folder that cannot be made (a file stands in its path)."""
+    hub_server.create_repo(f"{hub_server.owner}/pod-logs", private=True)
+    (tmp_path / "image_prebaked").write_text('{"target": "cpu"}\n')
+    (tmp_path / "checkpoint").mkdir()
+    (tmp_path / "volume-file").write_text("not a folder\n")
+    result = start(
+        tmp_path,
+        **hub_server.env(),
+        VL_LOG_REPO=f"{hub_server.owner}/pod-logs",
+        RUNPOD_POD_ID="crashed-pod",
+        VL_MODEL="tiny",
+        VL_REPO=str(tmp_path / "checkpoint"),  # no model to generate: the crash comes first
+        VL_CACHE_DIR=str(tmp_path / "volume-file" / "cache"),
+        VL_PREBAKED_MARKER=str(tmp_path / "image_prebaked"),
+    )
+    assert result.returncode == 1
+    line = (
+        f"runtime start failed: NotADirectoryError: [Errno 20] Not a directory: '{tmp_path / 'volume-file' / 'cache'}"
+    )
+    assert [row for row in result.stderr.splitlines() if row.startswith("runtime start failed")] == [f"{line}'"]
+    assert "Traceback" not in result.stderr
+    boot = (tmp_path / "state" / "boot.log").read_text()
+    assert "Traceback (most recent call last)" in boot and "NotADirectoryError" in boot
+    published = (hub_server.file(f"{hub_server.owner}/pod-logs", "etat/crashed-pod.log") or b"").decode()
+    assert re.search(r"^note +\| \S+ " + re.escape(line), published, re.MULTILINE), published
     assert not list((tmp_path / "state").glob("*.pid")), "nothing was launched"

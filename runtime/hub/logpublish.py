@@ -27,6 +27,7 @@ log = logging.getLogger("runtime.hub.log")
 
 LOG_FOLDER = "etat"  # the seeds' layout, kept so existing habits and scripts still find the logs
 NOTES_KEPT = 50
+NOTE_CHARS = 2000  # a note is a line: a crash, a restart, a refusal (whose quoted values are capped already)
 RETRY_S = (5.0, 300.0)  # back-off after a failed upload: first wait, longest wait
 
 
@@ -109,8 +110,9 @@ class LogPublisher:
     def publish_now(self, message: str | None = None) -> None:
         """Publishes as soon as the budget allows, with `message` (e.g. a crash line) added; never blocks."""
         with self._lock:
-            if message:
-                self._notes.append(f"{utc_now()} {message}")
+            if message:  # bounded: one note must not erase the others' share of the log
+                clipped = message if len(message) <= NOTE_CHARS else f"{message[:NOTE_CHARS]}..."
+                self._notes.append(f"{utc_now()} {clipped}")
             self._requested = True
         self._wake.set()
 

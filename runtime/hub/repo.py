@@ -63,6 +63,7 @@ class FileVersion:
 
     etag: str
     commit: str
+    size: int | None = None  # bytes, as the HEAD request said
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,11 @@ class HubRepo:
         metadata = api.get_hf_file_metadata(url=url, timeout=HUB_TIMEOUT_S)
         if metadata.etag is None or metadata.commit_hash is None:
             raise ConnectionError(f"{api.endpoint} did not answer like a Hub (no ETag or commit for {path})")
-        return FileVersion(metadata.etag, metadata.commit_hash)
+        return FileVersion(metadata.etag, metadata.commit_hash, metadata.size)
+
+    def is_private(self) -> bool:
+        """Whether only its owner can read the repo (one request for its info)."""
+        return bool(self.api.repo_info(self.repo_id, repo_type=self.repo_type, timeout=HUB_TIMEOUT_S).private)
 
     def read_text(self, path: str, version: FileVersion) -> str:
         """The file's text at exactly `version` (a throwaway cache: the model cache stays untouched)."""

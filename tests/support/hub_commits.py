@@ -46,6 +46,16 @@ class CommitRoutes(HubRoutes):
                 repo = self.state.create(repo_id, repo_type, owner, private)
             return JSONResponse({"url": self.repo_url(repo), "name": repo.repo_id, "id": repo.repo_id})
 
+    async def repo_settings(self, request: Request) -> Response:
+        """A repo's visibility changed by its owner (`HfApi.update_repo_settings`); gating is not modelled."""
+        body = await json_body(request)
+        with self.state.lock:
+            repo = self.state.writable(request, *repo_ref(request), "main")
+            if set(body) != {"visibility"} or body["visibility"] not in ("public", "private"):
+                raise Refusal(400, f"Only visibility 'public' or 'private' can be set here, got {body!r}")
+            repo.private = body["visibility"] == "private"
+            return JSONResponse({})
+
     async def preupload(self, request: Request) -> Response:
         body = await json_body(request)
         with self.state.lock:

@@ -61,6 +61,7 @@ class HubApp(FileRoutes, CommitRoutes):
             Route(api + "/revision/{revision}", self.repo_info, methods=["GET"]),
             Route(api + "/preupload/{revision}", self.preupload, methods=["POST"]),
             Route(api + "/commit/{revision}", self.commit, methods=["POST"]),
+            Route(api + "/settings", self.repo_settings, methods=["PUT"]),
             Route(api + "/tree/{revision}", self.tree, methods=["GET"]),
             Route(api + "/tree/{revision}/{path:path}", self.tree, methods=["GET"]),
             Route("/datasets" + resolve, self.resolve, methods=["GET", "HEAD"]),
