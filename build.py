@@ -25,10 +25,13 @@ DEFAULT_TIMEOUT_MIN = 180  # a GPU image is 7-10 GB of layers: the Space builder
 
 @dataclasses.dataclass(frozen=True)
 class Published:
-    """The image a pod pulls, and who pulls it when it is private (a registry credential on RunPod)."""
+    """The image a pod pulls, where it is made (a Space, a registry repository: its template's name), and
+    who pulls it when it is private (a registry credential on RunPod)."""
 
     image: str
+    source: str
     pull_user: str | None = None
+    space: bool = False  # served by the Hub under :latest, the only tag it gives a Space's image
 
 
 def parse_args(argv: Sequence[str] | None, targets: dict[str, Target]) -> argparse.Namespace:
@@ -97,6 +100,9 @@ def parse_args(argv: Sequence[str] | None, targets: dict[str, Target]) -> argpar
     )
     publish.add_argument("--detach", action="store_true", help="upload to the Space without following its build")
     publish.add_argument(
+        "--status", action="store_true", help="show the Space's stage and the image it serves, then stop"
+    )
+    publish.add_argument(
         "--space-registry",
         default=None,
         metavar="HOST",
@@ -110,6 +116,15 @@ def parse_args(argv: Sequence[str] | None, targets: dict[str, Target]) -> argpar
         help="create or update the RunPod template through RunPod's API (RUNPOD_API_KEY)",
     )
     runpod.add_argument(
+        "--log-repo",
+        metavar="REPO",
+        help="the template's VL_LOG_REPO, where pods publish their boot log (default: datasets/YOUR_USER/"
+        "vllm-pod-logs, created private by --push and --runpod when missing)",
+    )
+    runpod.add_argument(
+        "--config-repo", metavar="REPO", help="the template's VL_CONFIG_REPO, the Hub repo of the pods' settings file"
+    )
+    runpod.add_argument(
         "--cost-per-hour",
         type=float,
         metavar="DOLLARS",
@@ -117,8 +132,10 @@ def parse_args(argv: Sequence[str] | None, targets: dict[str, Target]) -> argpar
         "VL_COST_PER_HOUR, for the console's cost figures",
     )
     args = parser.parse_args(argv)
-    if (args.build or args.push or args.runpod_template or args.runpod) and not args.arch:
-        parser.error("--build, --push, --runpod-template and --runpod need --arch")
+    if (args.build or args.push or args.runpod_template or args.runpod or args.status) and not args.arch:
+        parser.error("--build, --push, --status, --runpod-template and --runpod need --arch")
+    if args.status and (args.registry or args.push):
+        parser.error("--status shows a Space's build: without --push or --registry")
     if args.verify_deps and args.check:
         parser.error("--verify-deps needs --arch or --all")
     if args.registry and args.space:
@@ -164,6 +181,7 @@ def push_to_space(args: argparse.Namespace, target: Target, files: dict[str, byt
     plan = hub.plan_upload(api, space, files)
     if not plan:
         say(f"{space.space_id}: unchanged, nothing pushed ({space.url})")
+        resume_build(args, api, space)
     else:
         started = time.monotonic()
         commit = hub.upload(api, space, plan, f"vllm-pod {target.name}: build.py --push")
@@ -175,7 +193,35 @@ def push_to_space(args: argparse.Namespace, target: Target, files: dict[str, byt
             say(f"not following the build (--detach): {space.url}")
         else:
             follow_build(api, space, args.timeout * 60)
-    return Published(space.image, space.user if space.private else None)
+    return Published(space.image, space.space_id, space.user if space.private else None, space=True)
+
+
+def resume_build(args: argparse.Namespace, api: Any, space: Any) -> None:
+    """An unchanged Space may still be building (a push that timed out or was interrupted): follow it on,
+    so that no template is printed for an image that never finished; a failed build is said as such."""
+    from space import hub
+
+    stage = hub.stage_of(api, space)
+    if stage in hub.ON_THE_WAY and not args.detach:
+        say(f"{space.space_id} is still {stage}: following its build")
+        follow_build(api, space, args.timeout * 60)
+    elif stage in hub.NO_IMAGE:
+        for line in hub.build_log_tail(api, space.space_id):
+            print(f"  | {line}", file=sys.stderr)
+        raise BuildError(f"{space.space_id}'s last build ended in {stage} and nothing changed since: fix the "
+                         f"cause (the build log's tail is above), then push again ({space.url})")  # fmt: skip
+
+
+def show_status(args: argparse.Namespace, target: Target) -> int:
+    """The Space's stage and the image it serves (`--status`)."""
+    from space import hub
+
+    api = hub.hub_api()
+    space = hub.resolve_space(api, args.space, target, args.public, args.space_registry or hub.HUB_REGISTRY)
+    stage = hub.stage_of(api, space)
+    serves = "no image (its build failed)" if stage in hub.NO_IMAGE else space.image
+    say(f"{space.space_id}: {stage}; serves {serves} ({space.url})")
+    return 0
 
 
 def follow_build(api: Any, space: Any, timeout_s: float) -> None:
@@ -204,29 +250,64 @@ def show_template(args: argparse.Namespace, target: Target, published: Published
             f"the image is private: RunPod pulls it with a registry credential (user: {published.pull_user}, "
             "password: a read token from https://huggingface.co/settings/tokens)"
         )
-    name = f"vllm-pod {target.name}"
-    body = runpod.template_body(name, published.image, cost_per_hour=args.cost_per_hour)
+    if published.space:
+        say(
+            "the template names the Space's image as :latest, the only tag the Hub serves for a Space (none per "
+            "revision): pods made after a later push pull that push; --registry pins an immutable digest"
+        )
+    credential = runpod_credentials(published) if args.runpod else None  # refused before anything is made
+    body = runpod.template_body(
+        runpod.template_name(target.name, published.source),
+        published.image,
+        cost_per_hour=args.cost_per_hour,
+        log_repo=log_repo(args, create=args.push or args.runpod),
+        config_repo=args.config_repo,
+    )
     print(runpod.render_template(body, private=bool(published.pull_user)))
-    if args.runpod:
-        save_template(name, published, args.cost_per_hour)
+    if credential is not None:
+        runpod.save_template(body, *credential)
 
 
-def save_template(name: str, published: Published, cost_per_hour: float | None = None) -> None:
-    from space import runpod
+def log_repo(args: argparse.Namespace, create: bool) -> str | None:
+    """The template's VL_LOG_REPO: --log-repo, else the token user's private dataset; with `create`, made
+    when missing (a pod would make it at its first publish; `runtime logs --follow` needs it sooner)."""
+    from space import hub
+
+    if not hub.has_token():
+        if not args.log_repo:
+            say("no Hugging Face token: the template sets no VL_LOG_REPO (pods publish no boot log); set HF_TOKEN "
+                "or pass --log-repo REPO")  # fmt: skip
+        return args.log_repo
+    api = hub.hub_api()
+    spec = args.log_repo or hub.DEFAULT_LOG_REPO.format(user=hub.hub_call(api.whoami, "check the token")["name"])
+    if create:
+        hub.ensure_log_repo(api, spec)
+        say(f"pods publish their boot log to {spec} (private): python -m runtime logs POD_ID --follow --repo {spec}")
+    return spec
+
+
+def runpod_credentials(published: Published) -> tuple[str, tuple[str, str] | None]:
+    """RUNPOD_API_KEY, and for a private image the registry credential RunPod pulls it with: the user and
+    HF_READ_TOKEN, which the Hub must not call a write token (RunPod stores it)."""
+    from space import hub
 
     key = os.environ.get("RUNPOD_API_KEY", "")
     if not key:
         raise BuildError("--runpod needs RUNPOD_API_KEY (https://www.runpod.io/console/user/settings)")
-    credential = None
-    if published.pull_user:
-        password = os.environ.get("HF_READ_TOKEN", "")
-        if not password:
-            raise BuildError(
-                "a private image needs a registry credential on RunPod: set HF_READ_TOKEN to a read "
-                "token (not the write token), or publish with --public"
-            )
-        credential = (published.pull_user, password)
-    runpod.save_template(published.image, name, key, credential, cost_per_hour=cost_per_hour)
+    if not published.pull_user:
+        return key, None
+    password = os.environ.get("HF_READ_TOKEN", "")
+    if not password:
+        raise BuildError(
+            "a private image needs a registry credential on RunPod: set HF_READ_TOKEN to a read "
+            "token (not the write token), or publish with --public"
+        )
+    if hub.token_role(hub.hub_call(lambda: hub.hub_api(password).whoami(), "check HF_READ_TOKEN")) == "write":
+        raise BuildError(
+            "HF_READ_TOKEN is a write token (the Hub says so): RunPod stores it as a registry password, so give "
+            "it a read token (https://huggingface.co/settings/tokens)"
+        )
+    return key, (published.pull_user, password)
 
 
 def say(line: str) -> None:
@@ -245,6 +326,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             say(f"wrote {write(target, render(target, versions)).relative_to(ROOT)}")
         if args.verify_deps:
             return verify_deps(chosen, versions)
+        if args.status:
+            return show_status(args, chosen[0])
         if not (args.build or args.push or args.runpod_template or args.runpod):
             return 0
         return publish(args, chosen[0])
@@ -271,21 +354,26 @@ def verify_deps(targets: list[Target], versions: dict[str, Any]) -> int:
 def publish(args: argparse.Namespace, target: Target) -> int:
     from space.context import context_files
 
-    files = context_files(target.dockerfile.read_text(), args.ca_cert)
+    files = context_files(target.dockerfile.read_text(), args.ca_cert, warn=say)
     reference = registry_reference(args.registry, target) if args.registry else None
     if args.build or (args.push and reference):
         build_locally(args, target, files, reference or args.tag or f"vllm-pod:{target.name}")
     published = None
     if args.push and reference:
         from space.engine import push
+        from space.runpod import registry_name
 
-        push(reference)
-        say(f"pushed {reference}")
+        digest = push(reference)
+        say(f"pushed {reference}" + (f" ({digest})" if digest else ""))
+        published = Published(f"{reference}@{digest}" if digest else reference, registry_name(reference))
     elif args.push:
         published = push_to_space(args, target, files)
     if args.push or args.runpod_template or args.runpod:
-        published = published or (Published(reference) if reference else space_image(args, target))
-        show_template(args, target, published)
+        if published is None and reference:
+            from space.runpod import registry_name
+
+            published = Published(reference, registry_name(reference))
+        show_template(args, target, published or space_image(args, target))
     return 0
 
 
@@ -296,9 +384,10 @@ def space_image(args: argparse.Namespace, target: Target) -> Published:
     registry = args.space_registry or hub.HUB_REGISTRY
     if args.space:
         owner = args.space.split("/")[0]
-        return Published(hub.Space(args.space, False, owner, "", registry).image, None if args.public else owner)
+        image = hub.Space(args.space, False, owner, "", registry).image
+        return Published(image, args.space, None if args.public else owner, space=True)
     space = hub.resolve_space(hub.hub_api(), None, target, args.public, registry)
-    return Published(space.image, space.user if space.private else None)
+    return Published(space.image, space.space_id, space.user if space.private else None, space=True)
 
 
 if __name__ == "__main__":

@@ -1,36 +1,110 @@
 """The build context: exactly the files the Dockerfile copies, the same for a local build and a Space.
 
-.dockerignore decides what goes in (docker/certs/, docker/image_facts.py, runtime/); `--ca-cert`
-adds a proxy's CA certificate. Both builders get one tar made the same way, so a layer built here
-and the same layer built from a Space's files share the builder's cache.
+What git tracks (or, outside a git checkout, the files under the tree), filtered by .dockerignore
+(docker/certs/, docker/image_facts.py, runtime/), plus the rendered Dockerfile and `--ca-cert`'s
+certificate. Nothing is read through a link that leaves the tree, no nested `.git` or editor litter
+goes in, and a file whose name looks secret (`.env*`, `id_*`, `*.key`, `*.pem`, `secrets.*`) stops the
+upload with one line: a Space's files and its image may be public. Both builders get one tar made the
+same way, so a layer built here and the same layer built from a Space's files share the builder's cache.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import io
+import os
+import subprocess
 import tarfile
-from collections.abc import Mapping
-from pathlib import Path
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path, PurePosixPath
 
+from space import BuildError
 from space.targets import ROOT
 
 DOCKERFILE = "Dockerfile"  # where the rendered file sits in a context: the Space's root, like any repo
 EXTRA_CA_IN_CONTEXT = "docker/certs/build-py-extra.crt"
+# Names that hold credentials (a dotenv, an SSH or TLS private key, a secrets file): never uploaded.
+SECRET_NAMES = (".env", ".env.*", "id_*", "*.key", "*.pem", "secrets.*")
+CERTIFICATES = "docker/certs/*.crt"  # public CA certificates: what that folder is for
+LITTER = (".DS_Store", "Thumbs.db", "*.swp", "*.swo", "*~", ".#*")  # an OS's or an editor's, never the project's
 
 
-def context_files(dockerfile_text: str, ca_cert: Path | None = None, root: Path = ROOT) -> dict[str, bytes]:
-    """Path in the context → content: the rendered Dockerfile, what .dockerignore lets through, the extra CA."""
-    from docker.utils.build import exclude_paths
-
-    ignore = root / ".dockerignore"
-    patterns = [line.strip() for line in ignore.read_text().splitlines() if line.strip() and not line.startswith("#")]
-    listed = sorted(exclude_paths(str(root), patterns))  # it always lets .dockerignore in: no build copies it
-    files = {path: (root / path).read_bytes() for path in listed if (root / path).is_file() and path != ignore.name}
+def context_files(
+    dockerfile_text: str, ca_cert: Path | None = None, root: Path = ROOT, warn: Callable[[str], None] = print
+) -> dict[str, bytes]:
+    """Path in the context → content: the rendered Dockerfile, the project's files .dockerignore lets
+    through, the extra CA; BuildError (one line) for a secret-looking name or a link out of the tree.
+    `warn` hears of each file git does not track where the image takes files: it is left out."""
+    copied = copied_by_the_dockerfile(root)
+    for path in filter(copied, untracked_files(root)):
+        warn(f"{path} is not tracked by git: left out of the image (`git add` it if the image needs it)")
+    files = {}
+    for path in filter(copied, project_files(root)):
+        name = PurePosixPath(path).name
+        if any(fnmatch.fnmatch(name, pattern) for pattern in SECRET_NAMES) and not fnmatch.fnmatch(path, CERTIFICATES):
+            raise BuildError(f"{path} looks like a secret (its name): it is not uploaded; move it out of the tree, "
+                             "or rename it if it holds nothing secret")  # fmt: skip
+        content = read_inside(root, path)
+        if content is not None:
+            files[path] = content
     files[DOCKERFILE] = dockerfile_text.encode()
     if ca_cert:
         files[EXTRA_CA_IN_CONTEXT] = ca_cert.read_bytes()
     return files
+
+
+def copied_by_the_dockerfile(root: Path) -> Callable[[str], bool]:
+    """Whether a path goes in the context: .dockerignore lets it through and no OS or editor made it."""
+    from docker.utils.build import PatternMatcher
+
+    lines = (root / ".dockerignore").read_text().splitlines()
+    ignored = PatternMatcher([line.strip() for line in lines if line.strip() and not line.startswith("#")])
+
+    def copied(path: str) -> bool:
+        name = PurePosixPath(path).name
+        # .dockerignore itself: read by builders, copied by no build.
+        return (
+            path != ".dockerignore"
+            and not ignored.matches(path)  # type: ignore[arg-type]  # the stub says PathLike; the code lower()s a str
+            and not any(fnmatch.fnmatch(name, p) for p in LITTER)
+        )
+
+    return copied
+
+
+def untracked_files(root: Path) -> list[str]:
+    """Files of a git checkout that git does not track nor ignore (none outside a checkout)."""
+    if not (root / ".git").exists():
+        return []
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--others", "--exclude-standard"], cwd=root, capture_output=True, check=True
+    ).stdout
+    return [path for path in listed.decode().split("\0") if path]
+
+
+def project_files(root: Path) -> Iterator[str]:
+    """The project's files, relative: what git tracks in a checkout, else every file under `root`
+    (a downloaded archive); no nested repository's `.git` either way."""
+    if (root / ".git").exists():
+        listed = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True, check=True).stdout
+        yield from (path for path in listed.decode().split("\0") if path)
+        return
+    for folder, subfolders, names in os.walk(root):  # links to folders are not followed
+        subfolders[:] = sorted(d for d in subfolders if d != ".git")
+        for name in sorted(names):
+            yield Path(folder, name).relative_to(root).as_posix()
+
+
+def read_inside(root: Path, path: str) -> bytes | None:
+    """The file's bytes, read through links only while they stay in the tree; None for what is not a
+    regular file (a submodule, a folder); BuildError for a link that leaves the tree."""
+    where = root / path
+    real = where.resolve()
+    if not real.is_relative_to(root.resolve()):
+        raise BuildError(f"{path} is a link out of the tree (to {real}): it is not uploaded; "
+                         "copy what it points to into the tree if the image needs it")  # fmt: skip
+    return real.read_bytes() if real.is_file() else None
 
 
 def context_tar(files: Mapping[str, bytes]) -> io.BytesIO:

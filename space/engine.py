@@ -173,24 +173,28 @@ def build(files: Mapping[str, bytes], options: BuildOptions) -> str:
     return image_id
 
 
-def push(reference: str) -> None:
-    """Push a local image to its registry, printing a line per layer as each one changes state."""
+def push(reference: str) -> str | None:
+    """Push a local image to its registry, printing a line per layer as each one changes state; returns
+    the digest the registry gave the manifest (what an immutable reference pins)."""
     from docker.errors import APIError
     from docker.utils import parse_repository_tag
 
     repository, tag = parse_repository_tag(reference)
     client = docker_client()
     layers: dict[str, str] = {}
+    digest = None
     try:
         for chunk in client.api.push(repository, tag=tag, stream=True, decode=True):
             if "error" in chunk:
                 raise BuildError(f"the push of {reference} failed: {chunk['error'].strip()}")
+            digest = (chunk.get("aux") or {}).get("Digest") or digest  # the push's last word: Tag, Digest, Size
             if print_layer_progress(chunk, layers):
                 continue
             if "status" in chunk and "id" not in chunk:
                 print(f"build.py: {chunk['status']}", flush=True)
     except APIError as error:
         raise BuildError(f"the Docker engine refused the push of {reference}: {error.explanation}") from None
+    return digest
 
 
 def print_layer_progress(chunk: Mapping[str, Any], layers: dict[str, str]) -> bool:

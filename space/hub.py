@@ -29,6 +29,7 @@ QUIET_PROGRESS_S = 30.0  # without a terminal, a progress line at most this ofte
 GRACE_S = 120.0  # how long a Space may show its previous state before its new build starts
 ON_THE_WAY = {"BUILDING", "RUNNING_BUILDING", "APP_STARTING", "RUNNING_APP_STARTING"}  # a new build is under way
 FAILED = {"BUILD_ERROR", "CONFIG_ERROR", "RUNTIME_ERROR", "NO_APP_FILE", "DELETING", "STOPPED", "PAUSED"}
+NO_IMAGE = {"BUILD_ERROR", "CONFIG_ERROR", "NO_APP_FILE"}  # failed before an image was made
 LOG_TAIL_LINES = 30
 
 
@@ -67,11 +68,17 @@ class Upload:
         return bool(self.changed or self.deleted)
 
 
-def hub_api() -> Any:
-    """The Hub client with the user's token (HF_TOKEN, or the one `hf auth login` saved)."""
+def has_token() -> bool:
+    from huggingface_hub import get_token
+
+    return bool(get_token())
+
+
+def hub_api(token: str | None = None) -> Any:
+    """The Hub client with `token`, else the user's (HF_TOKEN, or the one `hf auth login` saved)."""
     from huggingface_hub import HfApi, get_token
 
-    token = get_token()
+    token = token or get_token()
     if not token:
         raise BuildError(
             "no Hugging Face token: set HF_TOKEN to a token with write access "
@@ -91,11 +98,15 @@ def space_readme(target: Target, image: str) -> str:
     )
 
 
+def token_role(who: Mapping[str, Any]) -> str | None:
+    """What a token may do, as the Hub's whoami says: "read", "write" or "fineGrained"."""
+    return ((who.get("auth") or {}).get("accessToken") or {}).get("role")
+
+
 def resolve_space(api: Any, space_id: str | None, target: Target, public: bool, registry: str) -> Space:
     """Who the token belongs to and what it may do, then the Space it publishes to."""
     who = hub_call(api.whoami, "check the token")
-    role = ((who.get("auth") or {}).get("accessToken") or {}).get("role")
-    if role == "read":
+    if token_role(who) == "read":
         raise BuildError(
             "HF_TOKEN is read-only: publishing needs a token with write access (https://huggingface.co/settings/tokens)"
         )
@@ -118,6 +129,27 @@ def ensure_space(api: Any, space: Space) -> Space:
             f"{space.space_id} is a {info.sdk} Space, not a Docker one: choose another name with --space OWNER/NAME"
         )
     return dataclasses.replace(space, private=bool(info.private))
+
+
+DEFAULT_LOG_REPO = "datasets/{user}/vllm-pod-logs"  # a private dataset: the pods' boot logs (VL_LOG_REPO)
+REPO_TYPES = {"datasets": "dataset", "spaces": "space"}
+
+
+def ensure_log_repo(api: Any, spec: str) -> None:
+    """Create the pods' log repo (private) when it is missing, so that `runtime logs POD --follow` works
+    on the very first pod; `spec` is written as VL_LOG_REPO takes it (`datasets/owner/name`, `owner/name`)."""
+    prefix, _, rest = spec.partition("/")
+    repo_type, repo_id = (REPO_TYPES[prefix], rest) if prefix in REPO_TYPES else ("model", spec)
+    hub_call(
+        lambda: api.create_repo(repo_id, repo_type=repo_type, private=True, exist_ok=True),
+        f"create the log repo {spec}",
+    )
+
+
+def stage_of(api: Any, space: Space) -> str:
+    """The Space's stage now (BUILDING, RUNNING, BUILD_ERROR...)."""
+    runtime = hub_call(lambda: api.get_space_runtime(space.space_id), f"read the stage of {space.space_id}")
+    return str(runtime.stage)
 
 
 def plan_upload(api: Any, space: Space, files: Mapping[str, bytes]) -> Upload:
@@ -232,8 +264,7 @@ def follow(api: Any, space: Space, timeout_s: float, clock: Callable[[], float] 
     log, progress = LastLogLine(api, space.space_id), Progress()
     try:
         while True:
-            runtime = hub_call(lambda: api.get_space_runtime(space.space_id), f"read the stage of {space.space_id}")
-            stage, elapsed = str(runtime.stage), clock() - started
+            stage, elapsed = stage_of(api, space), clock() - started
             seen_build = seen_build or stage in ON_THE_WAY
             progress.show(elapsed, stage, log.line)
             if stage not in ON_THE_WAY and (seen_build or elapsed > GRACE_S):

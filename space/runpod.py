@@ -40,24 +40,32 @@ def secret_reference(name: str) -> str:
     return f"{{{{ RUNPOD_SECRET_{name} }}}}"
 
 
-def template_env(cost_per_hour: float | None = None) -> dict[str, str]:
-    """The pod's environment: the default recipe, secrets by reference only, and the GPU's hourly price when
-    given (the console's cost figures). No cache variable: the runtime finds the volume at VOLUME_PATH
-    (VL_VOLUME's default) and keeps weights and compile caches there."""
+def template_env(
+    cost_per_hour: float | None = None, log_repo: str | None = None, config_repo: str | None = None
+) -> dict[str, str]:
+    """The pod's environment: the default recipe, secrets by reference only, the Hub repos of its boot log
+    and its settings file, and the GPU's hourly price when given (the console's cost figures). No cache
+    variable: the runtime finds the volume at VOLUME_PATH (VL_VOLUME's default) and keeps weights there."""
     if cost_per_hour is not None and not 0 < cost_per_hour <= COST_PER_HOUR_MAX:
         raise BuildError(f"--cost-per-hour must be a price in dollars, above 0 and at most {COST_PER_HOUR_MAX:g}")
+    repos = {"VL_LOG_REPO": log_repo, "VL_CONFIG_REPO": config_repo}  # pod settings: the environment only
     return {
         "VL_MODEL": "nemotron",  # the default recipe, spelled out so it is visible (and editable) in the console
         **{name: secret_reference(name) for name in SECRETS},  # values live in RunPod, never in the template
-        # VL_LOG_REPO is left out, not set empty: the pod environment outranks the Hub settings file, and off
-        # is already the default. Add VL_LOG_REPO=owner/name in the console to get start-up logs on the Hub.
-        # VL_COST_PER_HOUR likewise unless given: a template fits any GPU, the price is the GPU's.
+        **{name: repo for name, repo in repos.items() if repo},
+        # VL_COST_PER_HOUR is left out unless given: a template fits any GPU, the price is the GPU's.
         **({"VL_COST_PER_HOUR": f"{cost_per_hour:g}"} if cost_per_hour is not None else {}),
     }
 
 
 def template_body(
-    name: str, image: str, *, registry_id: str | None = None, cost_per_hour: float | None = None
+    name: str,
+    image: str,
+    *,
+    registry_id: str | None = None,
+    cost_per_hour: float | None = None,
+    log_repo: str | None = None,
+    config_repo: str | None = None,
 ) -> dict[str, Any]:
     """The template as a CreateTemplateRequest (also a valid UpdateTemplateRequest: every field is mutable)."""
     return {
@@ -67,7 +75,7 @@ def template_body(
         "disk": CONTAINER_DISK_GB,
         "mounts": {"persistent": {"size": VOLUME_GB, "path": VOLUME_PATH}},
         "ports": list(PORTS),
-        "env": template_env(cost_per_hour),
+        "env": template_env(cost_per_hour, log_repo, config_repo),
         "registry": registry_id,  # the credential for a private image; null clears a stale one on update
         "allowedCudaVersions": list(CUDA_VERSIONS),
         "startSsh": True,  # RunPod injects PUBLIC_KEY (the account's SSH keys); the runtime's sshd uses it
@@ -88,9 +96,10 @@ def repository(image: str) -> tuple[str, str]:
     return "docker.io", path
 
 
-def template_name(image: str) -> str:
-    """A default template name: the image's repository name (e.g. `owner-vllm-pod-sm89`)."""
-    return repository(image)[1].rsplit("/", 1)[-1]
+def template_name(target: str, source: str) -> str:
+    """One template per image: the target and where its image is made (a Space, a registry repository),
+    so that publishing a second Space never repoints the first one's template."""
+    return f"vllm-pod {target} {source}"
 
 
 def registry_name(image: str) -> str:
@@ -275,18 +284,13 @@ def ensure_template(api: RunPodAPI, body: dict[str, Any]) -> str:
 
 
 def save_template(
-    image: str,
-    name: str,
-    api_key: str,
-    registry_auth: tuple[str, str] | None,
-    base_url: str | None = None,
-    cost_per_hour: float | None = None,
+    body: dict[str, Any], api_key: str, registry_auth: tuple[str, str] | None, base_url: str | None = None
 ) -> str:
-    """Creates or updates the template `name` for `image` (and, for a private image, the registry credential
+    """Creates or updates the template `body` names (and, for a private image, the registry credential
     from `registry_auth` = (username, password)); prints a line per step and returns the template id."""
     if registry_auth and not all(registry_auth):
         raise BuildError("a private image needs both a registry username and a password (or token) for RunPod")
     password = registry_auth[1] if registry_auth else ""
     with RunPodAPI(api_key, base_url, secrets=(password,)) as api:
-        registry_id = ensure_registry(api, image, *registry_auth) if registry_auth else None
-        return ensure_template(api, template_body(name, image, registry_id=registry_id, cost_per_hour=cost_per_hour))
+        registry_id = ensure_registry(api, body["image"], *registry_auth) if registry_auth else None
+        return ensure_template(api, {**body, "registry": registry_id})

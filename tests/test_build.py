@@ -142,7 +142,7 @@ def test_build_without_a_docker_engine_says_so_in_one_line(repo: Path, tmp_path:
 def test_build_needs_a_target() -> None:
     result = run_build_py("--all", "--build")
     assert result.returncode == 2
-    assert "--build, --push, --runpod-template and --runpod need --arch" in result.stderr
+    assert "--build, --push, --status, --runpod-template and --runpod need --arch" in result.stderr
 
 
 def test_a_wheel_directory_is_served_at_the_same_url_on_every_run(tmp_path: Path) -> None:

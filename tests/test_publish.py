@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from space.context import DOCKERFILE
+from space import BuildError
+from space.context import DOCKERFILE, context_files
 from tests.support.hub_server import HubServer
-from tests.support.repo_copy import ROOT, copy_repo
+from tests.support.repo_copy import ROOT, copy_repo, git_checkout
 from tests.support.signals import ctrl_c_as_at_a_terminal
 
 SPACE = f"{HubServer.owner}/vllm-pod-cpu"
@@ -150,6 +151,16 @@ def test_following_a_build_that_does_not_end_stops_at_the_timeout(
     )
     assert "BUILDING" in result.stdout
 
+    again = push(repo, hub, "--timeout", "0.05")  # the same push: nothing to upload, the build followed on
+    assert expect_one_line_refusal(again, hub_server.write_token) == line
+    assert f"build.py: {SPACE} is still BUILDING: following its build" in again.stdout
+    assert '"image"' not in again.stdout, "no template for an image that is not built yet"
+    status = build_py("--arch", "cpu", "--status", "--space-registry", REGISTRY, cwd=repo, env=hub)
+    assert status.stdout == (
+        f"build.py: wrote build/Dockerfile.cpu\nbuild.py: {SPACE}: BUILDING; serves {REGISTRY}/pod-owner-vllm-pod-cpu:latest "
+        f"({hub_server.endpoint}/spaces/{SPACE})\n"
+    )
+
 
 def test_ctrl_c_stops_following_and_leaves_the_space_building(
     repo: Path, hub: dict[str, str], hub_server: HubServer
@@ -239,20 +250,56 @@ def test_the_template_for_a_space_is_valid_for_runpod_and_names_the_image(runpod
     assert "registry credential (user: acme, password: a read token" in result.stdout
 
 
-def test_runpod_saves_the_template_and_the_private_images_credential(runpod_server, repo: Path) -> None:
-    env = {
-        "RUNPOD_API_KEY": runpod_server.api_key,
-        "RUNPOD_API_URL": runpod_server.url,
-        "HF_READ_TOKEN": "hf_readonlytokenforregistry0123456789",
-    }
+def runpod_env(runpod_server, hub: dict[str, str], hub_server: HubServer) -> dict[str, str]:
+    return {**hub, "RUNPOD_API_KEY": runpod_server.api_key, "RUNPOD_API_URL": runpod_server.url,
+            "HF_READ_TOKEN": hub_server.read_token}  # fmt: skip
+
+
+def test_runpod_saves_the_template_and_the_private_images_credential(
+    runpod_server, repo: Path, hub: dict[str, str], hub_server: HubServer
+) -> None:
+    env = runpod_env(runpod_server, hub, hub_server)
     for _ in range(2):  # the second run updates the same template and reuses the credential
         result = build_py("--arch", "sm89", "--runpod", "--space", "acme/pods-ada", cwd=repo, env=env)
         assert result.returncode == 0, result.stderr
 
-    assert [t["image"] for t in runpod_server.templates] == ["registry.hf.space/acme-pods-ada:latest"]
+    (template,) = runpod_server.templates
+    assert template["image"] == "registry.hf.space/acme-pods-ada:latest"
+    assert template["name"] == "vllm-pod sm89 acme/pods-ada"
+    # The first pod publishes its boot log: the template names the repo, and --runpod made it (private).
+    assert template["env"]["VL_LOG_REPO"] == f"datasets/{HubServer.owner}/vllm-pod-logs"
+    assert hub_server.state.repos[("dataset", f"{HubServer.owner}/vllm-pod-logs")].private
     assert len(runpod_server.registries) == 1
-    assert "RunPod: updated the template 'vllm-pod sm89'" in result.stdout
-    assert "hf_readonlytokenforregistry" not in result.stdout + result.stderr
+    assert "RunPod: updated the template 'vllm-pod sm89 acme/pods-ada'" in result.stdout
+    assert hub_server.read_token not in result.stdout + result.stderr
+    assert "only tag the Hub serves for a Space" in result.stdout
+
+
+def test_a_second_space_gets_its_own_template(
+    runpod_server, repo: Path, hub: dict[str, str], hub_server: HubServer
+) -> None:
+    env = runpod_env(runpod_server, hub, hub_server)
+    for space in ("acme/pods-ada", "acme/pods-ada-2"):
+        result = build_py("--arch", "sm89", "--runpod", "--space", space, "--config-repo", "acme/pod-config",
+                          cwd=repo, env=env)  # fmt: skip
+        assert result.returncode == 0, result.stderr
+    images = {t["name"]: t["image"] for t in runpod_server.templates}
+    assert images == {
+        "vllm-pod sm89 acme/pods-ada": "registry.hf.space/acme-pods-ada:latest",
+        "vllm-pod sm89 acme/pods-ada-2": "registry.hf.space/acme-pods-ada-2:latest",
+    }
+    assert {t["env"]["VL_CONFIG_REPO"] for t in runpod_server.templates} == {"acme/pod-config"}
+
+
+def test_runpod_refuses_a_write_token_as_the_registry_password(
+    runpod_server, repo: Path, hub: dict[str, str], hub_server: HubServer
+) -> None:
+    env = {**runpod_env(runpod_server, hub, hub_server), "HF_READ_TOKEN": hub_server.write_token}
+    line = expect_one_line_refusal(
+        build_py("--arch", "sm89", "--runpod", "--space", "acme/x", cwd=repo, env=env), hub_server.write_token
+    )
+    assert line.startswith("build.py: HF_READ_TOKEN is a write token (the Hub says so)")
+    assert runpod_server.templates == []
 
 
 def test_runpod_refuses_to_send_the_write_token_as_a_registry_password(runpod_server, repo: Path) -> None:
@@ -274,3 +321,57 @@ def test_an_existing_public_space_keeps_its_visibility_and_needs_no_credential(
     assert result.returncode == 0, result.stderr
     assert hub_server.space(SPACE).private is False
     assert "registry credential" not in result.stdout and "The image is private" not in result.stdout
+
+
+PLANTED = {  # what a working tree gathers: none of it belongs in a Space, nor so in an image
+    "runtime/.env": "HF_TOKEN=hf_planted_dotenv_0123456789",
+    "docker/certs/.env": "PASSWORD=planted",
+    "docker/certs/id_rsa": "-----BEGIN OPENSSH PRIVATE KEY-----\nplanted\n",
+    "runtime/bridge/secrets.json": '{"key": "planted"}',
+    "runtime/.DS_Store": "planted",
+    "runtime/.start.py.swp": "planted",
+    "runtime/vendored/.git/config": "[core]\n",  # a nested repository: once a traceback
+}
+
+
+def test_push_sends_only_what_git_tracks_and_never_reads_through_a_link_out(
+    tmp_path: Path, hub: dict[str, str], hub_server: HubServer
+) -> None:
+    repo = git_checkout(tmp_path / "clone")
+    for path, content in PLANTED.items():
+        (repo / path).parent.mkdir(parents=True, exist_ok=True)
+        (repo / path).write_text(content)
+    outside = tmp_path / "outside-token"
+    outside.write_text("hf_planted_through_a_link_0123456789")
+    (repo / "runtime" / "token").symlink_to(outside)
+
+    result = push(repo, hub, "--detach")
+    assert result.returncode == 0, result.stderr
+    files = hub_server.space_files(SPACE)
+    assert set(files) == {".gitattributes", DOCKERFILE, "README.md"} | expected_context(repo)
+    assert not set(PLANTED) & set(files) and "runtime/token" not in files
+    assert not [r for r in hub_server.received if r.carries("hf_planted") or r.carries("planted\n")]
+    assert "build.py: runtime/.env is not tracked by git: left out of the image" in result.stdout
+    assert "runtime/.DS_Store" not in result.stdout  # litter is not worth a line
+
+    git = ["git", "-c", "user.name=test", "-c", "user.email=test@example.test"]
+    subprocess.run([*git, "add", "-f", "runtime/.env"], cwd=repo, check=True)
+    line = expect_one_line_refusal(push(repo, hub, "--detach"), "hf_planted")
+    assert line.startswith("build.py: runtime/.env looks like a secret (its name): it is not uploaded")
+
+    subprocess.run([*git, "rm", "-q", "--cached", "runtime/.env"], cwd=repo, check=True)
+    subprocess.run([*git, "add", "runtime/token"], cwd=repo, check=True)
+    line = expect_one_line_refusal(push(repo, hub, "--detach"), "hf_planted")
+    assert line.startswith(f"build.py: runtime/token is a link out of the tree (to {outside})")
+
+
+def test_certificates_in_their_folder_are_no_secret(tmp_path: Path) -> None:
+    repo = git_checkout(tmp_path / "clone")
+    (repo / "docker" / "certs" / "proxy.crt").write_text("-----BEGIN CERTIFICATE-----\n")
+    (repo / "docker" / "certs" / "proxy.pem").write_text("-----BEGIN CERTIFICATE-----\n")
+    subprocess.run(["git", "add", "-f", "docker/certs"], cwd=repo, check=True)
+    with pytest.raises(BuildError, match=r"^docker/certs/proxy\.pem looks like a secret"):
+        context_files("FROM scratch", root=repo, warn=lambda line: None)
+    (repo / "docker" / "certs" / "proxy.pem").unlink()
+    subprocess.run(["git", "add", "-u"], cwd=repo, check=True)
+    assert "docker/certs/proxy.crt" in context_files("FROM scratch", root=repo, warn=lambda line: None)

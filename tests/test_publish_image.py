@@ -90,6 +90,7 @@ def test_push_prints_the_image_the_credential_and_the_template(
     assert f"build.py: {SPACE} built and running in " in out
     assert f'"image": "{registry.host}/{IMAGE_NAME}:latest"' in out
     assert f"registry credential (user: {HubServer.owner}, password: a read token" in out
+    assert f'"VL_LOG_REPO": "datasets/{HubServer.owner}/vllm-pod-logs"' in out
     assert any(line.startswith("build.py: uploaded ") and " kB, removed 0," in line for line in out.splitlines())
 
 
@@ -153,6 +154,12 @@ def test_a_failed_build_shows_its_log_and_exits_non_zero(
     assert any(line.startswith("  | ") and "a forced failure" in line for line in lines)
     assert "Traceback (most recent call last)" not in "\n".join(line for line in lines if not line.startswith("  | "))
 
+    again = push(repo, hub, registry, "--space", f"{HubServer.owner}/vllm-pod-broken")  # nothing changed
+    assert again.returncode == 1 and '"image"' not in again.stdout, "no template for an image never built"
+    assert again.stderr.splitlines()[-1].startswith(
+        f"build.py: {HubServer.owner}/vllm-pod-broken's last build ended in BUILD_ERROR and nothing changed since"
+    )
+
 
 def test_registry_builds_locally_and_pushes_every_layer(
     published: subprocess.CompletedProcess[str],
@@ -169,4 +176,6 @@ def test_registry_builds_locally_and_pushes_every_layer(
     layers = [line for line in result.stdout.splitlines() if line.startswith("  layer ")]
     assert len({line.split(":")[0] for line in layers}) >= 8  # one line per layer state, for every layer
     assert "cpu" in registry.tags("acme/vllm-pod")
-    assert f'"image": "{reference}:cpu"' in result.stdout
+    digest = registry.manifest("acme/vllm-pod", "cpu")["_digest"]
+    assert digest and f'"image": "{reference}:cpu@{digest}"' in result.stdout, "the template pins what was built"
+    assert f"RunPod template 'vllm-pod cpu {reference}'" in result.stdout

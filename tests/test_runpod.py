@@ -92,8 +92,10 @@ def test_the_printed_template_pastes_and_names_only_secrets() -> None:
 def test_save_creates_then_updates_the_same_template(
     runpod_server: RunPodServer, api_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    first = runpod.save_template(PUBLIC_IMAGE, NAME, runpod_server.api_key, None)
-    second = runpod.save_template(PUBLIC_IMAGE.replace("latest", "v2"), NAME, runpod_server.api_key, None)
+    first = runpod.save_template(runpod.template_body(NAME, PUBLIC_IMAGE), runpod_server.api_key, None)
+    second = runpod.save_template(
+        runpod.template_body(NAME, PUBLIC_IMAGE.replace("latest", "v2")), runpod_server.api_key, None
+    )
 
     assert first == second and len(runpod_server.templates) == 1
     assert runpod_server.templates[0]["image"].endswith(":v2")
@@ -109,11 +111,11 @@ def test_save_creates_then_updates_the_same_template(
 def test_an_update_keeps_variables_added_in_the_console(
     runpod_server: RunPodServer, api_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    template_id = runpod.save_template(PUBLIC_IMAGE, NAME, runpod_server.api_key, None)
+    template_id = runpod.save_template(runpod.template_body(NAME, PUBLIC_IMAGE), runpod_server.api_key, None)
     env = {**runpod_server.templates[0]["env"], "VL_LOG_REPO": "pod-owner/pod-logs", "VL_MODEL": "other"}
     runpod_server.edit_template(template_id, env=env)
 
-    runpod.save_template(PUBLIC_IMAGE, NAME, runpod_server.api_key, None)
+    runpod.save_template(runpod.template_body(NAME, PUBLIC_IMAGE), runpod_server.api_key, None)
 
     saved = runpod_server.templates[0]["env"]
     assert saved["VL_LOG_REPO"] == "pod-owner/pod-logs" and saved["VL_MODEL"] == "nemotron"
@@ -123,8 +125,8 @@ def test_an_update_keeps_variables_added_in_the_console(
 def test_a_private_image_gets_one_registry_credential(
     runpod_server: RunPodServer, api_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    runpod.save_template(PRIVATE_IMAGE, NAME, runpod_server.api_key, REGISTRY_AUTH)
-    runpod.save_template(PRIVATE_IMAGE, NAME, runpod_server.api_key, REGISTRY_AUTH)
+    runpod.save_template(runpod.template_body(NAME, PRIVATE_IMAGE), runpod_server.api_key, REGISTRY_AUTH)
+    runpod.save_template(runpod.template_body(NAME, PRIVATE_IMAGE), runpod_server.api_key, REGISTRY_AUTH)
 
     [registry] = runpod_server.registries
     assert (registry["username"], registry["password"]) == REGISTRY_AUTH
@@ -137,8 +139,8 @@ def test_a_private_image_gets_one_registry_credential(
 
 
 def test_a_public_image_clears_a_stale_registry_reference(runpod_server: RunPodServer, api_url: str) -> None:
-    runpod.save_template(PRIVATE_IMAGE, NAME, runpod_server.api_key, REGISTRY_AUTH)
-    runpod.save_template(PUBLIC_IMAGE, NAME, runpod_server.api_key, None)
+    runpod.save_template(runpod.template_body(NAME, PRIVATE_IMAGE), runpod_server.api_key, REGISTRY_AUTH)
+    runpod.save_template(runpod.template_body(NAME, PUBLIC_IMAGE), runpod_server.api_key, None)
     assert runpod_server.templates[0]["registry"] is None
 
 
@@ -146,14 +148,14 @@ def test_two_templates_of_that_name_are_not_guessed_between(runpod_server: RunPo
     for _ in range(2):
         runpod_server.add_template({"name": NAME, "image": PUBLIC_IMAGE})
     with pytest.raises(BuildError, match="2 RunPod templates are named"):
-        runpod.save_template(PUBLIC_IMAGE, NAME, runpod_server.api_key, None)
+        runpod.save_template(runpod.template_body(NAME, PUBLIC_IMAGE), runpod_server.api_key, None)
     assert writes(runpod_server) == []
 
 
 def test_a_wrong_key_gives_one_line_without_it(runpod_server: RunPodServer, api_url: str) -> None:
     wrong = runpod_server.api_key[::-1]
     with pytest.raises(BuildError) as refused:
-        runpod.save_template(PRIVATE_IMAGE, NAME, wrong, REGISTRY_AUTH)
+        runpod.save_template(runpod.template_body(NAME, PRIVATE_IMAGE), wrong, REGISTRY_AUTH)
     line = one_line_without(refused.value, wrong, runpod_server.api_key, REGISTRY_AUTH[1])
     assert line.startswith("RUNPOD_API_KEY was refused: Unauthorized")
     assert runpod_server.registries == [] and runpod_server.templates == []
@@ -161,7 +163,7 @@ def test_a_wrong_key_gives_one_line_without_it(runpod_server: RunPodServer, api_
 
 def test_a_read_only_key_is_refused_on_the_first_write(runpod_server: RunPodServer, api_url: str) -> None:
     with pytest.raises(BuildError) as refused:
-        runpod.save_template(PUBLIC_IMAGE, NAME, runpod_server.read_only_key, None)
+        runpod.save_template(runpod.template_body(NAME, PUBLIC_IMAGE), runpod_server.read_only_key, None)
     line = one_line_without(refused.value, runpod_server.read_only_key)
     assert line.startswith("RUNPOD_API_KEY was refused: Forbidden") and "create the template" in line
 
@@ -187,7 +189,7 @@ def test_the_stand_in_refuses_a_bad_value_and_an_unknown_id(runpod_server: RunPo
 def test_an_unreachable_api_gives_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RUNPOD_API_URL", f"http://127.0.0.1:{free_port()}")
     with pytest.raises(BuildError) as refused:
-        runpod.save_template(PUBLIC_IMAGE, NAME, "rpa_not_sent_anywhere", None)
+        runpod.save_template(runpod.template_body(NAME, PUBLIC_IMAGE), "rpa_not_sent_anywhere", None)
     assert "could not be reached" in one_line_without(refused.value, "rpa_not_sent_anywhere")
 
 
@@ -195,13 +197,15 @@ def test_a_silent_api_times_out_in_one_line(monkeypatch: pytest.MonkeyPatch) -> 
     with silent_port() as port:
         monkeypatch.setattr(runpod, "TIMEOUT", httpx.Timeout(0.5))
         with pytest.raises(BuildError) as refused:
-            runpod.save_template(PUBLIC_IMAGE, NAME, "rpa_key", None, base_url=f"http://127.0.0.1:{port}")
+            runpod.save_template(
+                runpod.template_body(NAME, PUBLIC_IMAGE), "rpa_key", None, base_url=f"http://127.0.0.1:{port}"
+            )
     assert "did not answer within 0.5 s" in one_line_without(refused.value, "rpa_key")
 
 
 def test_an_empty_key_is_refused_before_any_request(runpod_server: RunPodServer) -> None:
     with pytest.raises(BuildError, match="RUNPOD_API_KEY is empty"):
-        runpod.save_template(PUBLIC_IMAGE, NAME, " \n", None, base_url=runpod_server.url)
+        runpod.save_template(runpod.template_body(NAME, PUBLIC_IMAGE), " \n", None, base_url=runpod_server.url)
     assert runpod_server.received == []
 
 
@@ -210,7 +214,7 @@ def test_the_gpu_price_becomes_the_pods_cost_setting(
 ) -> None:
     body = runpod.template_body(NAME, PUBLIC_IMAGE, cost_per_hour=0.69)
     assert runpod_openapi.errors("CreateTemplateRequest", body) == []
-    runpod.save_template(PUBLIC_IMAGE, NAME, runpod_server.api_key, None, cost_per_hour=0.69)
+    runpod.save_template(runpod.template_body(NAME, PUBLIC_IMAGE, cost_per_hour=0.69), runpod_server.api_key, None)
     saved = runpod_server.templates[0]["env"]["VL_COST_PER_HOUR"]
     assert load_settings({"VL_COST_PER_HOUR": saved}).cost_per_hour == 0.69  # as the pod reads it
     assert "VL_COST_PER_HOUR" not in runpod.template_body(NAME, PUBLIC_IMAGE)["env"]  # a template fits any GPU

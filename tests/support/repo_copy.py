@@ -28,3 +28,12 @@ def copy_repo(destination: Path) -> Path:
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, target)
     return destination
+
+
+def git_checkout(destination: Path) -> Path:
+    """`copy_repo` made a git checkout of its own, everything committed: what a user's clone looks like."""
+    copy_repo(destination)
+    identity = ["-c", "user.name=test", "-c", "user.email=test@example.test"]
+    for command in (["init", "-q"], ["add", "-A"], [*identity, "commit", "-qm", "the tree"]):
+        subprocess.run(["git", *command], cwd=destination, check=True, capture_output=True)
+    return destination
