@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 import httpx
 
+from runtime.client import USER_AGENT
 from runtime.health import serves_model
 
 ANTHROPIC_VERSION = "2023-06-01"
-USER_AGENT = "vllm-pod-connect/1"  # RunPod's proxy answers 403 to the default Python user agents
 
 
 class EndpointError(Exception):

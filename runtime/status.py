@@ -8,7 +8,6 @@ Code's environment already holds, see `runtime connect`). `render` is a pure fun
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -16,9 +15,9 @@ from typing import Any
 
 import httpx
 
+from runtime.client import KEY_VARIABLES, USER_AGENT, pod_key
 from runtime.logsafe import strip_controls
 
-KEY_VARIABLES = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN")
 STATUS_PATH = "/v1/pod/status"
 WATCH_EVERY_S = 2.0
 TIMEOUT_S = 10.0
@@ -36,8 +35,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    key = args.key or next((os.environ[name] for name in KEY_VARIABLES if os.environ.get(name)), None)
-    headers = {"authorization": f"Bearer {key}"} if key else {}
+    key = pod_key(args.key)
+    headers = {"user-agent": USER_AGENT} | ({"authorization": f"Bearer {key}"} if key else {})
     # The environment's proxy and CA settings apply, as for `runtime connect`: the pod is usually remote.
     with httpx.Client(base_url=args.url.rstrip("/"), headers=headers, timeout=TIMEOUT_S) as client:
         if not args.watch:

@@ -8,16 +8,10 @@ tests/support/runpod_server.py serves that description strictly, so every body h
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
-import httpx
-
+from runtime.runpod import API_URL, RunPodClient, RunPodError
 from space import BuildError
-
-API_URL = "https://api.runpod.io"  # the `servers` entry of RunPod's OpenAPI description of REST API v2
-API_URL_VARIABLE = "RUNPOD_API_URL"  # points the client elsewhere (the tests' stand-in)
-TIMEOUT = httpx.Timeout(30.0, connect=10.0)  # every call: a hung API must end in one line, not a hung build
 
 PORTS = ["8080/http", "22/tcp"]  # the bridge (RunPod's HTTPS proxy serves it) and sshd (direct TCP)
 CONTAINER_DISK_GB = 30  # the image itself; everything that grows lives on the volume
@@ -127,22 +121,17 @@ def render_template(body: dict[str, Any], *, private: bool = False) -> str:
     return "\n".join(lines)
 
 
-class RunPodAPI:
+class RunPodAPI(RunPodClient):
     """The few calls of RunPod's REST API v2 that a template needs, each ending in data or a BuildError."""
 
     def __init__(self, api_key: str, base_url: str | None = None, *, secrets: tuple[str, ...] = ()) -> None:
-        self.api_key = usable_key(api_key)
-        self.base_url = (base_url or os.environ.get(API_URL_VARIABLE) or API_URL).rstrip("/")
-        self.secrets = (self.api_key, *[s for s in secrets if s])  # never in a message, whatever the server says
-        self.client = httpx.Client(
-            base_url=self.base_url, timeout=TIMEOUT, headers={"Authorization": f"Bearer {self.api_key}"}
-        )
+        try:
+            super().__init__(api_key, base_url, secrets=secrets)
+        except RunPodError as error:
+            raise BuildError(str(error)) from None
 
     def __enter__(self) -> RunPodAPI:
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.client.close()
 
     def templates(self) -> list[dict[str, Any]]:
         return self.call("GET", "/v2/templates", "list your templates", expect="templates")["templates"]
@@ -162,82 +151,12 @@ class RunPodAPI:
         return self.call("POST", "/v2/registries", f"create the registry credential {name!r}", body)
 
     def call(
-        self, method: str, path: str, action: str, body: dict[str, Any] | None = None, expect: str = "id"
+        self, method: str, path: str, action: str, body: dict[str, Any] | None = None, expect: str | None = "id"
     ) -> dict[str, Any]:
-        """One request, answered by a JSON object holding `expect`; `action` says what it was for in an error
-        line (e.g. "create the template 'x'")."""
         try:
-            response = self.client.request(method, path, json=body)
-        except httpx.TimeoutException:
-            raise BuildError(
-                f"RunPod's API at {self.base_url} did not answer within {TIMEOUT.read:g} s "
-                f"(trying to {action}): try again, or check {API_URL_VARIABLE} if you set it"
-            ) from None
-        except httpx.UnsupportedProtocol:
-            raise BuildError(
-                f"RunPod's API URL {self.base_url!r} is not an http(s) URL: fix or unset {API_URL_VARIABLE}"
-            ) from None
-        except (httpx.TransportError, httpx.InvalidURL) as exc:
-            raise BuildError(
-                f"RunPod's API at {self.base_url} could not be reached ({type(exc).__name__}, "
-                f"trying to {action}): check the network, or {API_URL_VARIABLE} if you set it"
-            ) from None
-        if response.is_error:
-            raise BuildError(self.scrub(refusal(response, action)))
-        try:
-            answer = response.json()
-        except ValueError:
-            answer = None
-        if not isinstance(answer, dict) or expect not in answer:
-            raise BuildError(
-                f"RunPod answered {method} {path} with an unexpected body (HTTP {response.status_code}, "
-                f"trying to {action}): check {API_URL_VARIABLE} if you set it"
-            )
-        return answer
-
-    def scrub(self, line: str) -> str:
-        for secret in self.secrets:
-            line = line.replace(secret, "***")
-        return line
-
-
-def usable_key(api_key: str) -> str:
-    """The key as sent in a header: stripped of the newline a copy or a file adds; refused when unusable."""
-    key = (api_key or "").strip()
-    if not key:
-        raise BuildError("RUNPOD_API_KEY is empty: create an API key at https://console.runpod.io/user/settings")
-    if not key.isascii() or not key.isprintable() or " " in key:
-        raise BuildError("RUNPOD_API_KEY has spaces or unusual characters: copy it again from RunPod's console")
-    return key
-
-
-def refusal(response: httpx.Response, action: str) -> str:
-    """One line for an error answer: the key's refusal, else the problem+json title/detail/errors."""
-    problem = problem_of(response)
-    reason = "; ".join(p for p in (problem.get("title"), problem.get("detail"), *problem.get("errors", [])) if p)
-    reason = " ".join((reason or f"HTTP {response.status_code}").split())  # one line, whatever the server sent
-    if response.status_code in (401, 403):
-        return (
-            f"RUNPOD_API_KEY was refused: {reason} (trying to {action}): use a key with All or Read/Write "
-            "permission (console Settings, API Keys: https://console.runpod.io/user/settings)"
-        )
-    return f"RunPod refused to {action}: HTTP {response.status_code}: {reason}"
-
-
-def problem_of(response: httpx.Response) -> dict[str, Any]:
-    """The RFC 9457 problem object of an error answer (ErrorResponse), or {} when it is not one."""
-    try:
-        problem = response.json()
-    except ValueError:
-        return {}
-    if not isinstance(problem, dict):
-        return {}
-    errors = problem.get("errors")
-    return {
-        "title": str(problem.get("title") or ""),
-        "detail": str(problem.get("detail") or ""),
-        "errors": [str(e) for e in errors] if isinstance(errors, list) else [],
-    }
+            return super().call(method, path, action, body, expect)
+        except RunPodError as error:
+            raise BuildError(str(error)) from None
 
 
 def ensure_registry(api: RunPodAPI, image: str, username: str, password: str) -> str:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import httpx
 import pytest
 
+import runtime.runpod as runpod_client
 from runtime.settings import SettingsError, load_settings
 from space import BuildError, runpod
 from tests.support.net import free_port
@@ -195,7 +196,7 @@ def test_an_unreachable_api_gives_one_line(monkeypatch: pytest.MonkeyPatch) -> N
 
 def test_a_silent_api_times_out_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     with silent_port() as port:
-        monkeypatch.setattr(runpod, "TIMEOUT", httpx.Timeout(0.5))
+        monkeypatch.setattr(runpod_client, "TIMEOUT", httpx.Timeout(0.5))
         with pytest.raises(BuildError) as refused:
             runpod.save_template(
                 runpod.template_body(NAME, PUBLIC_IMAGE), "rpa_key", None, base_url=f"http://127.0.0.1:{port}"

@@ -1,0 +1,16 @@
+"""What the commands run on the user's machine (`connect`, `status`, `pod`) share: who they say they are,
+and where they find the pod's key."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+# RunPod's proxy answers 403 to Python's default user agents (the field notes): every request says ours.
+USER_AGENT = "vllm-pod/1 (+python -m runtime)"
+KEY_VARIABLES = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN")  # what Claude Code's environment already holds
+
+
+def pod_key(given: str | None, environ: Mapping[str, str] = os.environ) -> str | None:
+    """The key to ask a pod with: `--key`, else ANTHROPIC_API_KEY, else ANTHROPIC_AUTH_TOKEN."""
+    return given or next((environ[name] for name in KEY_VARIABLES if environ.get(name)), None)
