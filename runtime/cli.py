@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "weights": ("runtime.engine.weights", "download the model's files into the cache (the volume), as a start would"),
     "logs": ("runtime.hub.logtail", "tail a pod's remote log on the Hub"),
     "connect": ("runtime.connect", "check an endpoint and print Claude Code's environment"),
+    "pod": ("runtime.pods", "start, watch, stop and delete your pods on RunPod (up, watch, status, stop, start, down)"),
     "status": ("runtime.status", "show a running pod's console in the terminal: engine, traffic, keys, GPUs, cost"),
     "settings": (
         "runtime.settings_command",

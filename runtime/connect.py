@@ -144,11 +144,16 @@ def run(args: argparse.Namespace) -> int:
     except EndpointError as error:
         print(f"connect: {error}", file=sys.stderr)
         return 1
+    print_environment(endpoint, args.shell)
+    return 0
+
+
+def print_environment(endpoint: Endpoint, shell: str = "both") -> None:
+    """What `connect` prints once the endpoint answered: what it serves, then Claude Code's environment."""
     window = f"{endpoint.window} tokens" if endpoint.window else "an unknown window"
     print(f"# {endpoint.base_url} serves {endpoint.model!r} with {window}; one token generated.")
     environment = claude_environment(endpoint)
-    if args.shell in ("bash", "both"):
+    if shell in ("bash", "both"):
         print(f"\n# bash / zsh\n{bash_script(environment)}")
-    if args.shell in ("powershell", "both"):
+    if shell in ("powershell", "both"):
         print(f"\n# PowerShell\n{powershell_script(environment)}")
-    return 0

@@ -96,19 +96,32 @@ def no_log_yet(repo: HubRepo, path: str) -> str:
     return f"{message} (pods with a log: {', '.join(pods)})" if pods else message
 
 
+class LogFollower:
+    """A pod's Hub log read one poll at a time, handing out only the lines that are new: what `--follow`
+    prints, and what `runtime pod up` shows while its pod boots. `poll` raises Waiting or Fatal."""
+
+    def __init__(self, repo: HubRepo, path: str) -> None:
+        self.repo, self.path = repo, path
+        self.version: FileVersion | None = None
+        self.lines: list[str] = []
+
+    def poll(self) -> list[str]:
+        self.version, text = read(self.repo, self.path, self.version)
+        if not text:
+            return []
+        current = text.splitlines()
+        added, self.lines = new_lines(self.lines, current), current
+        return added
+
+
 def follow(repo: HubRepo, path: str, interval_s: float) -> None:
     """Prints the log, then each new line as it appears; says once on stderr why it is waiting."""
-    version: FileVersion | None = None
-    lines: list[str] = []
+    log = LogFollower(repo, path)
     said = ""
     while True:
         try:
-            version, text = read(repo, path, version)
-            if text:
-                current = text.splitlines()
-                for line in new_lines(lines, current):
-                    print(line, flush=True)
-                lines = current
+            for line in log.poll():
+                print(line, flush=True)
             said = ""
         except Waiting as reason:
             if str(reason) != said:

@@ -1,8 +1,17 @@
-"""A strict local stand-in for RunPod's REST API v2: the template and registry routes, with in-memory state,
-checking every request body and every answer against RunPod's published OpenAPI description (vendored).
+"""A strict local stand-in for RunPod's REST API v2: the template, registry, pod and network-volume routes,
+with in-memory state, checking every request body and every answer against RunPod's published OpenAPI
+description (vendored).
 
 Routes: `GET/POST /v2/templates`, `GET/PATCH /v2/templates/{id}`, `GET/POST /v2/registries`,
-`GET /v2/registries/{id}`. Bearer auth (`api_key` may write; `read_only_key` gets 403 on writes, the spec's
+`GET /v2/registries/{id}`, `GET/POST /v2/pods`, `GET/DELETE /v2/pods/{id}`, `POST /v2/pods/{id}/action`,
+`GET /v2/network-volumes`. Pods go PROVISIONING → STARTING → RUNNING, one step per read of the pod
+(as a poller sees it); `stop` → EXITED, `start` → RUNNING, `terminate` or DELETE → gone; an action the
+status does not allow is a 409. What the spec leaves to RunPod's judgement is set by the test:
+`out_of_stock` GPU types (a 400 whose detail says no instance is available, the spec's capacity
+refusal), `host_cuda` (the CUDA version a GPU type's hosts report: outside `allowedCudaVersions`, the
+same refusal), `host_taken` pods (their `start` refused with a 400: not enough free GPUs on the host),
+and `on_pod` (called with a pod's id and its new status, under the lock: a test starts or stops what
+plays the pod). Bearer auth (`api_key` may write; `read_only_key` gets 403 on writes, the spec's
 "valid key lacking access"); errors are `application/problem+json` ErrorResponse objects: 401/403, 404 for
 an unknown id or route, 400 for a body that is not JSON, and 422 with the validator's messages for one the
 schema refuses (the spec's own wording: "rejected with 422 by the schema validator"). Every request is kept
@@ -17,6 +26,7 @@ import secrets
 import socket
 import string
 import threading
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -110,6 +120,13 @@ class RunPodState:
     lock: threading.RLock = field(default_factory=threading.RLock)
     templates: dict[str, dict[str, Any]] = field(default_factory=dict)
     registries: dict[str, dict[str, str]] = field(default_factory=dict)
+    pods: dict[str, dict[str, Any]] = field(default_factory=dict)
+    volumes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    out_of_stock: set[str] = field(default_factory=set)
+    host_cuda: dict[str, str] = field(default_factory=dict)  # GPU type -> CUDA version; default DEFAULT_CUDA
+    host_taken: set[str] = field(default_factory=set)
+    next_pod_id: str | None = None  # the id the next created pod gets (a test's Hub log path), else a new one
+    on_pod: Callable[[str, str], None] = lambda pod_id, status: None
     received: list[Received] = field(default_factory=list)
     faults: list[str] = field(default_factory=list)
 
@@ -134,6 +151,47 @@ class RunPodState:
         # Assumed, not in the spec's text: a template may only reference a credential of the same account.
         if body.get("registry") is not None and body["registry"] not in self.registries:
             raise Problem(400, f"container registry credential {body['registry']} not found")
+
+
+DEFAULT_CUDA = "13.0"
+NO_CAPACITY = (
+    "There are no longer any instances available with the requested specifications. Please refresh and try again."
+)
+HOST_TAKEN = "There are not enough free GPUs on the host machine to start this pod."
+GPU_PRICES = {"NVIDIA RTX 6000 Ada Generation": 0.77, "NVIDIA L40S": 0.86, "NVIDIA GeForce RTX 4090": 0.69}
+NEXT_STATUS = {"PROVISIONING": "STARTING", "STARTING": "RUNNING"}
+ACTIONS = {  # what each status allows, as the spec's action operation lists it
+    "PROVISIONING": ["stop", "terminate"],
+    "STARTING": ["stop", "terminate"],
+    "RUNNING": ["stop", "restart", "terminate"],
+    "EXITED": ["start", "terminate"],
+    "ERROR": ["start", "terminate"],
+}
+
+
+def now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def new_pod(pod_id: str, body: dict[str, Any], template: dict[str, Any] | None, cuda: str) -> dict[str, Any]:
+    """A Pod from a CreatePodRequest, its template resolved into it (body fields win, env merged per key)."""
+    base = {k: template[k] for k in ("image", "args", "disk", "ports", "env", "registry") if template and k in template}
+    mounts = body.get("mounts") or {}
+    if not mounts and template and template.get("mounts", {}).get("persistent"):
+        mounts = {"persistent": template["mounts"]["persistent"]}
+    gpu = body["gpu"]
+    pod = {
+        "args": "", "disk": 50, "ports": [], "registry": None, **base,
+        **{k: body[k] for k in ("image", "args", "disk", "ports", "registry") if k in body},
+        "id": pod_id, "name": body["name"], "status": "PROVISIONING", "actions": ACTIONS["PROVISIONING"],
+        "env": {**base.get("env", {}), **body.get("env", {})}, "mounts": mounts,
+        "gpu": {"id": gpu["id"], "count": gpu.get("count", 1)}, "cloud": body.get("cloud", "SECURE"),
+        "dataCenterId": (body.get("dataCenterIds") or ["US-TX-3"])[0], "cudaVersion": cuda,
+        "ssh": {"proxy": None, "direct": None}, "template": None,
+        "cost": GPU_PRICES.get(gpu["id"], 0.5) * gpu.get("count", 1), "locked": False, "runtime": None,
+        "createdAt": now(), "startedAt": None, "globalNetworking": {"enabled": False},
+    }  # fmt: skip
+    return json.loads(json.dumps(pod))
 
 
 def new_template(template_id: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -161,7 +219,7 @@ def patched(template: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
     return {**template, **changes}
 
 
-Handler = Callable[[Request, Any], tuple[int, str, Any]]  # (status, response schema, body); runs under the lock
+Handler = Callable[[Request, Any], tuple[int, str | None, Any]]  # (status, response schema, body), under the lock
 Endpoint = Callable[[Request], Awaitable[Response]]
 
 
@@ -182,6 +240,12 @@ class RunPodApp:
             Route("/v2/registries", self.operation(self.list_registries), methods=["GET"]),
             Route("/v2/registries", self.operation(self.create_registry, "CreateRegistryRequest"), methods=["POST"]),
             Route("/v2/registries/{id}", self.operation(self.get_registry), methods=["GET"]),
+            Route("/v2/pods", self.operation(self.list_pods), methods=["GET"]),
+            Route("/v2/pods", self.operation(self.create_pod, "CreatePodRequest"), methods=["POST"]),
+            Route("/v2/pods/{id}", self.operation(self.get_pod), methods=["GET"]),
+            Route("/v2/pods/{id}", self.operation(self.delete_pod), methods=["DELETE"]),
+            Route("/v2/pods/{id}/action", self.operation(self.pod_action, "PodActionRequest"), methods=["POST"]),
+            Route("/v2/network-volumes", self.operation(self.list_volumes), methods=["GET"]),
         ]
         return Starlette(routes=routes, exception_handlers={HTTPException: self.no_route})
 
@@ -212,8 +276,10 @@ class RunPodApp:
 
         return endpoint
 
-    def answer(self, status: int, schema: str, body: Any) -> Response:
+    def answer(self, status: int, schema: str | None, body: Any) -> Response:
         """The response, after checking it against the spec: a wrong one of ours is a fault, never sent as is."""
+        if schema is None:  # an answer without a body (204)
+            return Response(status_code=status)
         errors = SCHEMAS.errors(schema, body)
         if errors:
             with self.state.lock:
@@ -252,6 +318,72 @@ class RunPodApp:
         registry = {"id": self.state.new_id(), **body}
         self.state.registries[registry["id"]] = registry
         return 201, "Registry", public(registry)
+
+    # --- pods ---
+
+    def list_pods(self, request: Request, body: None) -> tuple[int, str, Any]:
+        return 200, "ListPodsResponse", {"pods": list(self.state.pods.values())}
+
+    def get_pod(self, request: Request, body: None) -> tuple[int, str, Any]:
+        pod = self.pod(request)
+        if pod["status"] in NEXT_STATUS:  # provisioning moves on as it is watched
+            self.moved(pod, NEXT_STATUS[pod["status"]])
+        return 200, "Pod", pod
+
+    def create_pod(self, request: Request, body: dict[str, Any]) -> tuple[int, str, Any]:
+        if "gpu" not in body:
+            raise Problem(400, "exactly one of gpu or cpu must be set (this stand-in places GPU pods only)")
+        template = None
+        if "templateId" in body:
+            template = self.state.template(body["templateId"])  # 404 when unknown, as the spec says
+        elif "image" not in body:
+            raise Problem(400, "image is required unless templateId is set")
+        gpu = body["gpu"]["id"]
+        cuda = self.state.host_cuda.get(gpu, DEFAULT_CUDA)
+        allowed = body["gpu"].get("allowedCudaVersions") or (template or {}).get("allowedCudaVersions") or []
+        if gpu in self.state.out_of_stock or (allowed and cuda not in allowed):
+            raise Problem(400, NO_CAPACITY)
+        for volume in (body.get("mounts") or {}).get("network", []):
+            if volume["volumeId"] not in self.state.volumes:
+                raise Problem(400, f"network volume {volume['volumeId']} not found")
+        pod_id, self.state.next_pod_id = self.state.next_pod_id or self.state.new_id(), None
+        self.state.pods[pod_id] = pod = new_pod(pod_id, body, template, cuda)
+        self.state.on_pod(pod_id, "PROVISIONING")
+        return 201, "Pod", pod
+
+    def pod_action(self, request: Request, body: dict[str, Any]) -> tuple[int, str | None, Any]:
+        pod, action = self.pod(request), body["action"]
+        if action not in pod["actions"]:
+            raise Problem(409, f"cannot {action} a pod that is {pod['status']}")
+        if action == "terminate":
+            return self.delete_pod(request, None)
+        if action == "start" and pod["id"] in self.state.host_taken:
+            raise Problem(400, HOST_TAKEN)
+        self.moved(pod, {"stop": "EXITED", "start": "RUNNING", "restart": "RUNNING"}[action])
+        return 200, "Pod", pod
+
+    def delete_pod(self, request: Request, body: None) -> tuple[int, str | None, Any]:
+        pod = self.pod(request)
+        del self.state.pods[pod["id"]]
+        self.state.on_pod(pod["id"], "TERMINATED")
+        return 204, None, None
+
+    def pod(self, request: Request) -> dict[str, Any]:
+        pod = self.state.pods.get(request.path_params["id"])
+        if pod is None:
+            raise Problem(404, "pod not found")
+        return pod
+
+    def moved(self, pod: dict[str, Any], status: str) -> None:
+        pod["status"], pod["actions"] = status, ACTIONS[status]
+        running = status == "RUNNING"
+        pod["runtime"] = {"uptime": 0, "gpus": [{"util": 0, "memoryUtil": 0}]} if running else None
+        pod["startedAt"] = now() if running else pod["startedAt"]
+        pod["cost"] = GPU_PRICES.get(pod["gpu"]["id"], 0.5) if status != "EXITED" else 0.0
+        self.state.on_pod(pod["id"], status)
+
+    def list_volumes(self, request: Request, body: None) -> tuple[int, str, Any]:
+        return 200, "ListNetworkVolumesResponse", {"networkVolumes": list(self.state.volumes.values())}
 
 
 def parsed(raw: bytes, schema: str | None) -> Any:
@@ -337,6 +469,20 @@ class RunPodServer:
             template = new_template(self.state.new_id(), body)
             self.state.templates[template["id"]] = template
             return template["id"]
+
+    def add_volume(self, name: str, size: int = 200, data_center: str = "EU-RO-1") -> str:
+        """A network volume of the account (made in the console)."""
+        with self.state.lock:
+            volume_id = self.state.new_id()
+            self.state.volumes[volume_id] = {
+                "id": volume_id, "name": name, "size": size, "dataCenter": data_center, "type": "STANDARD"
+            }  # fmt: skip
+            return volume_id
+
+    @property
+    def pods(self) -> list[dict[str, Any]]:
+        with self.state.lock:
+            return json.loads(json.dumps(list(self.state.pods.values())))
 
     def edit_template(self, template_id: str, **changes: Any) -> None:
         """Changes a stored template directly (as a person would in the console)."""

@@ -1,0 +1,339 @@
+"""`python -m runtime pod up|watch|status|stop|start|down`: the user's pods on RunPod, from the template
+build.py saved to a pod that serves Claude Code, without RunPod's console.
+
+`up` creates the pod from the template (the GPU types in the user's order of preference, the next one
+tried on a capacity refusal), then watches it boot: the pod's Hub log as it comes, then its `/health`
+through RunPod's proxy until the model is served, and ends with what `runtime connect` prints. Ctrl-C
+or `--timeout` stops the watching, never the pod. Every failure is one line. `RUNPOD_API_KEY` is the
+key; `RUNPOD_API_URL` and `RUNPOD_PROXY_URL` (a pattern with `{pod_id}` and `{port}`) point elsewhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import httpx
+
+from runtime.client import USER_AGENT, pod_key
+from runtime.connect import EndpointError, check_endpoint, print_environment
+from runtime.health import serves_model
+from runtime.runpod import KEY_VARIABLE, RunPodClient, RunPodError
+
+PROXY_URL_VARIABLE = "RUNPOD_PROXY_URL"
+PROXY_URL = "https://{pod_id}-{port}.proxy.runpod.net"  # RunPod's HTTPS proxy in front of a pod's `N/http` port
+BRIDGE_PORT = 8080
+VOLUME_PATH = "/workspace"  # where the runtime looks for the volume (VL_VOLUME's default)
+CUDA_VERSIONS = ["13.0"]  # the images' CUDA; a template's own allowedCudaVersions win
+# A target's GPUs, the best buy first (the field notes: the RTX 6000 Ada's 48 GB hold the 30B recipes).
+DEFAULT_GPUS = {
+    "sm89": ["NVIDIA RTX 6000 Ada Generation", "NVIDIA L40S", "NVIDIA L40", "NVIDIA GeForce RTX 4090"],
+    "sm120": ["NVIDIA RTX PRO 6000 Blackwell Server Edition", "NVIDIA GeForce RTX 5090"],
+}
+POLL_S = 5.0
+LOG_LINE_CHARS = 300
+QUIET_PROGRESS_S = 30.0  # without a terminal, a progress line at most this often unless the state changes
+HEALTH_TIMEOUT_S = 10.0
+HOST_TAKEN = "not enough free GPUs"  # RunPod's words when a stopped pod's host has been rented again
+GONE = ("EXITED", "ERROR", "TERMINATED")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    up = actions.add_parser("up", help="create a pod from a template and watch it boot")
+    up.add_argument("--template", required=True, help="the template's name or id (build.py --runpod prints both)")
+    up.add_argument("--gpu", action="append", default=[], help="a GPU type, in order of preference; repeatable")
+    volume = up.add_mutually_exclusive_group()
+    volume.add_argument("--volume", metavar="NAME", help="a network volume of yours, mounted at /workspace")
+    volume.add_argument("--volume-gb", type=int, metavar="GB", help="a new volume on the pod's host (>= 10 GB)")
+    up.add_argument("--cloud", choices=("secure", "community"), default="secure")
+    up.add_argument("--name", help="the pod's name (default: the template's target, e.g. vllm-pod-sm89)")
+    watching(up)
+    watching(actions.add_parser("watch", help="watch a pod boot until it serves")).add_argument("pod")
+    watching(actions.add_parser("start", help="start a stopped pod and watch it boot")).add_argument("pod")
+    status = actions.add_parser("status", help="one line per pod of ours: GPU, state, cost, uptime, URL, health")
+    status.add_argument("pod", nargs="?")
+    actions.add_parser("stop", help="stop a pod (its volume stays)").add_argument("pod")
+    down = actions.add_parser("down", help="delete a pod, after saying what goes with it")
+    down.add_argument("pod")
+    down.add_argument("--yes", action="store_true", help="do not ask (needed without a terminal)")
+
+
+def watching(command: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The options of a command that watches a boot and ends with a check through the pod's bridge."""
+    command.add_argument("--key", help="one of the pod's VL_API_KEYS (default: $ANTHROPIC_API_KEY, ...)")
+    command.add_argument("--timeout", type=float, default=30.0, metavar="MIN", help="stop watching after MIN")
+    return command
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        with RunPodClient(os.environ.get(KEY_VARIABLE, "")) as api:
+            return COMMANDS[args.action](Pods(api), args)
+    except (RunPodError, EndpointError) as error:
+        print(f"pod: {error}", file=sys.stderr)
+        return 1
+
+
+class Pods:
+    """The account's pods and what they are made from, through the API; a line per step on stdout."""
+
+    def __init__(self, api: RunPodClient) -> None:
+        self.api = api
+
+    def get(self, pod_id: str) -> dict[str, Any]:
+        return self.api.call("GET", f"/v2/pods/{pod_id}", f"read the pod {pod_id}")
+
+    def all(self) -> list[dict[str, Any]]:
+        return self.api.call("GET", "/v2/pods", "list your pods", expect="pods")["pods"]
+
+    def act(self, pod_id: str, action: str) -> None:
+        self.api.call("POST", f"/v2/pods/{pod_id}/action", f"{action} the pod {pod_id}", {"action": action}, None)
+
+    def template(self, name_or_id: str) -> dict[str, Any]:
+        templates = self.api.call("GET", "/v2/templates", "list your templates", expect="templates")["templates"]
+        found = [t for t in templates if name_or_id in (t["id"], t["name"])]
+        if len(found) != 1:
+            names = ", ".join(repr(t["name"]) for t in templates) or "none"
+            raise RunPodError(f"{len(found) or 'no'} template(s) named {name_or_id!r} (yours: {names}): "
+                              "pass one name or id (build.py --runpod saves one)")  # fmt: skip
+        return found[0]
+
+    def volume(self, name: str) -> dict[str, Any]:
+        volumes = self.api.call("GET", "/v2/network-volumes", "list your network volumes", expect="networkVolumes")
+        found = [v for v in volumes["networkVolumes"] if name in (v["id"], v["name"])]
+        if len(found) != 1:
+            names = ", ".join(repr(v["name"]) for v in volumes["networkVolumes"]) or "none"
+            raise RunPodError(f"{len(found) or 'no'} network volume(s) named {name!r} (yours: {names})")
+        return found[0]
+
+
+# --- up, watch, start ------------------------------------------------------------------------------
+
+
+def up(pods: Pods, args: argparse.Namespace) -> int:
+    template = pods.template(args.template)
+    target = next((t for t in DEFAULT_GPUS if f" {t} " in f" {template['name']} "), None)
+    gpus = args.gpu or DEFAULT_GPUS.get(target or "", [])
+    if not gpus:
+        raise RunPodError(f"which GPU? pass --gpu TYPE (the template {template['name']!r} names no target)")
+    cuda = template.get("allowedCudaVersions") or CUDA_VERSIONS
+    body: dict[str, Any] = {"name": args.name or f"vllm-pod-{target or 'pod'}", "templateId": template["id"],
+                            "cloud": args.cloud.upper()}  # fmt: skip
+    if args.volume:
+        volume = pods.volume(args.volume)  # a network volume lives in one data centre: the pod must too
+        body |= {"mounts": {"network": [{"volumeId": volume["id"], "path": VOLUME_PATH}]},
+                 "dataCenterIds": [volume["dataCenter"]]}  # fmt: skip
+    elif args.volume_gb:
+        body["mounts"] = {"persistent": {"size": args.volume_gb, "path": VOLUME_PATH}}
+    pod = place(pods, body, gpus, cuda)
+    print(f"pod {pod['id']} ({pod['name']}): {pod['gpu']['id']}, ${pod['cost']:.2f}/h, {pod['status']}", flush=True)
+    host = pod.get("cudaVersion")
+    if host and host.split(".")[0] != cuda[0].split(".")[0]:
+        print(f"pod: warning: its host reports CUDA {host}, the image needs {', '.join(cuda)}: it will say so "
+              f"and stop (python -m runtime pod down {pod['id']})", file=sys.stderr)  # fmt: skip
+    return watch_boot(pods, pod["id"], args, template.get("env") or {})
+
+
+def place(pods: Pods, body: dict[str, Any], gpus: list[str], cuda: list[str]) -> dict[str, Any]:
+    """The pod created on the first GPU type RunPod can place it on; one line listing what was tried."""
+    tried = []
+    for gpu in gpus:
+        try:
+            return pods.api.call("POST", "/v2/pods", f"create a pod on {gpu}",
+                                 {**body, "gpu": {"id": gpu, "count": 1, "allowedCudaVersions": cuda}})  # fmt: skip
+        except RunPodError as error:
+            if error.status not in (400, 403):  # 400: no capacity (or a rule), 403: not this pool; else stop
+                raise
+            tried.append(f"{gpu} ({error.detail or error.status})")
+            print(f"pod: {gpu}: refused ({error.detail or error.status}); trying the next", file=sys.stderr)
+    raise RunPodError(f"no pod could be placed, tried: {'; '.join(tried)}: try other --gpu types, "
+                      "--cloud community, or later")  # fmt: skip
+
+
+def watch(pods: Pods, args: argparse.Namespace) -> int:
+    return watch_boot(pods, args.pod, args, pods.get(args.pod).get("env") or {})
+
+
+def start(pods: Pods, args: argparse.Namespace) -> int:
+    pod = pods.get(args.pod)
+    try:
+        pods.act(args.pod, "start")
+    except RunPodError as error:
+        if HOST_TAKEN not in error.detail:
+            raise
+        raise RunPodError(f"{args.pod} cannot start: {restart_advice(pod)}") from None
+    return watch_boot(pods, args.pod, args, pod.get("env") or {})
+
+
+def restart_advice(pod: Mapping[str, Any]) -> str:
+    """What to do with a stopped pod whose host's GPUs are rented again."""
+    network = (pod.get("mounts") or {}).get("network")
+    if network:
+        return (f"its host's GPUs are rented to someone else; its network volume keeps the weights: "
+                f"python -m runtime pod down {pod['id']} --yes, then pod up --template ... --volume {network[0]['volumeId']}")  # fmt: skip
+    return (f"its host's GPUs are rented to someone else, and its volume lives on that host: try again later, or "
+            f"python -m runtime pod down {pod['id']} --yes and pod up again (the weights download again)")  # fmt: skip
+
+
+def proxy_url(pod_id: str, port: int = BRIDGE_PORT) -> str:
+    return (os.environ.get(PROXY_URL_VARIABLE) or PROXY_URL).format(pod_id=pod_id, port=port).rstrip("/")
+
+
+def watch_boot(pods: Pods, pod_id: str, args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    """Watch the pod until its bridge serves the model, then print Claude Code's environment."""
+    url, key = proxy_url(pod_id), pod_key(args.key)
+    log, line = boot_log(pod_id, env), LiveLine()
+    started, last = time.monotonic(), ""
+    try:
+        while True:
+            status = pods.get(pod_id)["status"]
+            for text in log():
+                line.say(text)
+                last = text
+            if status in GONE:
+                raise RunPodError(f"pod {pod_id} is {status}: its log above says why (python -m runtime pod "
+                                  f"status {pod_id}; pod start {pod_id} to try again)")  # fmt: skip
+            if status == "RUNNING" and serves(url):
+                break
+            elapsed = time.monotonic() - started
+            line.show(f"{status} {int(elapsed) // 60:02d}:{int(elapsed) % 60:02d}" + (f" | {last}" if last else ""))
+            if elapsed > args.timeout * 60:
+                line.end()
+                print(f"pod: {pod_id} is not serving after {args.timeout:g} min; it keeps running: "
+                      f"python -m runtime pod watch {pod_id}", file=sys.stderr)  # fmt: skip
+                return 1
+            time.sleep(POLL_S)  # RunPod has no notification of a change: poll it
+    except KeyboardInterrupt:
+        line.end()
+        print(f"pod: stopped watching; {pod_id} keeps running: python -m runtime pod watch {pod_id}", file=sys.stderr)
+        return 130
+    line.end()
+    print(f"pod {pod_id} serves after {time.monotonic() - started:.0f} s", flush=True)
+    print_environment(check_endpoint(url, key or "x"))
+    return 0
+
+
+def boot_log(pod_id: str, env: Mapping[str, str]) -> Callable[[], list[str]]:
+    """The pod's new Hub log lines at each call (the same reader as `runtime logs --follow`), or none
+    when its template names no VL_LOG_REPO or the log cannot be read yet."""
+    repo_spec = env.get("VL_LOG_REPO", "")
+    if not repo_spec or "{{" in repo_spec:
+        return lambda: []
+    from runtime.hub.logpublish import log_path
+    from runtime.hub.logtail import Fatal, LogFollower, Waiting
+    from runtime.hub.repo import HubRepo
+
+    follower = LogFollower(HubRepo.parse(repo_spec, endpoint=os.environ.get("HF_ENDPOINT") or None), log_path(pod_id))
+
+    def new_lines() -> list[str]:
+        try:
+            return follower.poll()
+        except (Waiting, Fatal):  # not published yet, or not readable: the proxy's answer still decides
+            return []
+
+    return new_lines
+
+
+def serves(url: str) -> bool:
+    try:
+        response = httpx.get(f"{url}/health", headers={"user-agent": USER_AGENT}, timeout=HEALTH_TIMEOUT_S)
+    except httpx.HTTPError:
+        return False
+    return serves_model(response.status_code, response.content)
+
+
+class LiveLine:
+    """One progress line redrawn in place on a terminal (log lines print above it); elsewhere a line when
+    the pod's state changes, and now and then."""
+
+    def __init__(self) -> None:
+        self.live, self.shown, self.state, self.printed_at = sys.stdout.isatty(), "", "", 0.0
+
+    def show(self, text: str) -> None:
+        """`text` starts with the pod's state (RUNNING 01:23 | the last log line)."""
+        state = text.split(maxsplit=1)[0]
+        if self.live:
+            sys.stdout.write("\r\033[K" + text[:200])
+        elif state != self.state or time.monotonic() - self.printed_at >= QUIET_PROGRESS_S:
+            sys.stdout.write(text[:300] + "\n")
+            self.printed_at = time.monotonic()
+        self.shown, self.state = text, state
+        sys.stdout.flush()
+
+    def say(self, text: str) -> None:
+        """A line of the pod's log, above the progress line (cut: vLLM logs its whole config on one)."""
+        shown = text if len(text) <= LOG_LINE_CHARS else f"{text[:LOG_LINE_CHARS]}..."
+        sys.stdout.write(("\r\033[K" if self.live else "") + f"  | {shown}\n")
+        if self.live and self.shown:
+            sys.stdout.write(self.shown[:200])
+        sys.stdout.flush()
+
+    def end(self) -> None:
+        if self.live and self.shown:
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+
+
+# --- status, stop, down ----------------------------------------------------------------------------
+
+
+def status(pods: Pods, args: argparse.Namespace) -> int:
+    chosen = [pods.get(args.pod)] if args.pod else [p for p in pods.all() if is_ours(p)]
+    if not chosen:
+        print("no pod of ours (python -m runtime pod up --template ... makes one)")
+        return 0
+    rows = [("id", "GPU", "state", "$/h", "uptime", "URL", "serves")]
+    for pod in chosen:
+        url = proxy_url(pod["id"])
+        uptime = (pod.get("runtime") or {}).get("uptime")
+        health = ("yes" if serves(url) else "no") if pod["status"] == "RUNNING" else "-"  # no key needed
+        rows.append((pod["id"], (pod.get("gpu") or {}).get("id", "-"), pod["status"], f"{pod['cost']:.2f}",
+                     duration(uptime) if uptime is not None else "-", url, health))  # fmt: skip
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    return 0
+
+
+def is_ours(pod: Mapping[str, Any]) -> bool:
+    """A pod of this project: its environment holds our settings (a template of build.py's sets VL_MODEL)."""
+    return any(name.startswith("VL_") for name in pod.get("env") or {})
+
+
+def duration(seconds: int) -> str:
+    hours, minutes = divmod(seconds // 60, 60)
+    return f"{hours}h{minutes:02d}" if hours else f"{minutes}m"
+
+
+def stop(pods: Pods, args: argparse.Namespace) -> int:
+    pods.act(args.pod, "stop")
+    print(f"stopped {args.pod}: its GPU is released and billing stops but for its volume; the container disk "
+          f"is lost (anything outside {VOLUME_PATH}), the volume keeps the weights and compile caches "
+          f"(python -m runtime pod start {args.pod})")  # fmt: skip
+    return 0
+
+
+def down(pods: Pods, args: argparse.Namespace) -> int:
+    pod = pods.get(args.pod)
+    network = bool((pod.get("mounts") or {}).get("network"))
+    goes = "its container disk goes; its network volume stays" if network else "its container disk and its volume go"
+    what = f"pod {pod['id']} ({pod['name']}, {(pod.get('gpu') or {}).get('id', '-')}, {pod['status']}): {goes}"
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise RunPodError(f"deleting {what}: pass --yes to confirm (no terminal to ask)")
+        if input(f"delete {what}. Delete it? [y/N] ").strip().lower() not in ("y", "yes"):
+            print("kept")
+            return 1
+    pods.api.call("DELETE", f"/v2/pods/{pod['id']}", f"delete the pod {pod['id']}", expect=None)
+    print(f"deleted {what}")
+    return 0
+
+
+COMMANDS: dict[str, Callable[[Pods, argparse.Namespace], int]] = {
+    "up": up, "watch": watch, "status": status, "stop": stop, "start": start, "down": down,
+}  # fmt: skip
