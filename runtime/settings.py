@@ -493,6 +493,12 @@ VARIABLES: tuple[Variable, ...] = (
     _var("VL_CUDA_COMPAT", "auto", choice("auto", "on", "off"), one_of("auto", "on", "off"), P,
          "CUDA forward compatibility (`/usr/local/cuda/compat`): auto = only when the host driver is older "
          "than the image's CUDA and the GPU is data-center class (elsewhere error 804; over a newer driver, 803)."),
+    _var("VL_IDLE_STOP_MIN", "", decimal(0.5, 10080.0, optional=True), "a number of minutes in 0.5..10080, or empty", P,
+         "No request served for this long: the pod says so in its Hub log, then stops itself through RunPod's API "
+         "(its volume stays; the GPU's billing ends); empty = never. Needs RunPod's RUNPOD_POD_ID and RUNPOD_API_KEY."),
+    _var("VL_MAX_SPEND", "", decimal(0.01, 100000.0, optional=True), "a number of dollars in 0.01..100000, or empty", P,
+         "With VL_COST_PER_HOUR: once this start of the pod has cost this much, it says so and stops itself; "
+         "empty = no cap. Needs RunPod's RUNPOD_POD_ID and RUNPOD_API_KEY."),
     _var("VL_STATE_DIR", "/var/lib/vlpod", local_path, ABSOLUTE_DIRECTORY, P, "Where the runtime keeps its logs and state."),
     _var("VL_VOLUME", "/workspace", local_path, ABSOLUTE_DIRECTORY, P,
          "The pod's volume (RunPod mounts it at /workspace): when it is a mount point, VL_CACHE_DIR defaults to a folder on it."),
@@ -561,6 +567,8 @@ class Settings:
     config_file: str
     config_poll_s: float
     cuda_compat: str
+    idle_stop_min: float | None
+    max_spend: float | None
     state_dir: str
     volume: str
     cache_dir: str | None

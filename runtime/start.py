@@ -19,6 +19,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,7 @@ from runtime.engine.weights import WeightsError
 from runtime.gpu import GpuError, inspect_gpu
 from runtime.health import Answers200, engine_generates, health_url
 from runtime.logfiles import BRIDGE, ENGINE, SSHD, log_file
+from runtime.selfstop import SelfStop
 from runtime.settings import Scope, Settings, SettingsError, load_settings, unknown_settings
 from runtime.settingsfile import FileRefused, SettingsFile, settings_with_file
 from runtime.sshd import SshdLayout, prepare_sshd
@@ -256,6 +258,7 @@ class Pod:
         self.bridge_health = BRIDGE_HEALTH(self.bridge_probe)
         self.stopping = asyncio.Event()
         self.changes: asyncio.Queue[SettingsFile] = asyncio.Queue()
+        self.self_stop = SelfStop.from_settings(settings, environ)  # VL_IDLE_STOP_MIN, VL_MAX_SPEND
 
     def prepare(self) -> None:
         """Everything before vLLM's launch: the GPU, the engine (installed unless prebaked), the weights."""
@@ -277,6 +280,7 @@ class Pod:
         self.loop = asyncio.get_running_loop()
         self.catch_signals()  # before any launch: a SIGTERM must never leave a child behind
         applying = asyncio.create_task(self.apply_changes())
+        budget = asyncio.create_task(self.stop_when_due(self.self_stop)) if self.self_stop else None
         try:
             self.supervisor.start(self.engine_spec(self.command))
             log.info("vLLM launched %.2f s after the process started", seconds_since_process_start())
@@ -290,6 +294,8 @@ class Pod:
             log.info("stopping: SIGTERM to every child, SIGKILL after %.0f s", self.supervisor.grace_s)
         finally:
             applying.cancel()
+            if budget is not None:
+                budget.cancel()
             if self.hub.remote is not None:
                 self.hub.remote.stop(timeout_s=1.0)
             await self.supervisor.stop()
@@ -327,6 +333,30 @@ class Pod:
             return
         if argv is not None:
             self.supervisor.start(ChildSpec(SSHD, argv, dict(self.environ)))
+
+    async def stop_when_due(self, stopper: SelfStop) -> None:
+        """VL_IDLE_STOP_MIN and VL_MAX_SPEND: the reason said in the Hub log first, then RunPod stops the pod
+        (and sends SIGTERM); a refused stop is said and tried again."""
+        from runtime.runpod import RunPodError  # httpx: not on the light path to vLLM's launch
+
+        while True:
+            await asyncio.sleep(stopper.check_s)  # a periodic look at the clock and the activity file
+            reason = stopper.reason(time.time(), self.settings.cost_per_hour)
+            if reason is None:
+                continue
+            line = f"stopping this pod: {reason}"
+            log.warning("%s", line)
+            if self.hub.log is not None:
+                await asyncio.to_thread(self.hub.log.publish_and_wait, line, HUB_LAST_WORDS_S)
+            try:
+                await asyncio.to_thread(stopper.stop)
+            except RunPodError as error:
+                refusal = f"could not stop this pod: {error}; trying again in {stopper.check_s:g} s"
+                log.error("%s", refusal)
+                self.hub.tell(refusal)
+                continue
+            log.info("RunPod is stopping this pod")
+            return
 
     # --- live reconfiguration ---
 

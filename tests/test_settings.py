@@ -138,7 +138,7 @@ SAMPLES = {
     "VL_BATCHED": "8192", "VL_SEQS": "8", "VL_SPEC_N": "3", "VL_LOOK_MIN": "3", "VL_LOOK_MAX": "8", "VL_TP": "2",
     "VL_ASYNC": "on", "VL_ATTN": "FLASH_ATTN", "VL_ALIASES": "sonnet", "VL_EXTRA_ARGS": "--enforce-eager",
     "VL_API_KEYS": "team:key-0123456789abcdef", "VL_ALLOWED_HOSTS": "pod.example.com", "VL_LOG_REPO": "owner/pod-logs", "VL_CONFIG_REPO": "owner/pod-config",
-    "VL_KEY_CONCURRENCY": "4", "VL_CACHE_DIR": "/workspace/caches",
+    "VL_KEY_CONCURRENCY": "4", "VL_CACHE_DIR": "/workspace/caches", "VL_IDLE_STOP_MIN": "30", "VL_MAX_SPEND": "20",
 }  # fmt: skip
 INJECTION = "\nPasswordAuthentication yes"  # what a newline did to sshd_config through VL_LISTEN
 NON_FINITE = {"nan": "nan", "inf": "inf", "-inf": "-Infinity", "overflow": "1e999", "10 kB of digits": "9" * 10_240}

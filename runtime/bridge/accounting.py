@@ -9,6 +9,7 @@ from typing import Any
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from runtime.activity import Activity
 from runtime.bridge.errors import error_type
 from runtime.bridge.metrics import Metrics
 from runtime.bridge.usage import Usage
@@ -28,11 +29,14 @@ class Accounting:
     Handlers fill `scope["state"]["trace"]` (model, tokens, TTFT, stop reason, error type).
     """
 
-    def __init__(self, app: ASGIApp, metrics: Metrics, usage: Usage, routes: frozenset[str]) -> None:
+    def __init__(
+        self, app: ASGIApp, metrics: Metrics, usage: Usage, routes: frozenset[str], activity: Activity | None = None
+    ) -> None:
         self.app = app
         self.metrics = metrics
         self.usage = usage
         self.routes = routes
+        self.activity = activity
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -42,17 +46,28 @@ class Accounting:
         trace: dict[str, Any] = {}
         scope.setdefault("state", {})["trace"] = trace
         status = 0
+        serving = False  # a request of a known key, past its answer's start: what idleness is measured by
 
         async def sending(message: Message) -> None:
-            nonlocal status
+            nonlocal status, serving
             if message["type"] == "http.response.start":
                 status = message["status"]
+                serving = self.served_a_client(scope)
+                if serving and self.activity is not None:
+                    self.activity.began()
             await send(message)
 
         try:
             await self.app(scope, receive, sending)
         finally:
+            if serving and self.activity is not None:
+                self.activity.ended()
             self.account(scope, trace, status, time.monotonic() - started)
+
+    @staticmethod
+    def served_a_client(scope: Scope) -> bool:
+        """A request that keeps a pod busy: not the pod's own polling, nor a stranger refused at the door."""
+        return scope["path"] not in QUIET_ROUTES and scope["state"].get("key", UNIDENTIFIED) != UNIDENTIFIED
 
     def account(self, scope: Scope, trace: dict[str, Any], status: int, duration: float) -> None:
         path = scope["path"]

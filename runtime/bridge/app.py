@@ -136,11 +136,13 @@ def create_app(bridge: Bridge) -> Starlette:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         watcher = asyncio.create_task(bridge.catalog.watch(bridge.upstream))
         sampler = asyncio.create_task(bridge.telemetry.run())  # the one task that asks nvidia-smi
+        heartbeat = asyncio.create_task(bridge.activity.keep_fresh())
         try:
             yield
         finally:
             watcher.cancel()
             sampler.cancel()
+            heartbeat.cancel()
             await bridge.upstream.aclose()
 
     routes = Api(bridge).routes()
@@ -148,7 +150,11 @@ def create_app(bridge: Bridge) -> Starlette:
         routes=routes,
         middleware=[
             Middleware(
-                Accounting, metrics=bridge.metrics, usage=bridge.usage, routes=frozenset(route.path for route in routes)
+                Accounting,
+                metrics=bridge.metrics,
+                usage=bridge.usage,
+                routes=frozenset(route.path for route in routes),
+                activity=bridge.activity,
             ),
             Middleware(RequireKey, keys=bridge.keys, hosts=bridge.hosts),
             Middleware(KeyShare, cap=bridge.key_concurrency),

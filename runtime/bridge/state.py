@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from runtime.activity import Activity
 from runtime.bridge.auth import AllowedHosts, ApiKeys
 from runtime.bridge.metrics import Metrics
 from runtime.bridge.models import Catalog
@@ -40,6 +41,7 @@ class Bridge:
         self.usage = Usage()
         self.telemetry = GpuTelemetry(on_sample=self.metrics.show_gpus)  # sampling: create_app's lifespan
         self.engine_log = log_file(Path(settings.state_dir), ENGINE)
+        self.activity = Activity(Path(settings.state_dir))  # what VL_IDLE_STOP_MIN measures
         facts = read_image_facts(Path(settings.prebaked_marker))
         self.image = public_facts(facts) if facts is not None else None
         self.cost_per_hour: float | None = settings.cost_per_hour

@@ -78,6 +78,7 @@ class LogPublisher:
         self.stats = PublisherStats()
         self._lock = threading.Lock()
         self._wake = threading.Event()
+        self._uploaded = threading.Condition()  # notified at each commit: publish_and_wait's signal
         self._notes: deque[str] = deque(maxlen=NOTES_KEPT)
         self._requested = self._closing = False
         self._thread: threading.Thread | None = None
@@ -115,6 +116,16 @@ class LogPublisher:
                 self._notes.append(f"{utc_now()} {clipped}")
             self._requested = True
         self._wake.set()
+
+    def publish_and_wait(self, message: str, timeout_s: float) -> bool:
+        """`publish_now(message)`, then wait (at most `timeout_s`) until the Hub has a text that holds it: the
+        last word before the pod stops itself. False without a running publisher, or when the Hub was late."""
+        if self.repo is None or self._thread is None:
+            return False
+        with self._uploaded:
+            before = self.stats.commits
+            self.publish_now(message)
+            return self._uploaded.wait_for(lambda: self.stats.commits > before, timeout_s)
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Stops the thread after one last attempt at a pending `publish_now`; waits at most `timeout_s`."""
@@ -189,6 +200,8 @@ class LogPublisher:
             log.warning("could not publish the log to %s (%s); retrying later", self.repo, self.stats.last_error)
             return False
         self.budget.spend()
-        self.stats.commits += 1
         self._published = text
+        with self._uploaded:
+            self.stats.commits += 1
+            self._uploaded.notify_all()
         return True
