@@ -11,20 +11,25 @@ Slow: marked `docker`, run in .ci/run's image step.
 from __future__ import annotations
 
 import os
+import secrets
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from space.engine import wheel_sources
 from tests.support.docker_engine import HostPip, private_engine
+from tests.support.environ import outer_environ
 from tests.support.hub_server import HubServer
 from tests.support.images import Engine, report, run_build_py, wait_for_status_page
+from tests.support.net import free_port
 from tests.support.registry import LocalRegistry
-from tests.support.repo_copy import copy_repo
+from tests.support.repo_copy import ROOT, copy_repo
+from tests.support.runpod_server import RunPodServer
 from tests.support.space_builder import SpaceBuilder
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(3600)]
@@ -49,10 +54,12 @@ def hub(image_engine: Engine, image_base: str, cpu_image: str, registry: LocalRe
         yield server
 
 
-def push(repo: Path, hub: HubServer, registry: LocalRegistry, *extra: str) -> subprocess.CompletedProcess[str]:
+def push(
+    repo: Path, hub: HubServer, registry: LocalRegistry, *extra: str, extra_env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     pip = HostPip.from_environ()
     ca = ["--ca-cert", pip.ca_cert] if pip.ca_cert else []
-    env = {**os.environ, **hub.env(), "HF_HOME": str(repo / ".hf-home")}
+    env = {**os.environ, **hub.env(), "HF_HOME": str(repo / ".hf-home"), **(extra_env or {})}
     return subprocess.run(
         [sys.executable, "build.py", "--arch", "cpu", "--push", "--space-registry", registry.host, *ca, *extra],
         cwd=repo,
@@ -179,3 +186,74 @@ def test_registry_builds_locally_and_pushes_every_layer(
     digest = registry.manifest("acme/vllm-pod", "cpu")["_digest"]
     assert digest and f'"image": "{reference}:cpu@{digest}"' in result.stdout, "the template pins what was built"
     assert f"RunPod template 'vllm-pod cpu {reference}'" in result.stdout
+
+
+def test_the_whole_journey_push_runpod_template_pod_up_and_down(
+    published: subprocess.CompletedProcess[str],
+    hub: HubServer,
+    registry: LocalRegistry,
+    repo: Path,
+    image_engine: Engine,
+    runpod_server: RunPodServer,
+    request: pytest.FixtureRequest,
+) -> None:
+    """What a user runs, against the stand-ins: `--push --runpod` (the image is built: it saves the template),
+    then `runtime pod up`, whose pod RunPod's machine plays by running that template's image from the registry
+    (its environment, RunPod's secrets substituted), then `pod down`."""
+    api_key, port = f"sk-journey-{secrets.token_hex(12)}", free_port()
+    containers: dict[str, Any] = {}
+
+    def machine(pod_id: str, status: str) -> None:
+        pod = runpod_server.state.pods.get(pod_id)
+        if status == "PROVISIONING" and pod is not None:
+            account = {"HF_TOKEN": hub.write_token, "VL_API_KEYS": api_key}  # the RunPod secrets it names
+            environment = (
+                {name: account.get(name, value) for name, value in pod["env"].items()}
+                | hub.env(hub.write_token)
+                | {
+                    "RUNPOD_POD_ID": pod_id,
+                    "VL_MODEL": "tiny",
+                    "VL_LISTEN": "127.0.0.1",
+                    "VL_PORT": str(port),
+                    "VL_ENGINE_PORT": str(free_port()),
+                }
+            )
+            # As in test_image_pod: the host's network (the test Hub is on loopback), 1 GiB of shm for vLLM.
+            containers[pod_id] = image_engine[1].containers.run(
+                pod["image"], detach=True, network_mode="host", environment=environment, shm_size="1g"
+            )  # fmt: skip
+        elif status in ("EXITED", "TERMINATED") and pod_id in containers:
+            containers.pop(pod_id).remove(force=True)
+
+    runpod_server.state.on_pod = machine
+    env = {"RUNPOD_API_KEY": runpod_server.api_key, "RUNPOD_API_URL": runpod_server.url,
+           "HF_READ_TOKEN": hub.read_token}  # fmt: skip
+    started = time.monotonic()
+    saved = push(repo, hub, registry, "--runpod", extra_env=env)
+    report(request, f"build.py --push --runpod (built already): {time.monotonic() - started:.0f} s")
+    assert saved.returncode == 0, saved.stderr[-3000:]
+    (template,) = runpod_server.templates
+    assert template["env"]["VL_LOG_REPO"] == f"datasets/{HubServer.owner}/vllm-pod-logs"
+
+    pod_env = outer_environ("RUNPOD_", "ANTHROPIC_") | hub.env(hub.read_token) | env | {
+        "RUNPOD_PROXY_URL": f"http://127.0.0.1:{port}", "ANTHROPIC_API_KEY": api_key,
+    }  # fmt: skip
+    try:
+        started = time.monotonic()
+        up = subprocess.run(
+            [sys.executable, "-m", "runtime", "pod", "up", "--template", template["name"], "--gpu", "NVIDIA L40S"],
+            cwd=ROOT, env=pod_env, capture_output=True, text=True, timeout=1800,
+        )  # fmt: skip
+        report(request, f"runtime pod up → serving, the connect block printed: {time.monotonic() - started:.0f} s")
+        assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
+        assert any(line.startswith("  | ") and "vLLM launched" in line for line in up.stdout.splitlines())
+        assert f"export ANTHROPIC_BASE_URL=http://127.0.0.1:{port}" in up.stdout
+        (pod,) = runpod_server.pods
+        assert pod["image"] == f"{registry.host}/{IMAGE_NAME}:latest"
+        down = subprocess.run([sys.executable, "-m", "runtime", "pod", "down", pod["id"], "--yes"], cwd=ROOT,
+                              env=pod_env, capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert down.returncode == 0, down.stderr
+        assert runpod_server.pods == [] and not containers
+    finally:
+        for container in containers.values():
+            container.remove(force=True)
