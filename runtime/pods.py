@@ -229,12 +229,17 @@ def boot_log(pod_id: str, env: Mapping[str, str]) -> Callable[[], list[str]]:
     from runtime.hub.repo import HubRepo
 
     follower = LogFollower(HubRepo.parse(repo_spec, endpoint=os.environ.get("HF_ENDPOINT") or None), log_path(pod_id))
+    said = ""
 
     def new_lines() -> list[str]:
+        nonlocal said
         try:
             return follower.poll()
-        except (Waiting, Fatal):  # not published yet, or not readable: the proxy's answer still decides
-            return []
+        except (Waiting, Fatal) as reason:  # not published yet, or not readable: the proxy's answer still decides
+            if str(reason) == said:
+                return []
+            said = str(reason)
+            return [f"(its Hub log: {reason}; still watching)"]
 
     return new_lines
 
