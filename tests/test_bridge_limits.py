@@ -9,6 +9,7 @@ each test's own timeouts are only deadlines for what must happen long before the
 from __future__ import annotations
 
 import json
+import re
 import select
 import socket
 import sys
@@ -234,3 +235,20 @@ def test_a_request_that_meets_the_engines_keep_alive_expiry_is_not_lost(tmp_path
         upstream.wait_for_log("keep-alive expired: connection")
         response = httpx.post(f"{bridge.url}/tokenize", json=body, timeout=DEADLINE_S)
         assert response.status_code == 200, response.text
+
+
+def test_a_head_pipelined_after_a_large_body_is_not_counted_with_that_body(bridge: Process) -> None:
+    """The head counter once added everything a read held, the previous request's body too: a request
+    pipelined after a large body got a false 431 and a closed connection, the first answer lost."""
+    body = b"[" + b"0," * 60_000 + b"0]"  # 120 kB of JSON that is no message: a 400, no engine needed
+    first = b"POST /v1/messages HTTP/1.1\r\n" + HOST + b"content-type: application/json\r\n"
+    first += b"content-length: %d\r\n\r\n" % len(body)
+    health = b"GET /health HTTP/1.1\r\n" + HOST + b"\r\n"
+    with connect(bridge) as sock:
+        sock.sendall(first + body + health[:12])  # the next head begins in the read that ends the body
+        received = b""
+        while b"HTTP/1.1 " not in received and (data := read_some(sock)) is not None:
+            received += data  # the first answer: the read with the head's beginning was parsed
+        sock.sendall(health[12:])
+        received += answer_then_close(sock)  # the bridge closes the kept-alive connection after a second
+    assert re.findall(rb"HTTP/1\.1 (\d{3}) ", received) == [b"400", b"200"]  # each answer's status line

@@ -71,6 +71,7 @@ class GuardedHttp(HttpToolsProtocol):
         self.deadline = 0.0
         self.timer: asyncio.TimerHandle | None = None
         self.head_bytes = 0
+        self.head_began_in_read = False  # a pipelined head began after a body in the read being parsed
         self.refused = False  # answered by this protocol: nothing more is read
 
     # --- connections: a cap, and idle ones make room ---
@@ -130,9 +131,12 @@ class GuardedHttp(HttpToolsProtocol):
         if self.reading is None:  # the first bytes of a head
             self.start_clock("head", self.limits.head_timeout_s)
             self.become_idle()  # a request may follow: the last to make room
+        self.head_began_in_read = False
         super().data_received(data)
-        if self.reading == "head" and not self.transport.is_closing():
-            self.head_bytes += len(data)  # all of it: the head is still incomplete after this read
+        # The head is still incomplete after this read: count it, unless the head began after a body in it
+        # (the previous request's bytes are not this head's; its own are counted exactly once complete).
+        if self.reading == "head" and not self.transport.is_closing() and not self.head_began_in_read:
+            self.head_bytes += len(data)
             if self.head_bytes > MAX_HEAD_BYTES:
                 self.refuse(431, f"the request's head exceeds the bridge's limit of {MAX_HEAD_BYTES // 2**10} KiB")
 
@@ -143,6 +147,7 @@ class GuardedHttp(HttpToolsProtocol):
         self.scope.setdefault("extensions", {})[DROP] = {"drop": self.drop}
         if self.reading is None:  # a pipelined request, begun in the read that ended the one before
             self.start_clock("head", self.limits.head_timeout_s)
+            self.head_began_in_read = True
 
     def on_headers_complete(self) -> None:
         if self.refused:
