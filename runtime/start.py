@@ -25,8 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from runtime.engine.command import RUNTIME_ROOT, EngineCommand, prepare_engine
+from runtime.engine.command import RUNTIME_ROOT, EngineCommand
 from runtime.engine.install import InstallError, ensure_runtime, is_prebaked, runs_in_venv
+from runtime.engine.prepare import prepare_engine
 from runtime.engine.weights import WeightsError
 from runtime.gpu import GpuError, inspect_gpu
 from runtime.health import Answers200, engine_generates, health_url

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from runtime.engine.command import EngineCommand, engine_command, refuse_missing_requirements
+from runtime.engine.command import EngineCommand, engine_command
+from runtime.engine.prepare import refuse_missing_requirements
 from runtime.engine.recipes import Recipe, load_recipe, recipe_names
 from runtime.packages import read_versions
 from runtime.settings import BY_ENV, SettingsError, load_settings
@@ -237,7 +238,7 @@ def test_a_settings_change_that_touches_the_engine_changes_the_command():
 
 
 def test_prepare_engine_generates_the_tiny_model_once_when_the_image_does_not_bake_it(tmp_path):
-    from runtime.engine.command import prepare_engine
+    from runtime.engine.prepare import prepare_engine
 
     marker = tmp_path / ".image_prebaked"
     marker.write_text("{}")

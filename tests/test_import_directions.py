@@ -3,8 +3,8 @@ the source with `ast`, nothing imported: the bridge never imports the supervisor
 code; the build side imports nothing of the runtime but its standard-library leaves; no package imports
 the pod's entry points; the engine's helpers that run in vLLM's venv import nothing of ours; no cycles.
 
-Every import counts, those inside functions too; `if TYPE_CHECKING:` ones obey the same rules (a type is
-a dependency too) and are left out only of the cycle check, since they never run.
+Every import counts, those inside functions and those `if TYPE_CHECKING:` too (a type is a dependency,
+and an import deferred into a function is a circle all the same), in the cycle check as in the rest.
 """
 
 from __future__ import annotations
@@ -133,12 +133,12 @@ def test_what_runs_in_the_engines_venv_imports_nothing_of_ours() -> None:
 
 
 def test_no_import_cycles_among_runtime_modules() -> None:
-    """Imports that run when a module loads (module level, not for types only) form no cycle; an import of
-    a module's own enclosing package does not count (Python has begun that package already)."""
+    """No imports form a cycle, wherever they stand (in a function, for types only); an import of a module's
+    own enclosing package does not count (Python has begun that package already)."""
     graph: dict[str, set[str]] = {}
     for i in IMPORTS:
         importer = module_name(ROOT / i.source)
-        if i.in_function or i.for_types or not within(importer, ("runtime",)) or importer.startswith(i.target + "."):
+        if not within(importer, ("runtime",)) or importer.startswith(i.target + "."):
             continue
         graph.setdefault(importer, set()).add(i.target)
     cycles = {" → ".join(cycle) for start in graph for cycle in cycles_from(start, graph)}

@@ -68,7 +68,7 @@ class MessagesExchange(WatchedAnswer):
     """The ASGI response for one `/v1/messages` request; records its outcome in `trace`."""
 
     def __init__(self, bridge: Bridge, request: MessagesRequest, body_size: int, trace: dict[str, Any]) -> None:
-        self.bridge = bridge
+        self.bridge, self.stall_s = bridge, bridge.stall_s
         self.request = request
         self.body_size = body_size
         self.trace = trace

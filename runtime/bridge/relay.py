@@ -47,7 +47,7 @@ class Relay(WatchedAnswer):
     """The ASGI response relaying one request to `path` upstream; records usage in `trace`."""
 
     def __init__(self, bridge: Bridge, request: Request, body: bytes | None = None, stream: bool = False) -> None:
-        self.bridge, self.body, self.stream = bridge, body, stream
+        self.bridge, self.body, self.stream, self.stall_s = bridge, body, stream, bridge.stall_s
         self.method, self.path, self.trace = request.method, request.url.path, request.state.trace
         self.headers = {"content-type": "application/json"} if body is not None else {}
         # vLLM names the generation after it, and the bridge aborts it by that name. Never the client's

@@ -12,16 +12,13 @@ import asyncio
 import time
 from collections import Counter
 from collections.abc import Awaitable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from runtime.bridge.auth import UNGUARDED
 from runtime.bridge.connection import DROP, ClientGone, LeavableAnswer, unless_client_leaves
 from runtime.bridge.errors import BridgeError
-
-if TYPE_CHECKING:
-    from runtime.bridge.state import Bridge
 
 T = TypeVar("T")
 
@@ -121,13 +118,13 @@ class StallGuard:
 
 
 class WatchedAnswer(LeavableAnswer):
-    """A LeavableAnswer that also leaves a client that stops reading for `bridge.stall_s` (VL_CLIENT_STALL_S):
-    its generation is aborted like a departed client's, and the trace says `client_stalled`."""
+    """A LeavableAnswer that also leaves a client that stops reading for `stall_s` (VL_CLIENT_STALL_S): its
+    generation is aborted like a departed client's, and the trace says `client_stalled`."""
 
-    bridge: Bridge
+    stall_s: float
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        guard = StallGuard(send, self.bridge.stall_s)
+        guard = StallGuard(send, self.stall_s)
         try:
             await unless_client_leaves(receive, guard.unless_stalled(self.serve(guard.send)))
         except ClientGone:

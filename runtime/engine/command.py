@@ -2,8 +2,8 @@
 
 `engine_command` is pure (it reads a few paths, starts nothing): the supervisor execs its argv with
 its env added to the pod's, a reload compares two of them to know whether vLLM must restart, and
-`engine-args` prints one so that it can be pasted in a shell. `prepare_engine` does what must happen
-first on a pod (install the engine when the image is not prebaked, generate the tiny model).
+`engine-args` prints one so that it can be pasted in a shell. What must happen first on a pod
+(install, generate, download) is runtime.engine.prepare's.
 """
 
 from __future__ import annotations
@@ -13,16 +13,13 @@ import json
 import logging
 import os
 import shlex
-import shutil
 import sys
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeGuard
 
-from runtime.engine.install import ensure_engine
-from runtime.engine.volume import cache_env, cache_root, hub_cache, make_cache_dirs
-from runtime.engine.weights import ensure_weights, is_complete
+from runtime.engine.volume import cache_env, cache_root
 from runtime.gpu import GpuError, inspect_gpu
 from runtime.settings import MODEL_REPO_ID, VARIABLES, Settings, SettingsError, as_text, is_secret, load_settings
 
@@ -262,65 +259,6 @@ def _engine_env(
 
 def _installed(venv: Path, distribution: str) -> bool:
     return any(venv.glob(f"lib/python3*/site-packages/{distribution}-*.dist-info"))
-
-
-def prepare_engine(
-    settings: Settings,
-    accelerator: str,
-    extra_env: Mapping[str, str] | None = None,
-    slow_work_begins: Callable[[], None] = lambda: None,
-) -> EngineCommand:
-    """Everything between validated settings and exec: the engine installed (unless the image is
-    prebaked), a generated model written if the recipe needs one, the weights downloaded into the
-    cache unless complete there (vLLM then starts offline), then the command.
-
-    `accelerator` is runtime.gpu's verdict ("cuda" or "cpu"); `slow_work_begins` is called before a
-    download; raises SettingsError, InstallError or WeightsError.
-    """
-    command = engine_command(settings, extra_env)  # bad settings fail before minutes of installing
-    ensure_engine(settings, accelerator)
-    refuse_missing_requirements(command.recipe, Path(settings.venv))
-    if command.recipe.generate and not settings.repo:
-        ensure_generated_model(Path(model_source(command.recipe, settings)))
-    make_cache_dirs(command.cache)  # weights and compile caches: on the volume, for warm restarts
-    if not command.hub_repos:
-        return command
-    if not all(is_complete(hub_cache(command.cache), repo) for repo in command.hub_repos):
-        slow_work_begins()
-    ensure_weights(command.hub_repos, hub_cache(command.cache))
-    # Complete in the cache: vLLM asks the Hub nothing (the seeds: ~20 s of every start spent on Hub calls).
-    return replace(command, env={**command.env, "HF_HUB_OFFLINE": "1"})
-
-
-def refuse_missing_requirements(recipe: Recipe, venv: Path) -> None:
-    """SettingsError (VL_MODEL) when the engine in `venv` lacks a module the recipe cannot run without."""
-    for module, where in recipe.requires.items():
-        if not _has_module(venv, module):
-            raise SettingsError("VL_MODEL", recipe.name, f"a model this image's engine can serve: {recipe.name} "
-                                f"needs {module}, which {venv} does not have ({where})")  # fmt: skip
-
-
-def _has_module(venv: Path, module: str) -> bool:
-    """Whether `module` (dotted) is installed in the venv, looked up on disk: importing vLLM takes seconds."""
-    *packages, last = module.split(".")
-    for site in venv.glob("lib/python3*/site-packages"):
-        folder = site.joinpath(*packages)
-        if (folder / last / "__init__.py").is_file() or (folder / f"{last}.py").is_file():
-            return True
-    return False
-
-
-def ensure_generated_model(directory: Path) -> None:
-    """Writes the tiny demo model into `directory` unless it is there; a crash midway leaves no half model."""
-    if directory.is_dir():
-        return
-    from runtime.engine.tinymodel import write_tiny_model  # tokenizers and torch: only on this path
-
-    log.info("generating the tiny demo model in %s", directory)
-    partial = directory.with_name(directory.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    write_tiny_model(partial)
-    partial.rename(directory)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
