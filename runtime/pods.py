@@ -22,6 +22,7 @@ import httpx
 from runtime.client import USER_AGENT, pod_key
 from runtime.connect import EndpointError, check_endpoint, print_environment
 from runtime.health import serves_model
+from runtime.liveline import LiveLine
 from runtime.runpod import KEY_VARIABLE, RunPodClient, RunPodError
 
 PROXY_URL_VARIABLE = "RUNPOD_PROXY_URL"
@@ -36,7 +37,6 @@ DEFAULT_GPUS = {
 }
 POLL_S = 5.0
 LOG_LINE_CHARS = 300
-QUIET_PROGRESS_S = 30.0  # without a terminal, a progress line at most this often unless the state changes
 HEALTH_TIMEOUT_S = 10.0
 HOST_TAKEN = "not enough free GPUs"  # RunPod's words when a stopped pod's host has been rented again
 GONE = ("EXITED", "ERROR", "TERMINATED")
@@ -193,7 +193,8 @@ def watch_boot(pods: Pods, pod_id: str, args: argparse.Namespace, env: Mapping[s
         while True:
             status = pods.get(pod_id)["status"]
             for text in log():
-                line.say(text)
+                # vLLM logs its whole config on one line: cut, as the progress line is
+                line.say(f"  | {text if len(text) <= LOG_LINE_CHARS else text[:LOG_LINE_CHARS] + '...'}")
                 last = text
             if status in GONE:
                 raise RunPodError(f"pod {pod_id} is {status}: its log above says why (python -m runtime pod "
@@ -201,7 +202,7 @@ def watch_boot(pods: Pods, pod_id: str, args: argparse.Namespace, env: Mapping[s
             if status == "RUNNING" and serves(url):
                 break
             elapsed = time.monotonic() - started
-            line.show(f"{status} {int(elapsed) // 60:02d}:{int(elapsed) % 60:02d}" + (f" | {last}" if last else ""))
+            line.show(elapsed, status, last)
             if elapsed > args.timeout * 60:
                 line.end()
                 print(f"pod: {pod_id} is not serving after {args.timeout:g} min; it keeps running: "
@@ -250,38 +251,6 @@ def serves(url: str) -> bool:
     except httpx.HTTPError:
         return False
     return serves_model(response.status_code, response.content)
-
-
-class LiveLine:
-    """One progress line redrawn in place on a terminal (log lines print above it); elsewhere a line when
-    the pod's state changes, and now and then."""
-
-    def __init__(self) -> None:
-        self.live, self.shown, self.state, self.printed_at = sys.stdout.isatty(), "", "", 0.0
-
-    def show(self, text: str) -> None:
-        """`text` starts with the pod's state (RUNNING 01:23 | the last log line)."""
-        state = text.split(maxsplit=1)[0]
-        if self.live:
-            sys.stdout.write("\r\033[K" + text[:200])
-        elif state != self.state or time.monotonic() - self.printed_at >= QUIET_PROGRESS_S:
-            sys.stdout.write(text[:300] + "\n")
-            self.printed_at = time.monotonic()
-        self.shown, self.state = text, state
-        sys.stdout.flush()
-
-    def say(self, text: str) -> None:
-        """A line of the pod's log, above the progress line (cut: vLLM logs its whole config on one)."""
-        shown = text if len(text) <= LOG_LINE_CHARS else f"{text[:LOG_LINE_CHARS]}..."
-        sys.stdout.write(("\r\033[K" if self.live else "") + f"  | {shown}\n")
-        if self.live and self.shown:
-            sys.stdout.write(self.shown[:200])
-        sys.stdout.flush()
-
-    def end(self) -> None:
-        if self.live and self.shown:
-            sys.stdout.write("\n")
-            sys.stdout.flush()
 
 
 # --- status, stop, down ----------------------------------------------------------------------------

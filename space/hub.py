@@ -8,7 +8,6 @@ image is ready, showing the stage and the build log's last line.
 from __future__ import annotations
 
 import dataclasses
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -16,6 +15,7 @@ from typing import Any
 
 import jinja2
 
+from runtime.liveline import LiveLine
 from space import BuildError
 from space.context import git_blob_id
 from space.targets import ROOT, Target
@@ -25,7 +25,6 @@ SPACE_PORT = 7860  # the Space runs the image on a CPU: runtime's Space mode ans
 README = "README.md"
 KEPT_REMOTE = {".gitattributes"}  # the Hub's own file in every repo
 POLL_S = 5.0
-QUIET_PROGRESS_S = 30.0  # without a terminal, a progress line at most this often unless the stage changes
 GRACE_S = 120.0  # how long a Space may show its previous state before its new build starts
 ON_THE_WAY = {"BUILDING", "RUNNING_BUILDING", "APP_STARTING", "RUNNING_APP_STARTING"}  # a new build is under way
 FAILED = {"BUILD_ERROR", "CONFIG_ERROR", "RUNTIME_ERROR", "NO_APP_FILE", "DELETING", "STOPPED", "PAUSED"}
@@ -232,28 +231,6 @@ class LastLogLine:
             return
 
 
-class Progress:
-    """A live line on a terminal; elsewhere (CI, a file), a line per stage change and now and then."""
-
-    def __init__(self, stream: Any = sys.stdout) -> None:
-        self.stream, self.live = stream, stream.isatty()
-        self.last_stage, self.last_print = "", 0.0
-
-    def show(self, elapsed: float, stage: str, line: str) -> None:
-        text = f"build.py: {int(elapsed) // 60:02d}:{int(elapsed) % 60:02d} {stage}" + (f" | {line}" if line else "")
-        if self.live:
-            self.stream.write("\r\033[K" + text[:200])
-        elif stage != self.last_stage or time.monotonic() - self.last_print >= QUIET_PROGRESS_S:
-            self.stream.write(text[:300] + "\n")
-            self.last_print = time.monotonic()
-        self.last_stage = stage
-        self.stream.flush()
-
-    def end(self) -> None:
-        if self.live:
-            self.stream.write("\n")
-
-
 def follow(api: Any, space: Space, timeout_s: float, clock: Callable[[], float] = time.monotonic) -> str:
     """Watch the Space until its new build is served or fails; returns the final stage.
 
@@ -261,7 +238,7 @@ def follow(api: Any, space: Space, timeout_s: float, clock: Callable[[], float] 
     a build was seen, or after a grace period.
     """
     started, seen_build = clock(), False
-    log, progress = LastLogLine(api, space.space_id), Progress()
+    log, progress = LastLogLine(api, space.space_id), LiveLine("build.py: ")
     try:
         while True:
             stage, elapsed = stage_of(api, space), clock() - started

@@ -22,7 +22,13 @@ ENTRY_POINTS = ("runtime.start", "runtime.cli", "runtime.supervisor", "runtime.c
                 "runtime.status", "runtime.settings_command", "runtime.pods", "runtime.__main__")  # fmt: skip
 BRIDGE_NEVER = ("runtime.engine", "runtime.hub", "runtime.sshd", *ENTRY_POINTS)  # the supervisor and start among them
 # What the build side (build.py, space/, docker/) may take from the runtime: standard-library-only leaves.
-BUILD_MAY = ("runtime.packages", "runtime.units", "runtime.runpod", "runtime.client")  # the last two: httpx at most
+BUILD_MAY = (
+    "runtime.packages",
+    "runtime.units",
+    "runtime.liveline",
+    "runtime.runpod",
+    "runtime.client",
+)  # httpx at most
 # They run in vLLM's venv (vllm_cli) or at image build (tinymodel), where the runtime may not be installed.
 STANDALONE = ("runtime/engine/vllm_cli.py", "runtime/engine/tinymodel.py")
 

@@ -32,7 +32,7 @@ LOGS = f"{HubServer.owner}/pod-logs"
 
 
 def test_the_bridge_marks_what_it_serves_for_a_known_key_only(vllm_server: VllmServer, tmp_path: Path) -> None:
-    settings = {"VL_STATE_DIR": str(tmp_path), "VL_API_KEYS": KEY}
+    settings = {"VL_STATE_DIR": str(tmp_path), "VL_API_KEYS": KEY, "VL_IDLE_STOP_MIN": "30"}
     with start_bridge(vllm_server.url, tmp_path / "bridge.log", settings) as bridge:
         marked = activity_file(tmp_path)
         for refused in (httpx.get(f"{bridge.url}/health"), httpx.get(f"{bridge.url}/v1/models")):  # polling, strangers
@@ -44,6 +44,13 @@ def test_the_bridge_marks_what_it_serves_for_a_known_key_only(vllm_server: VllmS
         os.utime(marked, (0, 0))
         client.models.list()
         assert marked.stat().st_mtime > 0
+
+
+def test_without_idle_stop_the_bridge_marks_nothing(vllm_server: VllmServer, tmp_path: Path) -> None:
+    with start_bridge(vllm_server.url, tmp_path / "bridge.log", {"VL_STATE_DIR": str(tmp_path)}) as bridge:
+        client = anthropic.Anthropic(base_url=bridge.url, api_key="x", max_retries=0, timeout=120)
+        client.messages.create(model="tiny", max_tokens=4, messages=[{"role": "user", "content": "hello"}])
+    assert not activity_file(tmp_path).exists()
 
 
 def stopper(tmp_path: Path, **settings: str) -> SelfStop | None:

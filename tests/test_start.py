@@ -215,7 +215,7 @@ def test_a_hub_file_with_pod_settings_at_start_is_refused_and_all_agree_on_the_e
     )
     assert refusal in pod.boot_log()
     assert not (pod.state.parent / "elsewhere").exists(), "the pod writes to its environment's folder only"
-    assert "x" not in ids_or_none(pod), "the file was refused whole"
+    assert "x" not in pod.model_ids(), "the file was refused whole"
     # The HEALTHCHECK (the image's command, with the pod's environment) asks the port the bridge serves.
     healthcheck = subprocess.run([sys.executable, "-m", "runtime.health"], cwd=REPO_ROOT, env=pod.env, timeout=60)
     assert healthcheck.returncode == 0

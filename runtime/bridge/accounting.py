@@ -46,22 +46,22 @@ class Accounting:
         trace: dict[str, Any] = {}
         scope.setdefault("state", {})["trace"] = trace
         status = 0
-        serving = False  # a request of a known key, past its answer's start: what idleness is measured by
+        serving: Activity | None = None  # set once a known key's answer starts: what idleness is measured by
 
         async def sending(message: Message) -> None:
             nonlocal status, serving
             if message["type"] == "http.response.start":
                 status = message["status"]
-                serving = self.served_a_client(scope)
-                if serving and self.activity is not None:
-                    self.activity.began()
+                if self.activity is not None and self.served_a_client(scope):
+                    serving = self.activity
+                    serving.began()
             await send(message)
 
         try:
             await self.app(scope, receive, sending)
         finally:
-            if serving and self.activity is not None:
-                self.activity.ended()
+            if serving is not None:
+                serving.ended()
             self.account(scope, trace, status, time.monotonic() - started)
 
     @staticmethod

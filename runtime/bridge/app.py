@@ -136,13 +136,14 @@ def create_app(bridge: Bridge) -> Starlette:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         watcher = asyncio.create_task(bridge.catalog.watch(bridge.upstream))
         sampler = asyncio.create_task(bridge.telemetry.run())  # the one task that asks nvidia-smi
-        heartbeat = asyncio.create_task(bridge.activity.keep_fresh())
+        heartbeat = asyncio.create_task(bridge.activity.keep_fresh()) if bridge.activity else None
         try:
             yield
         finally:
             watcher.cancel()
             sampler.cancel()
-            heartbeat.cancel()
+            if heartbeat is not None:
+                heartbeat.cancel()
             await bridge.upstream.aclose()
 
     routes = Api(bridge).routes()

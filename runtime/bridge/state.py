@@ -41,7 +41,8 @@ class Bridge:
         self.usage = Usage()
         self.telemetry = GpuTelemetry(on_sample=self.metrics.show_gpus)  # sampling: create_app's lifespan
         self.engine_log = log_file(Path(settings.state_dir), ENGINE)
-        self.activity = Activity(Path(settings.state_dir))  # what VL_IDLE_STOP_MIN measures
+        # What VL_IDLE_STOP_MIN measures; without it, no file is touched per request.
+        self.activity = Activity(Path(settings.state_dir)) if settings.idle_stop_min else None
         facts = read_image_facts(Path(settings.prebaked_marker))
         self.image = public_facts(facts) if facts is not None else None
         self.cost_per_hour: float | None = settings.cost_per_hour
