@@ -32,6 +32,7 @@ class Published:
     source: str
     pull_user: str | None = None
     space: bool = False  # served by the Hub under :latest, the only tag it gives a Space's image
+    hub_user: str | None = None  # the Hub token's user, when publishing has asked the Hub already
 
 
 def parse_args(argv: Sequence[str] | None, targets: dict[str, Target]) -> argparse.Namespace:
@@ -193,7 +194,7 @@ def push_to_space(args: argparse.Namespace, target: Target, files: dict[str, byt
             say(f"not following the build (--detach): {space.url}")
         else:
             follow_build(api, space, args.timeout * 60)
-    return Published(space.image, space.space_id, space.user if space.private else None, space=True)
+    return Published(space.image, space.space_id, space.user if space.private else None, True, space.user)
 
 
 def resume_build(args: argparse.Namespace, api: Any, space: Any) -> None:
@@ -260,7 +261,7 @@ def show_template(args: argparse.Namespace, target: Target, published: Published
         runpod.template_name(target.name, published.source),
         published.image,
         cost_per_hour=args.cost_per_hour,
-        log_repo=log_repo(args, create=args.push or args.runpod),
+        log_repo=log_repo(args, published.hub_user, create=args.push or args.runpod),
         config_repo=args.config_repo,
     )
     print(runpod.render_template(body, private=bool(published.pull_user)))
@@ -268,9 +269,10 @@ def show_template(args: argparse.Namespace, target: Target, published: Published
         runpod.save_template(body, *credential)
 
 
-def log_repo(args: argparse.Namespace, create: bool) -> str | None:
-    """The template's VL_LOG_REPO: --log-repo, else the token user's private dataset; with `create`, made
-    when missing (a pod would make it at its first publish; `runtime logs --follow` needs it sooner)."""
+def log_repo(args: argparse.Namespace, user: str | None, create: bool) -> str | None:
+    """The template's VL_LOG_REPO: --log-repo, else the token `user`'s private dataset (asked of the Hub when
+    not known); with `create`, made when missing (a pod would make it at its first publish; `runtime logs
+    --follow` needs it sooner)."""
     from space import hub
 
     if not hub.has_token():
@@ -279,7 +281,9 @@ def log_repo(args: argparse.Namespace, create: bool) -> str | None:
                 "or pass --log-repo REPO")  # fmt: skip
         return args.log_repo
     api = hub.hub_api()
-    spec = args.log_repo or hub.DEFAULT_LOG_REPO.format(user=hub.hub_call(api.whoami, "check the token")["name"])
+    spec = args.log_repo or hub.DEFAULT_LOG_REPO.format(
+        user=user or hub.hub_call(api.whoami, "check the token")["name"]
+    )
     if create:
         hub.ensure_log_repo(api, spec)
         say(f"pods publish their boot log to {spec} (private): python -m runtime logs POD_ID --follow --repo {spec}")
@@ -361,20 +365,24 @@ def publish(args: argparse.Namespace, target: Target) -> int:
     published = None
     if args.push and reference:
         from space.engine import push
-        from space.runpod import registry_name
 
         digest = push(reference)
         say(f"pushed {reference}" + (f" ({digest})" if digest else ""))
-        published = Published(f"{reference}@{digest}" if digest else reference, registry_name(reference))
+        published = registry_image(f"{reference}@{digest}" if digest else reference)
     elif args.push:
         published = push_to_space(args, target, files)
     if args.push or args.runpod_template or args.runpod:
-        if published is None and reference:
-            from space.runpod import registry_name
-
-            published = Published(reference, registry_name(reference))
-        show_template(args, target, published or space_image(args, target))
+        if published is None:
+            published = registry_image(reference) if reference else space_image(args, target)
+        show_template(args, target, published)
     return 0
+
+
+def registry_image(image: str) -> Published:
+    """An image of an OCI registry; its repository names its template."""
+    from space.runpod import registry_name
+
+    return Published(image, registry_name(image))
 
 
 def space_image(args: argparse.Namespace, target: Target) -> Published:
@@ -387,7 +395,7 @@ def space_image(args: argparse.Namespace, target: Target) -> Published:
         image = hub.Space(args.space, False, owner, "", registry).image
         return Published(image, args.space, None if args.public else owner, space=True)
     space = hub.resolve_space(hub.hub_api(), None, target, args.public, registry)
-    return Published(space.image, space.space_id, space.user if space.private else None, space=True)
+    return Published(space.image, space.space_id, space.user if space.private else None, True, space.user)
 
 
 if __name__ == "__main__":
