@@ -67,7 +67,8 @@ RUN pip install --no-cache-dir --cert /etc/ssl/certs/ca-certificates.crt --index
 RUN pip install --no-cache-dir --cert /etc/ssl/certs/ca-certificates.crt \
       vllm==0.32.0 \
       flashinfer-python==0.7.0.post1 \
-      fastokens==0.3.5
+      fastokens==0.3.5 \
+      smg==1.13.0
 
 # The runtime's own dependencies.
 RUN pip install --no-cache-dir --cert /etc/ssl/certs/ca-certificates.crt \
@@ -95,6 +96,7 @@ RUN python /opt/app/image_facts.py --output /opt/.image_prebaked \
       --pin vllm==0.32.0 \
       --pin flashinfer-python==0.7.0.post1 \
       --pin fastokens==0.3.5 \
+      --pin smg==1.13.0 \
       --pin starlette==1.10.0 \
       --pin uvicorn==0.54.0 \
       --pin httpx==0.28.1 \

@@ -142,14 +142,33 @@ def pod_health_url(environ: Mapping[str, str]) -> str:
     return health_url(host, parse_value(port, environ.get(port.env) or port.default))
 
 
-def pod_serves(environ: Mapping[str, str], timeout_s: float = HEALTHCHECK_TIMEOUT_S) -> bool:
-    """The image's HEALTHCHECK: the pod's public port serves the model (urllib: no httpx to import)."""
+def pod_serves(
+    environ: Mapping[str, str], timeout_s: float = HEALTHCHECK_TIMEOUT_S, say: Callable[[str], object] = print
+) -> bool:
+    """The image's HEALTHCHECK: the pod's public port serves the model (urllib: no httpx to import). A
+    degraded pod (some of its engines down, the others serving) still serves: it passes, and says so
+    (Docker keeps what a check prints in the container's health log)."""
     direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never via HTTP_PROXY
     try:
         with direct.open(pod_health_url(environ), timeout=timeout_s) as response:
-            return serves_model(response.status, response.read())
+            status, body = response.status, response.read()
     except OSError:  # refused, timed out, or an HTTP error status
         return False
+    if degraded := degradation(body):
+        say(degraded)
+    return serves_model(status, body)
+
+
+def degradation(body: bytes) -> str:
+    """What a bridge's /health says of engines that are down ("" when none is): `degraded: engine-1 down`."""
+    try:
+        answer = json.loads(body)
+        engines = answer.get("engines") or {}
+    except (ValueError, AttributeError):
+        return ""
+    if answer.get("status") != "degraded":
+        return ""
+    return "degraded: " + ", ".join(f"{name} {state}" for name, state in engines.items() if state != "healthy")
 
 
 # --- sshd: its greeting -------------------------------------------------------------------------

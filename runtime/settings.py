@@ -14,6 +14,7 @@ import keyword
 import math
 import re
 import shlex
+import urllib.parse
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,6 +92,7 @@ MAX_VALUE_CHARS = 4096
 MAX_NAMES = 64  # aliases or allowed hosts: a few are what a pod needs
 MAX_KEYS = 128  # VL_API_KEYS entries (one per person or tool of a team)
 MAX_KEY_CHARS = 256
+MAX_REPLICAS = 8  # engines in one pod: RunPod's largest machines have 8 GPUs
 MIN_PING_S = 1.0  # no proxy cuts a connection silent for less; below it pings only burn CPU (1e-300 s: 134,585/s)
 # `name:key` in VL_API_KEYS: the name labels the key's usage in traces and metrics.
 NAMED_KEY = re.compile(r"([A-Za-z0-9_.-]{1,64}):(.+)")
@@ -172,6 +174,30 @@ def host_names(raw: str) -> tuple[str, ...]:
     if not all(DNS_NAME.fullmatch(name) for name in names):
         raise ValueError
     return names
+
+
+def worker_urls(raw: str) -> tuple[str, ...]:
+    """`words` that are each the origin of a pod's bridge: http(s), a host, maybe a port; no path, no
+    credentials (the key is VL_WORKER_KEY, a secret); written without a trailing `/`."""
+    urls = at_most(MAX_NAMES, tuple(url.rstrip("/") for url in words(raw)))
+    for url in urls:
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.username or any(parts[2:]):
+            raise Disallowed("each must be an http(s) origin: a host and maybe a port, no path or credentials")
+        parts.port  # noqa: B018  # raises ValueError on a port out of range
+    if len(set(urls)) != len(urls):
+        raise Disallowed("a URL is named twice")
+    return urls
+
+
+def optional_key(raw: str) -> str | None:
+    """One key as a header carries it, or None."""
+    value = raw.strip()
+    if not value:
+        return None
+    if not HEADER_TOKEN.fullmatch(value) or not MIN_KEY_CHARS <= len(value) <= MAX_KEY_CHARS:
+        raise Disallowed(f"a key of {MIN_KEY_CHARS} to {MAX_KEY_CHARS} visible ASCII characters")
+    return value
 
 
 def model_names(raw: str) -> tuple[str, ...]:
@@ -314,6 +340,11 @@ def decimal(low: float, high: float, optional: bool = False) -> Parser:
     return parse
 
 
+def replica_count(raw: str) -> int | None:
+    """VL_REPLICAS: a count, or None for `auto` (as many as the GPUs allow, decided once they are known)."""
+    return None if raw.strip().lower() == "auto" else integer(1, MAX_REPLICAS)(raw)
+
+
 def choice(*options: str) -> Parser:
     def parse(raw: str) -> str:
         value = raw.strip().lower()
@@ -381,6 +412,8 @@ ABSOLUTE_DIRECTORY = "an absolute directory path (no spaces, no `..`)"
 ABSOLUTE_FILE = "an absolute file path (no spaces, no `..`)"
 HUB_REPO_ALLOWED = "a Hub repo id (owner/name, datasets/owner/name or spaces/owner/name), or empty"
 SPEC_MODES = ("auto", "off", "ngram", "mtp")
+ROUTINGS = ("affinity", "round-robin")
+ROLES = ("pod", "gateway")
 RECIPES = recipe_names()
 
 # A table, one variable to a few lines, read down its columns: the formatter leaves it as written.
@@ -418,7 +451,8 @@ VARIABLES: tuple[Variable, ...] = (
          "Tensor parallelism (GPUs per replica); empty = the recipe's. Above 1 sets NCCL_P2P_DISABLE=1 "
          "(NCCL init never returned on RunPod A40 pairs)."),
     _var("VL_DP", "1", integer(1, 8), "a whole number in 1..8", E,
-         "Data parallelism (one replica per GPU): +15% at 32 sessions, loses solo speed and half the KV."),
+         "vLLM's own data parallelism (one API server, one replica per GPU): +15% at 32 sessions, loses solo "
+         "speed and half the KV; no affinity (see VL_REPLICAS)."),
     _var("VL_MM_IMAGES", "4", integer(0, 64), "a whole number in 0..64", E,
          "Images per prompt for vision models; 0 makes vLLM refuse every screenshot with a 400."),
     _var("VL_ASYNC", "", optional_switch, "on, off, or empty", E,
@@ -466,7 +500,27 @@ VARIABLES: tuple[Variable, ...] = (
          "and cost per million output tokens; empty = not shown."),
     # --- the pod ---
     _var("VL_PORT", "8080", integer(1, 65535), "a TCP port", P, "Public port (bridge, or vLLM when VL_BRIDGE=off)."),
-    _var("VL_ENGINE_PORT", "18081", integer(1, 65535), "a TCP port", P, "vLLM's loopback port behind the bridge."),
+    _var("VL_ENGINE_PORT", "18081", integer(1, 65535), "a TCP port", P,
+         "vLLM's loopback port behind the bridge (with VL_REPLICAS, engine i listens on this port + i)."),
+    _var("VL_REPLICAS", "1", replica_count, "a whole number in 1..8, or auto", P,
+         "vLLM engines in this pod, each on its own VL_TP GPUs, behind one router (SGLang's `smg`) and the bridge; "
+         "auto = as many as the GPUs allow; 1 = one engine, no router."),
+    _var("VL_ROUTING", "affinity", choice(*ROUTINGS), one_of(*ROUTINGS), P,
+         "With several engines: affinity keeps each Claude Code agent on the engine that holds its prefix "
+         "(a turn 1.14 s in cache, 21 s without); round-robin spreads requests (benchmarks only)."),
+    _var("VL_ROUTER_PORT", "18070", integer(1, 65535), "a TCP port", P,
+         "The router's loopback port (several engines, or a gateway); its metrics on the next one."),
+    _var("VL_ROLE", "pod", choice(*ROLES), one_of(*ROLES), P,
+         "pod = engines here; gateway = no engine, no GPU: the bridge and the router in front of the pods in "
+         "VL_WORKERS (a cheap CPU pod can front a team's GPU pods)."),
+    _var("VL_WORKERS", "", worker_urls,
+         f"at most {MAX_NAMES} http(s) URLs without credentials, separated by commas or spaces, or empty", P,
+         "With VL_ROLE=gateway: the pods it routes to (their bridge: `https://<pod>-8080.proxy.runpod.net`, or "
+         "`http://<podId>.runpod.internal:8080` with global networking), each conversation kept on one; kept "
+         "out of logs like a secret (a URL can carry one).", secret=True),
+    _var("VL_WORKER_KEY", "", optional_key, f"a key of {MIN_KEY_CHARS} to {MAX_KEY_CHARS} visible ASCII characters, or empty", P,
+         "With VL_ROLE=gateway: the key it presents to its workers (one of their VL_API_KEYS); empty = open workers.",
+         secret=True),
     _var("VL_SSH_PORT", "22", integer(1, 65535), "a TCP port", P, "sshd's port."),
     _var("VL_SSH", "on", switch, one_of("on", "off"), P, "Start sshd (needs PUBLIC_KEY or SSH_PUBLIC_KEY)."),
     _var("VL_LISTEN", "0.0.0.0", listen_address, "an IPv4 or IPv6 address to listen on", P,
@@ -554,6 +608,12 @@ class Settings:
     # the pod
     port: int
     engine_port: int
+    replicas: int | None  # None: auto
+    routing: str
+    router_port: int
+    role: str
+    workers: tuple[str, ...]
+    worker_key: str | None
     ssh_port: int
     ssh: bool
     listen: str
@@ -689,7 +749,7 @@ def hub_file_table() -> str:
         f"| bridge: {names(of(Scope.BRIDGE))} | yes | the bridge alone restarts, in seconds |",
         f"| secret: {names(of(Scope.BRIDGE, True))} | only from a private repo; never empty while the pod has "
         "keys (a file cannot open a keyed pod) | the bridge alone restarts (vLLM too with `VL_BRIDGE=off`) |",
-        f"| pod: {names(of(Scope.POD))} | never: the file is refused; set them in the pod's environment "
+        f"| pod: {names([*of(Scope.POD), *of(Scope.POD, True)])} | never: the file is refused; set them in the pod's environment "
         "(the RunPod template) | — |",
     ]
     return "\n".join(rows)

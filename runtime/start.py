@@ -20,7 +20,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -29,14 +29,18 @@ from runtime.engine.command import RUNTIME_ROOT, EngineCommand
 from runtime.engine.install import InstallError, ensure_runtime, is_prebaked, runs_in_venv
 from runtime.engine.prepare import prepare_engine
 from runtime.engine.weights import WeightsError
+from runtime.enginehealth import forget_engine_health, write_engine_health
+from runtime.gateway import check_roles, keep_workers
 from runtime.gpu import GpuError, inspect_gpu
 from runtime.health import Answers200, engine_generates, health_url
 from runtime.logfiles import BRIDGE, ENGINE, SSHD, log_file
+from runtime.replicas import DRAIN_S, Replica, drained, plan_replicas
+from runtime.router import ROUTER, RouterControl, RouterError, check_router, router_argv, router_url
 from runtime.selfstop import SelfStop
 from runtime.settings import Scope, Settings, SettingsError, load_settings, unknown_settings
 from runtime.settingsfile import FileRefused, SettingsFile, settings_with_file
 from runtime.sshd import SshdLayout, prepare_sshd
-from runtime.supervisor import ChildSpec, Health, Supervisor
+from runtime.supervisor import ChildSpec, Health, Supervisor, until
 
 if TYPE_CHECKING:
     from runtime.hub import LogPublisher, Redactor, RemoteConfig
@@ -46,10 +50,12 @@ log = logging.getLogger("runtime.start")
 # The bridge's /health does not touch the engine: two misses in a row mean it is hung (seeds' watchdog).
 # 10 s: a loaded machine can stall a sound bridge for seconds, and a restart cuts every open stream.
 BRIDGE_HEALTH = functools.partial(Health, interval_s=10.0, timeout_s=10.0, failures_before_restart=2)
+ROUTER_HEALTH = functools.partial(Health, interval_s=10.0, timeout_s=10.0, failures_before_restart=3)
 # A real one-token generation: a dead engine can still answer /v1/models with 200. Generous timeout:
 # a saturated engine queues the probe behind real work, and restarting a busy engine is a disaster.
 ENGINE_PROBE_S = 60.0
 ENGINE_HEALTH = functools.partial(Health, interval_s=15.0, timeout_s=ENGINE_PROBE_S, failures_before_restart=3)
+ENGINE_HEALTH_NOTE_S = 1.0  # how often the engines' health is compared with what /health last read
 HUB_LAST_WORDS_S = 20.0  # how long a refused start waits for its one line to reach the Hub log
 REFUSED = 2  # exit status of a start refused by a setting, the GPU or the install
 CRASHED = 1  # exit status of a start stopped by anything else (its traceback is in boot.log)
@@ -93,7 +99,7 @@ def start(environ: Mapping[str, str]) -> int:
         pod = Pod(starting_settings(settings, environ, hub), environ, hub)
         pod.prepare()
         status = asyncio.run(pod.serve())
-    except (SettingsError, GpuError, InstallError, WeightsError) as error:
+    except (SettingsError, GpuError, InstallError, WeightsError, RouterError) as error:
         log.error("%s", error)
         hub.tell(str(error))
         status = REFUSED
@@ -192,6 +198,11 @@ class PodHub:
         if self.log is not None:
             self.log.publish_now(line)
 
+    def follow(self, state_dir: Path, names: Sequence[str]) -> None:
+        """Publish the logs of these children (the pod's engines and router, once known) with boot's."""
+        if self.log is not None:
+            self.log.sources = {name: log_file(state_dir, name) for name in ("boot", *names)}
+
     def learn(self, values: Mapping[str, str]) -> None:
         if self.redactor is not None:
             self.redactor.learn(values)
@@ -250,9 +261,11 @@ class Pod:
         self.supervisor = Supervisor(self.state_dir, on_incident=hub.tell)
         if hub.log is not None:
             hub.log.is_healthy = self.supervisor.healthy
-        self.accelerator = "cpu"
+        self.accelerator, self.gpus = "cpu", 0
         self.engine_env: Mapping[str, str] = {}
         self.command: EngineCommand | None = None
+        self.replicas: tuple[Replica, ...] = ()  # the engines (VL_REPLICAS): one, or several behind the router
+        self.rolling: asyncio.Task[None] | None = None  # an engine change, applied one engine at a time
         self.loop: asyncio.AbstractEventLoop | None = None
         # The HEALTHCHECK asks the same URL (runtime.health.pod_health_url): both read the pod scope.
         self.bridge_probe = Answers200(health_url(settings.listen, settings.port))
@@ -262,12 +275,37 @@ class Pod:
         self.self_stop = SelfStop.from_settings(settings, environ)  # VL_IDLE_STOP_MIN, VL_MAX_SPEND
 
     def prepare(self) -> None:
-        """Everything before vLLM's launch: the GPU, the engine (installed unless prebaked), the weights."""
+        """Everything before vLLM's launch: the GPU, the engine (installed unless prebaked), the weights;
+        a gateway has none of them, only its router."""
+        check_roles(self.settings)
+        forget_engine_health(self.state_dir)  # a previous start's, with other engines or workers
+        if self.gateway:
+            version = check_router(self.settings)
+            log.info(
+                "a gateway in front of %d pods (smg %s, %s)", len(self.settings.workers), version, self.settings.routing
+            )
+            self.hub.follow(self.state_dir, [ROUTER, BRIDGE])
+            return
         if not is_prebaked(self.settings):
             self.publish_progress()
         gpu = inspect_gpu(self.settings, self.environ)
         self.accelerator, self.engine_env = gpu.accelerator, gpu.engine_env(self.environ)
         self.command = prepare_engine(self.settings, self.accelerator, self.engine_env, self.publish_progress)
+        self.gpus = len(gpu.host.gpus)
+        self.replicas = plan_replicas(self.settings, self.command, self.accelerator, self.gpus)
+        if self.routed:
+            version = check_router(self.settings)
+            log.info("%d engines behind the router (smg %s, %s)", len(self.replicas), version, self.settings.routing)
+            self.hub.follow(self.state_dir, [*(r.name for r in self.replicas), ROUTER, BRIDGE])
+
+    @property
+    def gateway(self) -> bool:
+        return self.settings.role == "gateway"
+
+    @property
+    def routed(self) -> bool:
+        """Whether the router runs: in front of several engines, or of a gateway's pods."""
+        return len(self.replicas) > 1 or self.gateway
 
     def publish_progress(self) -> None:
         """Installing or downloading takes minutes: the Hub log shows their progress from now on."""
@@ -277,16 +315,25 @@ class Pod:
     async def serve(self) -> int:
         """Launch the children (vLLM first: it takes longest), watch the Hub, supervise until SIGTERM;
         whatever ends it, no child outlives it."""
-        assert self.command is not None
+        assert self.command is not None or self.gateway
         self.loop = asyncio.get_running_loop()
         self.catch_signals()  # before any launch: a SIGTERM must never leave a child behind
         applying = asyncio.create_task(self.apply_changes())
         budget = asyncio.create_task(self.stop_when_due(self.self_stop)) if self.self_stop else None
+        engines_seen = None
+        if self.gateway:
+            engines_seen = asyncio.create_task(keep_workers(self.settings, self.state_dir, router_url(self.settings)))
+        elif self.routed:
+            engines_seen = asyncio.create_task(self.note_engine_health())
         try:
-            self.supervisor.start(self.engine_spec(self.command))
-            log.info("vLLM launched %.2f s after the process started", seconds_since_process_start())
+            for replica in self.replicas:
+                self.supervisor.start(self.engine_spec(replica))
+            if self.replicas:
+                log.info("vLLM launched %.2f s after the process started", seconds_since_process_start())
+            if self.routed:
+                self.supervisor.start(self.router_spec())
             if self.settings.bridge:
-                self.supervisor.start(self.bridge_spec(self.command))
+                self.supervisor.start(self.bridge_spec())
             self.publish_progress()
             if self.hub.remote is not None:
                 self.hub.remote.start(self.file_arrived)
@@ -295,8 +342,9 @@ class Pod:
             log.info("stopping: SIGTERM to every child, SIGKILL after %.0f s", self.supervisor.grace_s)
         finally:
             applying.cancel()
-            if budget is not None:
-                budget.cancel()
+            for task in (budget, engines_seen, self.rolling):
+                if task is not None:
+                    task.cancel()
             if self.hub.remote is not None:
                 self.hub.remote.stop(timeout_s=1.0)
             await self.supervisor.stop()
@@ -311,13 +359,28 @@ class Pod:
 
     # --- the children ---
 
-    def engine_spec(self, command: EngineCommand) -> ChildSpec:
+    def engine_spec(self, replica: Replica) -> ChildSpec:
+        command = replica.command
         health = ENGINE_HEALTH(engine_generates(command, ENGINE_PROBE_S))
-        return ChildSpec(ENGINE, command.argv, {**self.environ, **command.env}, health)
+        return ChildSpec(replica.name, command.argv, {**self.environ, **command.env}, health)
 
-    def bridge_spec(self, command: EngineCommand) -> ChildSpec:
+    def router_spec(self) -> ChildSpec:
+        """The router in front of the engines; health-checked like the bridge (its /health is its own)."""
+        argv = router_argv(
+            self.settings, [replica.command.base_url for replica in self.replicas]
+        )  # a gateway's: none yet
+        return ChildSpec(
+            ROUTER, argv, dict(self.environ), ROUTER_HEALTH(Answers200(f"{router_url(self.settings)}/health"))
+        )
+
+    def bridge_spec(self) -> ChildSpec:
         settings = self.settings
-        argv = bridge_argv(command.base_url, settings.listen, settings.port)
+        if not self.routed:
+            argv = bridge_argv(self.replicas[0].command.base_url, settings.listen, settings.port)
+        else:  # generations through the router; the rest (and aborts) to the engines, or the pods, themselves
+            engines = settings.workers if self.gateway else [replica.command.base_url for replica in self.replicas]
+            argv = bridge_argv(router_url(settings), settings.listen, settings.port)
+            argv += [word for engine in engines for word in ("--engine", engine)]
         # Every setting the bridge reads, as they are now: its own, and the pod's (state folder, image facts).
         env = {**self.environ, **settings.environ(Scope.BRIDGE, Scope.POD)}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(RUNTIME_ROOT), env.get("PYTHONPATH"))))
@@ -334,6 +397,16 @@ class Pod:
             return
         if argv is not None:
             self.supervisor.start(ChildSpec(SSHD, argv, dict(self.environ)))
+
+    async def note_engine_health(self) -> None:
+        """Several engines: their health, as the supervisor sees it, in the file the bridge's /health reads."""
+        last: dict[str, bool] | None = None
+        while True:
+            now = {r.name: self.supervisor.is_healthy(r.name) for r in self.replicas}
+            if now != last:
+                await asyncio.to_thread(write_engine_health, self.state_dir, now)
+                last = now
+            await asyncio.sleep(ENGINE_HEALTH_NOTE_S)
 
     async def stop_when_due(self, stopper: SelfStop) -> None:
         """VL_IDLE_STOP_MIN and VL_MAX_SPEND: the reason said in the Hub log first, then RunPod stops the pod
@@ -377,29 +450,64 @@ class Pod:
         if new is None:
             return
         scopes = self.settings.changed_scopes(new)
+        if self.gateway and Scope.ENGINE in scopes:
+            log.info("engine settings from %s are ignored: a gateway has no engine (its workers do)", file.where)
+            scopes.discard(Scope.ENGINE)
         if not scopes:
             return
-        command = self.command
-        assert command is not None  # changes are applied once the pod has started
+        command, replicas = self.command, self.replicas
         if Scope.ENGINE in scopes:
             try:
                 command = await asyncio.to_thread(prepare_engine, new, self.accelerator, self.engine_env)
+                replicas = plan_replicas(new, command, self.accelerator, self.gpus)
             except (SettingsError, InstallError, WeightsError) as error:
                 refuse(f"refused {file.where}: {error}", self.hub)
                 return
+            if len(replicas) != len(self.replicas):
+                refuse(f"refused {file.where}: it would make {len(replicas)} engines of this pod's "
+                       f"{len(self.replicas)} (set VL_TP and VL_REPLICAS in the pod's environment)", self.hub)  # fmt: skip
+                return
         log.info("new settings from %s: restarting %s", file.where, " and ".join(sorted(s.value for s in scopes)))
-        self.settings, self.command = new, command
+        self.settings, self.command, self.replicas = new, command, replicas
         bridge_runs = BRIDGE in self.supervisor.children
         if Scope.BRIDGE in scopes and bridge_runs and new.bridge:
-            self.supervisor.restart(BRIDGE, "its settings changed", self.bridge_spec(command))
+            self.supervisor.restart(BRIDGE, "its settings changed", self.bridge_spec())
         if Scope.ENGINE in scopes:
             if bridge_runs and not new.bridge:
                 log.info("stopping the bridge: with VL_BRIDGE=off, vLLM itself serves port %d", new.port)
                 await self.supervisor.stop(BRIDGE)  # first: the port must be free for vLLM
-            self.supervisor.restart(ENGINE, "its settings changed", self.engine_spec(command))
+            if self.routed:
+                self.roll()
+            else:
+                self.supervisor.restart(ENGINE, "its settings changed", self.engine_spec(replicas[0]))
             if new.bridge and not bridge_runs:
-                self.supervisor.start(self.bridge_spec(command))
+                self.supervisor.start(self.bridge_spec())
             # A running bridge stays: it learns the new model from vLLM's /v1/models.
+
+    def roll(self) -> None:
+        """Restart the engines one at a time (a newer change starts its own roll over this one's)."""
+        if self.rolling is not None:
+            self.rolling.cancel()
+        self.rolling = asyncio.create_task(self.restart_one_by_one(self.replicas))
+
+    async def restart_one_by_one(self, replicas: Sequence[Replica]) -> None:
+        """Each engine in turn: withdrawn from the router, left to finish what it runs (at most DRAIN_S),
+        restarted, healthy and routed to again before the next: the others answer meanwhile, and an
+        engine the change breaks stops the roll with the rest still serving."""
+        router = RouterControl(router_url(self.settings))
+        for replica in replicas:
+            engine = replica.command.base_url
+            if not await router.withdraw(engine):
+                log.warning("the router kept routing to %s; restarting it all the same", replica.name)
+            if not await drained(replica.command, DRAIN_S):
+                log.warning("%s still ran requests after %.0f s: they are cut", replica.name, DRAIN_S)
+            launch = self.supervisor.children[replica.name].launches
+            why = "its settings changed (one engine at a time)"
+            self.supervisor.restart(replica.name, why, self.engine_spec(replica))
+            await until(functools.partial(self.supervisor.is_healthy_after, replica.name, launch))
+            if not await router.admit(engine):
+                log.warning("the router did not take %s back in time", replica.name)
+            log.info("%s serves the new settings", replica.name)
 
 
 def bridge_argv(upstream: str, host: str, port: int) -> list[str]:

@@ -77,6 +77,8 @@ def render(state: Mapping[str, Any]) -> str:
     """The status as text: sections for the engine, traffic, keys, GPUs and cost. Every value the bridge
     sent is stripped of terminal controls (the boot log is a process's output)."""
     sections = [overview(state), traffic(state["traffic"]), keys(state["keys"]), gpus(state), cost(state["cost"])]
+    if len(state.get("engines", [])) > 1:
+        sections.insert(1, engines(state["engines"]))
     boot_log = state["engine"]["boot_log"]
     if boot_log:
         sections.insert(1, "\n".join(["Engine log (last lines)", *(f"  {line}" for line in boot_log)]))
@@ -93,6 +95,22 @@ def overview(state: Mapping[str, Any]) -> str:
         ("Image", image(state["image"])),
     ]
     return "\n".join(f"{name:<8}{value}" for name, value in rows)
+
+
+def engines(rows: Sequence[Mapping[str, Any]]) -> str:
+    """One line per engine of a pod with several (VL_REPLICAS)."""
+    lines = ["Engines"]
+    for row in rows:
+        detail = ""
+        if row["state"] == "healthy":
+            detail = (f"  running {optional(row['running'])}, waiting {optional(row['waiting'])}, "
+                      f"KV {percent(row['kv_use'])}, prefix-cache hits {percent(row['prefix_hit_rate'])}")  # fmt: skip
+        lines.append(f"  engine {row['replica']}  {row['state']}{detail}")
+    return "\n".join(lines)
+
+
+def percent(share: float | None) -> str:
+    return "?" if share is None else f"{share:.0%}"
 
 
 def image(facts: Mapping[str, Any] | None) -> str:

@@ -167,6 +167,15 @@ class Supervisor:
         process = child.process if child is not None and child.running else None
         return process.pid if process is not None else None
 
+    def is_healthy(self, name: str) -> bool:
+        child = self.children.get(name)
+        return child is not None and child.healthy and child.running
+
+    def is_healthy_after(self, name: str, launch: int) -> bool:
+        """Whether child `name` was launched again after its launch number `launch` and is healthy now."""
+        child = self.children.get(name)
+        return child is not None and child.launches > launch and self.is_healthy(name)
+
     def healthy(self) -> bool:
         """Every health-checked child answers (false while any is starting, hung or dead)."""
         checked = [child for child in self.children.values() if child.spec.health is not None]

@@ -79,6 +79,26 @@ def template_body(
     }
 
 
+def cluster_body(name: str, image: str, gpu_type: str, gpus_per_node: int, nodes: int) -> dict[str, Any]:
+    """A Ray Instant Cluster as a CreateClusterRequest (`POST /v2/clusters`), for a model larger than one
+    machine: the README's multi-node design, on paper (no cluster manager here). Every node runs the image;
+    vLLM runs on rank 0 with tensor parallelism inside each node and pipeline parallelism across them.
+    Clusters take public images only (no `registry` field)."""
+    engine = {"VL_TP": str(gpus_per_node),
+              "VL_EXTRA_ARGS": f"--distributed-executor-backend ray --pipeline-parallel-size {nodes}"}  # fmt: skip
+    return {
+        "name": name,
+        "type": "RAY",  # RunPod provisions the Ray head (rank 0, PRIMARY_ADDR) and its workers
+        "compute": {"gpuTypeId": gpu_type, "gpuCountPerPod": gpus_per_node, "podCount": nodes},
+        "image": image,
+        "disk": CONTAINER_DISK_GB,
+        "mounts": {"persistent": {"size": VOLUME_GB, "path": VOLUME_PATH}},
+        "ports": list(PORTS),
+        "env": template_env() | engine,
+        "startSsh": True,
+    }
+
+
 def repository(image: str) -> tuple[str, str]:
     """(registry host, repository path) of an image reference, tag and digest dropped; Docker Hub by default."""
     path = image.split("@", 1)[0]

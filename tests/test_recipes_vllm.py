@@ -24,6 +24,8 @@ def combinations(name: str) -> list[dict[str, str]]:
             "VL_EXTRA_ARGS": "--uvicorn-log-level warning",
         },
     ]
+    # The multi-node design (README "More GPUs"; space/runpod.py's cluster_body): Ray across two nodes.
+    cases.append({"VL_TP": "8", "VL_EXTRA_ARGS": "--distributed-executor-backend ray --pipeline-parallel-size 2"})
     cases += [{"VL_SPEC": method, "VL_SPEC_N": "2"} for method in recipe.speculation.methods]
     if recipe.yarn:
         cases.append({"VL_CTX": str(recipe.max_context)})
@@ -66,12 +68,15 @@ def test_vllm_accepts_the_command(serve_parser, name, env):
         spec = json.loads(command.argv[command.argv.index("--speculative-config") + 1])
         assert engine.speculative_config == spec
         assert engine.gpu_memory_utilization <= 0.90 or engine.kv_cache_memory_bytes
-    if "VL_TP" in env:
+    if "VL_DP" in env:
         assert engine.tensor_parallel_size == 2 and engine.data_parallel_size == 2
     if "VL_KVBYTES" in env:
         assert engine.kv_cache_memory_bytes == 8589934592 and engine.async_scheduling is False
-    if "VL_EXTRA_ARGS" in env:
+    if "uvicorn" in env.get("VL_EXTRA_ARGS", ""):
         assert args.uvicorn_log_level == "warning"
+    if "ray" in env.get("VL_EXTRA_ARGS", ""):
+        assert engine.distributed_executor_backend == "ray"
+        assert engine.tensor_parallel_size == 8 and engine.pipeline_parallel_size == 2
 
 
 RUNTIME_DESTS = ("host", "port", "uds", "api_key", "middleware", "served_model_name", "config")

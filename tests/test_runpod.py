@@ -67,6 +67,15 @@ def test_the_body_is_a_valid_create_and_update_request(runpod_openapi: OpenAPISc
     assert runpod_openapi.server_url == runpod.API_URL
 
 
+def test_the_multi_node_design_is_a_valid_ray_cluster_request(runpod_openapi: OpenAPISchemas) -> None:
+    body = runpod.cluster_body("big-model", PUBLIC_IMAGE, "NVIDIA H100 80GB HBM3", gpus_per_node=8, nodes=2)
+    assert runpod_openapi.errors("CreateClusterRequest", body) == []
+    assert body["env"]["VL_TP"] == "8" and "--pipeline-parallel-size 2" in body["env"]["VL_EXTRA_ARGS"]
+    assert runpod_openapi.errors("CreateClusterRequest", {**body, "registry": "6n2k8v4d"})  # public images only
+    one_node = runpod.cluster_body("big-model", PUBLIC_IMAGE, "NVIDIA H100 80GB HBM3", gpus_per_node=8, nodes=1)
+    assert runpod_openapi.errors("CreateClusterRequest", one_node)  # a cluster has two nodes at least
+
+
 def test_the_pod_it_describes() -> None:
     body = runpod.template_body(NAME, PUBLIC_IMAGE)
     assert body["ports"] == ["8080/http", "22/tcp"]

@@ -139,6 +139,7 @@ SAMPLES = {
     "VL_ASYNC": "on", "VL_ATTN": "FLASH_ATTN", "VL_ALIASES": "sonnet", "VL_EXTRA_ARGS": "--enforce-eager",
     "VL_API_KEYS": "team:key-0123456789abcdef", "VL_ALLOWED_HOSTS": "pod.example.com", "VL_LOG_REPO": "owner/pod-logs", "VL_CONFIG_REPO": "owner/pod-config",
     "VL_KEY_CONCURRENCY": "4", "VL_CACHE_DIR": "/workspace/caches", "VL_IDLE_STOP_MIN": "30", "VL_MAX_SPEND": "20",
+    "VL_WORKERS": "https://abc123-8080.proxy.runpod.net", "VL_WORKER_KEY": "sk-worker-0123456789",
 }  # fmt: skip
 INJECTION = "\nPasswordAuthentication yes"  # what a newline did to sshd_config through VL_LISTEN
 NON_FINITE = {"nan": "nan", "inf": "inf", "-inf": "-Infinity", "overflow": "1e999", "10 kB of digits": "9" * 10_240}
@@ -153,6 +154,7 @@ VLLM_ARGUMENTS = (
 # Hostile values a variable accepts on purpose, and why each is harmless there.
 HARMLESS = {
     ("VL_API_KEYS", "traversal inside"): KEYS_ONLY_COMPARED,
+    ("VL_WORKER_KEY", "traversal inside"): "a key the gateway sends in a header: never a path, an argument or a line",
     (
         "VL_ALLOWED_HOSTS",
         "newline",

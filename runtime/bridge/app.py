@@ -20,9 +20,11 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from runtime.bridge.accounting import Accounting
+from runtime.bridge.affinity import ROUTING_KEY, routing_key
 from runtime.bridge.auth import RequireKey
 from runtime.bridge.connection import read_body
 from runtime.bridge.console import console
+from runtime.bridge.engines import merged_metrics
 from runtime.bridge.errors import BridgeError, internal_failure
 from runtime.bridge.exchange import MessagesExchange, count_prompt
 from runtime.bridge.metrics import CONTENT_TYPE
@@ -31,9 +33,11 @@ from runtime.bridge.relay import Relay, rewrite_model
 from runtime.bridge.requests import CountTokensRequest, MessagesRequest, Translator, decode
 from runtime.bridge.sharing import KeyShare
 from runtime.bridge.state import Bridge
+from runtime.enginehealth import pod_condition, read_engine_health
 from runtime.logsafe import loggable
 
 log = logging.getLogger("runtime.bridge")
+ENGINE_METRICS_S = 10.0  # a scrape waits this long for a busy engine's metrics, then goes without them
 
 
 class Api:
@@ -46,13 +50,16 @@ class Api:
 
     async def messages(self, request: Request) -> MessagesExchange:
         body = await read_body(request, self.bridge.max_body)
-        return MessagesExchange(self.bridge, decode(body, MessagesRequest), len(body), request.state.trace)
+        parsed = decode(body, MessagesRequest)
+        user_id = parsed.metadata.user_id if parsed.metadata else None
+        routing = {ROUTING_KEY: routing_key(request.headers, user_id, request.state.key)}
+        return MessagesExchange(self.bridge, parsed, len(body), request.state.trace, routing)
 
     async def count_tokens(self, request: Request) -> Response:
         parsed = decode(await read_body(request, self.bridge.max_body), CountTokensRequest)
         catalog = self.bridge.catalog
         await catalog.current(self.bridge.upstream)
-        translation = Translator(catalog.inline_system).translate(parsed, catalog.upstream_name(parsed.model))
+        translation = Translator(catalog.inline_system).translate(parsed, catalog.upstream_name)
         count, _ = await count_prompt(self.bridge, translation)
         return JSONResponse({"input_tokens": count})
 
@@ -74,21 +81,19 @@ class Api:
         return Relay(self.bridge, request, body, stream)
 
     async def prometheus(self, request: Request) -> Response:
-        """The bridge's metrics, then vLLM's (ours alone while the engine does not answer)."""
-        theirs = b""
-        try:
-            status, content, _ = await self.bridge.upstream.fetch("GET", "/metrics")
-            theirs = content if status == 200 else b""
-        except BridgeError:
-            pass
+        """The bridge's metrics, then each engine's (ours alone while none answers)."""
+        answers = await self.bridge.upstream.fetch_each("/metrics", ENGINE_METRICS_S)
+        theirs = merged_metrics([body for _, body in answers])
         return Response(self.bridge.metrics.render() + theirs, media_type=CONTENT_TYPE)
 
     # --- the bridge itself ---
 
     async def health(self, request: Request) -> Response:
         model = self.bridge.catalog.model
-        return JSONResponse({"status": "ok", "model": model.name if model else None,
-                             "context_window": model.context_window if model else None})  # fmt: skip
+        engines = read_engine_health(self.bridge.state_dir)  # several engines: as the supervisor last saw them
+        answer = {"status": pod_condition(engines), "model": model.name if model else None,
+                  "context_window": model.context_window if model else None}  # fmt: skip
+        return JSONResponse(answer | ({"engines": engines} if engines else {}))
 
     async def status(self, request: Request) -> Response:
         return JSONResponse(await pod_status(self.bridge))

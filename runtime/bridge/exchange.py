@@ -67,8 +67,16 @@ async def count_prompt(bridge: Bridge, translation: Translation) -> tuple[int, i
 class MessagesExchange(WatchedAnswer):
     """The ASGI response for one `/v1/messages` request; records its outcome in `trace`."""
 
-    def __init__(self, bridge: Bridge, request: MessagesRequest, body_size: int, trace: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        bridge: Bridge,
+        request: MessagesRequest,
+        body_size: int,
+        trace: dict[str, Any],
+        routing: dict[str, str] | None = None,
+    ) -> None:
         self.bridge, self.stall_s = bridge, bridge.stall_s
+        self.routing = routing or {}  # this conversation's key for the router (runtime.bridge.affinity)
         self.request = request
         self.body_size = body_size
         self.trace = trace
@@ -96,7 +104,7 @@ class MessagesExchange(WatchedAnswer):
         self.window = (await bridge.catalog.current(bridge.upstream)).context_window
         translator = Translator(inline_system=bridge.catalog.inline_system)
         translation = translator.translate(
-            self.request, bridge.catalog.upstream_name(self.request.model), bridge.catalog.accepts_thinking_budget
+            self.request, bridge.catalog.upstream_name, bridge.catalog.accepts_thinking_budget
         )
         if self.bridge.log_prompts:
             self.trace["prompt"] = last_user_text(translation.payload["messages"])
@@ -115,7 +123,7 @@ class MessagesExchange(WatchedAnswer):
     async def open_chat(self, translation: Translation) -> AsyncIterator[aiohttp.ClientResponse]:
         """The upstream's streamed answer, once it accepted the request; its refusal as a BridgeError."""
         payload, catalog = translation.payload, self.bridge.catalog
-        headers = {"content-type": "application/json", "x-request-id": self.id}
+        headers = {"content-type": "application/json", "x-request-id": self.id, **self.routing}
         while True:
             body = msgspec.json.encode(payload)
             async with self.bridge.upstream.open("POST", "/v1/chat/completions", body, headers) as response:

@@ -94,10 +94,12 @@ class Catalog:
                 await self.refresh(upstream)
             await asyncio.sleep(1.0 if self.model is None else settled_every_s)
 
-    def upstream_name(self, requested: str) -> str | None:
-        """The `model` to send upstream: the requested one if vLLM serves it, else none (its default)."""
-        model = self.model
-        return requested if model is not None and requested in model.upstream_ids else None
+    @property
+    def upstream_name(self) -> str | None:
+        """The `model` sent upstream: the served model's own name whatever was asked (every name vLLM
+        serves is that one model, and the router in front of several engines knows it by that name
+        alone); None while no model is known (vLLM then takes its own)."""
+        return self.model.name if self.model is not None else None
 
     def names(self) -> list[str]:
         """Public ids: the served name bare (Claude Code honours CLAUDE_CODE_MAX_CONTEXT_TOKENS only for

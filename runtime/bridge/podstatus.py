@@ -11,12 +11,11 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
-import re
-from dataclasses import dataclass
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from runtime.bridge.errors import BridgeError
+from runtime.bridge.engines import EngineView, engine_view
 from runtime.bridge.state import Bridge
 from runtime.bridge.upstream import Upstream
 from runtime.logfiles import tail
@@ -24,46 +23,27 @@ from runtime.redact import Redactor
 
 BOOT_LOG_LINES = 20
 QUEUE_TIMEOUT_S = 2.0  # an engine that cannot say its queue in that time is busy enough to show "unknown"
-QUEUE_SAMPLE = re.compile(r"^vllm:num_requests_(running|waiting)(?:\{[^}]*\})?\s+(\S+)", re.MULTILINE)
 
 
-@dataclass(frozen=True)
-class EngineQueue:
-    """vLLM's scheduler as its `/metrics` tells it; `answering` is whether the engine answered at all."""
-
-    answering: bool
-    running: int | None = None
-    waiting: int | None = None
+async def engine_views(upstream: Upstream, timeout_s: float = QUEUE_TIMEOUT_S) -> list[EngineView]:
+    """Each engine's state from its `/metrics`."""
+    return [engine_view(answer) for answer in await upstream.fetch_each("/metrics", timeout_s)]
 
 
-def parse_queue(text: str) -> EngineQueue:
-    """Requests running and waiting, summed over vLLM's label sets (one per engine with data parallelism)."""
-    found: dict[str, float] = {}
-    for which, value in QUEUE_SAMPLE.findall(text):
-        try:
-            found[which] = found.get(which, 0.0) + float(value)
-        except ValueError:
-            continue
-    running, waiting = (found.get(which) for which in ("running", "waiting"))
-    return EngineQueue(True, None if running is None else int(running), None if waiting is None else int(waiting))
-
-
-async def engine_queue(upstream: Upstream, timeout_s: float = QUEUE_TIMEOUT_S) -> EngineQueue:
-    try:
-        status, body, _ = await asyncio.wait_for(upstream.fetch("GET", "/metrics"), timeout_s)
-    except TimeoutError:
-        return EngineQueue(True)  # slow: busy, not gone (a dead one refuses at once; a hung one is the watchdog's)
-    except BridgeError:
-        return EngineQueue(False)
-    return parse_queue(body.decode("utf-8", "replace")) if status == 200 else EngineQueue(True)
-
-
-def engine_state(model_known: bool, answering: bool) -> str:
-    """The engine's state: "starting" until the bridge has learnt the model, then "healthy", or
-    "restarting" while the engine that served it does not answer (the supervisor relaunches it)."""
+def engine_state(model_known: bool, engines: list[EngineView]) -> str:
+    """The engines' state: "starting" until the bridge has learnt the model, then "healthy", "degraded"
+    while some of several engines do not answer (the others serve), or "restarting" while none does
+    (the supervisor relaunches them)."""
     if not model_known:
         return "starting"
-    return "healthy" if answering else "restarting"
+    answering = sum(engine.answering for engine in engines)
+    return "healthy" if answering == len(engines) else "degraded" if answering else "restarting"
+
+
+def total(counts: Iterable[int | None]) -> int | None:
+    """The sum of what the engines said; None when none said."""
+    said = [count for count in counts if count is not None]
+    return sum(said) if said else None
 
 
 @functools.cache
@@ -92,9 +72,9 @@ def cost(per_hour: float | None, uptime_s: float, output_tokens_per_s: float) ->
 
 async def pod_status(bridge: Bridge) -> dict[str, Any]:
     """The whole status object (its contract: the README's "Watch the pod" and runtime/status.py)."""
-    queue = await engine_queue(bridge.upstream)
+    engines = await engine_views(bridge.upstream)
     model = bridge.catalog.model
-    state = engine_state(model is not None, queue.answering)
+    state = engine_state(model is not None, engines)
     boot_log = [] if state == "healthy" else await asyncio.to_thread(engine_log_tail, bridge.engine_log)
     uptime_s = bridge.usage.uptime_s()
     traffic = bridge.usage.traffic()
@@ -102,13 +82,14 @@ async def pod_status(bridge: Bridge) -> dict[str, Any]:
     return {
         "model": {"name": model.name, "context_window": model.context_window or None} if model else None,
         "engine": {"state": state, "boot_log": boot_log},
+        "engines": [engine.as_json(index) for index, engine in enumerate(engines)],
         "uptime_s": round(uptime_s, 1),
         "image": bridge.image,
         "traffic": {
             "requests_per_min": traffic.pop("requests_per_min"),
             "open_streams": bridge.metrics.streams_open(),
-            "running": queue.running,
-            "waiting": queue.waiting,
+            "running": total(engine.running for engine in engines),
+            "waiting": total(engine.waiting for engine in engines),
             **traffic,
         },
         "keys": bridge.usage.per_key(),

@@ -15,6 +15,7 @@ import msgspec
 from starlette.requests import Request
 from starlette.types import Send
 
+from runtime.bridge.affinity import ROUTING_KEY, routing_key
 from runtime.bridge.connection import Writer
 from runtime.bridge.errors import BridgeError
 from runtime.bridge.nesting import refuse_deep_nesting
@@ -29,7 +30,8 @@ PASSED_HEADERS = (b"content-type", b"cache-control")
 
 
 def rewrite_model(bridge: Bridge, body: bytes) -> tuple[bytes, bool]:
-    """The body with an unknown `model` dropped (vLLM then uses its own), and whether it streams."""
+    """The body with the served model's own name as its `model` once the bridge knows it (the router
+    routes by it), before that without a `model` (vLLM takes its own); and whether it streams."""
     refuse_deep_nesting(body)
     try:
         payload = msgspec.json.decode(body)
@@ -37,9 +39,10 @@ def rewrite_model(bridge: Bridge, body: bytes) -> tuple[bytes, bool]:
         raise BridgeError(400, f"the request body is not valid JSON: {error}") from None
     if not isinstance(payload, dict):
         raise BridgeError(400, "the request body must be a JSON object")
-    model = payload.get("model")
-    if model is not None and (not isinstance(model, str) or bridge.catalog.upstream_name(model) is None):
-        del payload["model"]
+    if (served := bridge.catalog.upstream_name) is not None:
+        payload["model"] = served
+    else:
+        payload.pop("model", None)
     return msgspec.json.encode(payload), payload.get("stream") is True
 
 
@@ -54,6 +57,7 @@ class Relay(WatchedAnswer):
         # id: vLLM aborts every generation under an id, so a reused one would abort another client's
         # (the trace line logs the client's beside this one).
         self.headers["x-request-id"] = self.trace["id"] = f"relay_{uuid.uuid4().hex[:24]}"
+        self.headers[ROUTING_KEY] = routing_key(request.headers, None, request.state.key)
 
     async def serve(self, send: Send) -> None:
         try:

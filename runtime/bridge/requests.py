@@ -127,6 +127,10 @@ class OutputConfig(Struct, kw_only=True):
     format: JsonFormat | None = None
 
 
+class Metadata(Struct, kw_only=True):
+    user_id: Annotated[str, Meta(max_length=256)] | None = None  # Claude Code names its session there (affinity)
+
+
 class CountTokensRequest(Struct, kw_only=True):
     """What `count_tokens` reads; `MessagesRequest` adds the generation fields."""
 
@@ -146,6 +150,7 @@ class MessagesRequest(CountTokensRequest, kw_only=True):
     temperature: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
     top_p: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
     top_k: Annotated[int, Meta(ge=0)] | None = None
+    metadata: Metadata | None = None
 
 
 R = TypeVar("R", CountTokensRequest, MessagesRequest)

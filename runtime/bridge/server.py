@@ -36,6 +36,9 @@ FILES_SPARE = 64  # open files besides connections: logs, the event loop, the li
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--upstream", required=True, help="vLLM's OpenAI server, e.g. http://127.0.0.1:18081")
+    parser.add_argument("--engine", action="append", default=[], metavar="URL",
+                        help="an engine behind the router that --upstream names (repeat for each): aborts, /tokenize, "
+                        "/v1/models and /metrics go to the engines directly")  # fmt: skip
     parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default: all)")
     parser.add_argument("--port", type=int, default=8080, help="port to listen on; 0 = a free one (default: 8080)")
     parser.add_argument("--max-connections", type=int, default=512,
@@ -57,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     except SettingsError as error:
         print(error, file=sys.stderr)
         return 2
-    bridge = Bridge(args.upstream, settings, args.max_connections, args.pool_timeout)
+    bridge = Bridge(args.upstream, settings, args.max_connections, args.pool_timeout, args.engine)
     if bridge.keys.open:
         log.warning("=" * 72)
         log.warning("VL_API_KEYS is empty: the bridge is OPEN, anyone who can reach it can use the model")

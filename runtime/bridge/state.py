@@ -6,6 +6,7 @@ it; nothing here serves.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 from runtime.activity import Activity
@@ -25,9 +26,15 @@ class Bridge:
     """Everything one bridge process shares: the upstream pool, the model catalog, keys, metrics."""
 
     def __init__(
-        self, upstream_url: str, settings: Settings, max_connections: int = 512, pool_timeout: float = 10.0
+        self,
+        upstream_url: str,
+        settings: Settings,
+        max_connections: int = 512,
+        pool_timeout: float = 10.0,
+        engines: Sequence[str] = (),
     ) -> None:
-        self.upstream = Upstream(upstream_url, max_connections, pool_timeout)
+        gateway_key = (settings.worker_key or "") if settings.role == "gateway" else None  # "": open workers
+        self.upstream = Upstream(upstream_url, max_connections, pool_timeout, engines, gateway_key)
         self.catalog = Catalog(settings.aliases)
         self.metrics = Metrics(lambda: self.upstream.in_use)
         self.keys = ApiKeys.for_pod(settings.api_keys, Path(settings.state_dir))
@@ -40,7 +47,9 @@ class Bridge:
         self.stall_s: float = settings.client_stall_s
         self.usage = Usage()
         self.telemetry = GpuTelemetry(on_sample=self.metrics.show_gpus)  # sampling: create_app's lifespan
-        self.engine_log = log_file(Path(settings.state_dir), ENGINE)
+        self.state_dir = Path(settings.state_dir)
+        # The console shows its tail while the engines start (the first one's, when there are several).
+        self.engine_log = log_file(Path(settings.state_dir), ENGINE if len(engines) < 2 else f"{ENGINE}-0")
         # What VL_IDLE_STOP_MIN measures; without it, no file is touched per request.
         self.activity = Activity(Path(settings.state_dir)) if settings.idle_stop_min else None
         facts = read_image_facts(Path(settings.prebaked_marker))

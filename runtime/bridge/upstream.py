@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
 import aiohttp
@@ -36,11 +36,29 @@ KEEPALIVE_S = 4.0
 CLOSED_UNDER_US = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientConnectionResetError)
 
 
-class Upstream:
-    """vLLM's OpenAI server at `base_url`: streamed requests, plain requests, and the pool's use."""
+# Generations go through the router when there is one (it keeps each conversation on its engine); the
+# rest is answered by any engine: the router does not route /tokenize, and /metrics is each engine's own.
+ROUTED_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/messages"})
 
-    def __init__(self, base_url: str, max_connections: int = 512, pool_timeout: float = 10.0) -> None:
+
+class Upstream:
+    """vLLM's OpenAI server at `base_url` (an engine, or the router in front of `engines`): streamed
+    requests, plain requests, and the pool's use."""
+
+    def __init__(
+        self,
+        base_url: str,
+        max_connections: int = 512,
+        pool_timeout: float = 10.0,
+        engines: Sequence[str] = (),
+        engine_key: str | None = None,
+    ) -> None:
         self.base_url = base_url.rstrip("/")
+        self.engines = tuple(url.rstrip("/") for url in engines) or (self.base_url,)
+        # A gateway's engines are other pods' bridges: its key for them on what it asks them directly, and
+        # no abort (they have no such route: each aborts its own generation when the router lets go of it).
+        self.engine_headers = {"authorization": f"Bearer {engine_key}"} if engine_key else {}
+        self.aborts_engines = engine_key is None
         self.max_connections = max_connections
         self.pool_timeout = pool_timeout
         self.in_use = 0
@@ -93,14 +111,28 @@ class Upstream:
         self, method: str, path: str, body: bytes | None, headers: dict[str, str] | None
     ) -> aiohttp.ClientResponse:
         """The response to a request, its body unread; sent a second time when the connection broke
-        before any answer (a kept-alive one, closed by the upstream as the request went out)."""
+        before any answer (a kept-alive one, closed by the upstream as the request went out). What is
+        not a generation goes to the first engine that accepts a connection."""
+        if path in ROUTED_PATHS:
+            return await self.send_to(self.base_url, method, path, body, headers)
+        headers = {**(headers or {}), **self.engine_headers}
+        for base in self.engines[:-1]:
+            try:
+                return await self.send_to(base, method, path, body, headers)
+            except aiohttp.ClientConnectorError:
+                continue  # that engine is down (restarting): another answers
+        return await self.send_to(self.engines[-1], method, path, body, headers)
+
+    async def send_to(
+        self, base: str, method: str, path: str, body: bytes | None, headers: dict[str, str] | None
+    ) -> aiohttp.ClientResponse:
         try:
-            return await self.client().request(method, self.base_url + path, data=body, headers=headers)
+            return await self.client().request(method, base + path, data=body, headers=headers)
         except aiohttp.ClientConnectorError:
             raise  # no connection at all: the upstream is down, not a stale connection
         except CLOSED_UNDER_US:
             log.info("the model server closed a connection under %s %s: sent again", method, path)
-            return await self.client().request(method, self.base_url + path, data=body, headers=headers)
+            return await self.client().request(method, base + path, data=body, headers=headers)
 
     def abort(self, path: str, headers: dict[str, str]) -> None:
         """Tell vLLM to stop a generation nobody will read, in the background.
@@ -112,16 +144,17 @@ class Upstream:
         request itself when the connection drops: that is what leaving `open` early does.
         """
         pattern, request_id = GENERATION_IDS.get(path), headers.get("x-request-id")
-        if pattern is None or request_id is None:
+        if pattern is None or request_id is None or not self.aborts_engines:
             return
-        task = asyncio.ensure_future(self.post_abort(pattern.format(request_id)))
-        self.aborts.add(task)
-        task.add_done_callback(self.aborts.discard)
+        for engine in self.engines:  # behind a router, only the engine that runs it knows the name
+            task = asyncio.ensure_future(self.post_abort(engine, pattern.format(request_id)))
+            self.aborts.add(task)
+            task.add_done_callback(self.aborts.discard)
 
-    async def post_abort(self, generation_id: str) -> None:
+    async def post_abort(self, engine: str, generation_id: str) -> None:
         try:
             async with self.client().post(
-                self.base_url + ABORT_PATH,
+                engine + ABORT_PATH,
                 json={"request_ids": [generation_id]},
                 timeout=aiohttp.ClientTimeout(total=10),
             ) as response:
@@ -140,6 +173,22 @@ class Upstream:
             except BROKEN as error:
                 raise BridgeError(500, f"the model server closed the connection ({type(error).__name__})") from None
         return response.status, content, response.headers.get("content-type", "application/json")
+
+    async def fetch_each(self, path: str, timeout_s: float) -> list[tuple[bool, bytes | None]]:
+        """GET `path` from every engine at once: whether each answered (a slow one is busy, not gone: a
+        dead one refuses at once, a hung one is the watchdog's), and its body when it answered 200."""
+
+        async def one(engine: str) -> tuple[bool, bytes | None]:
+            try:
+                timeout = aiohttp.ClientTimeout(total=timeout_s)
+                async with self.client().get(engine + path, headers=self.engine_headers, timeout=timeout) as answer:
+                    return True, await answer.read() if answer.status == 200 else None
+            except TimeoutError:
+                return True, None
+            except aiohttp.ClientError:
+                return False, None
+
+        return list(await asyncio.gather(*(one(engine) for engine in self.engines)))
 
     async def aclose(self) -> None:
         await asyncio.gather(*self.aborts, return_exceptions=True)  # aborts already asked for still go out

@@ -1,0 +1,40 @@
+"""The engines' health as the supervisor last saw it (VL_REPLICAS > 1), in one small file of VL_STATE_DIR:
+the bridge's `/health` says "degraded" from it without asking an engine anything (the watchdog's check
+must never wait on an engine), and the image's HEALTHCHECK prints what `/health` says.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+FILE = "engines.health.json"
+
+
+def write_engine_health(state_dir: Path, healthy: Mapping[str, bool]) -> None:
+    """Replace the file at once (readers never see half of it): each engine's name and whether it serves."""
+    path = state_dir / FILE
+    partial = path.with_suffix(".partial")
+    partial.write_text(json.dumps({name: "healthy" if ok else "down" for name, ok in healthy.items()}))
+    os.replace(partial, path)
+
+
+def forget_engine_health(state_dir: Path) -> None:
+    """No file: one engine (or none known yet), never a previous start's verdict."""
+    (state_dir / FILE).unlink(missing_ok=True)
+
+
+def read_engine_health(state_dir: Path) -> dict[str, str] | None:
+    """Each engine's state, or None when the pod has one engine (no file) or the file cannot be read."""
+    try:
+        states = json.loads((state_dir / FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return {str(name): str(state) for name, state in states.items()} if isinstance(states, dict) else None
+
+
+def pod_condition(states: Mapping[str, str] | None) -> str:
+    """ "ok" while every engine serves (or the pod has one), "degraded" while some do not."""
+    return "degraded" if states and any(state != "healthy" for state in states.values()) else "ok"

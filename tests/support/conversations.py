@@ -1,0 +1,87 @@
+"""Claude Code-shaped conversations for the tests of several engines or pods: a shared system prompt, then
+each session's own growing history, under its `x-claude-code-session-id`; and which engine served them,
+read from each engine's own metrics."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import anthropic
+import httpx
+
+SYSTEM = "You are Claude Code, Anthropic's official CLI for Claude. " + "Keep to the repository's conventions. " * 40
+
+
+@dataclass
+class Conversation:
+    session: str
+    messages: list[dict] = field(default_factory=list)
+
+    def turn(self, client: anthropic.Anthropic, n: int) -> anthropic.types.Message:
+        self.messages.append(
+            {"role": "user", "content": f"{self.session}, turn {n}: " + "edit main.py and test it. " * 30}
+        )
+        answer = client.messages.create(
+            model="claude-tiny", max_tokens=8, system=SYSTEM, messages=self.messages,  # type: ignore[arg-type]
+            extra_headers={"x-claude-code-session-id": self.session},
+        )  # fmt: skip
+        text = "".join(block.text for block in answer.content if block.type == "text") or "Done."
+        self.messages.append({"role": "assistant", "content": text})
+        return answer
+
+
+def engine_metric(port: int, name: str) -> float:
+    """The sum of a metric's samples on the engine listening on `port` (its own /metrics)."""
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if re.match(rf"{name}[{{ ]", line))
+
+
+def served(ports: tuple[int, ...]) -> list[float]:
+    """Requests each engine has finished."""
+    return [engine_metric(port, "vllm:request_success_total") for port in ports]
+
+
+def grown(before: list[float], after: list[float]) -> list[float]:
+    return [a - b for a, b in zip(after, before, strict=True)]
+
+
+@dataclass
+class Endpoint:
+    """A pod of several engines as its tests reach it: its bridge and key, each engine's port, the router's."""
+
+    url: str
+    key: str
+    engines: tuple[int, ...]
+    router_port: int
+
+    def health(self) -> dict:
+        return httpx.get(f"{self.url}/health", timeout=10).json()
+
+    def served(self) -> list[float]:
+        return served(self.engines)
+
+    def routes_to_all(self) -> bool:
+        """The router sends to every engine (it takes an engine a few seconds after it loads)."""
+        try:
+            workers = httpx.get(f"http://127.0.0.1:{self.router_port}/workers", timeout=5).json()["workers"]
+        except (httpx.HTTPError, ValueError, KeyError):
+            return False
+        return sum(1 for worker in workers if worker.get("is_healthy")) == len(self.engines)
+
+    def client(self) -> anthropic.Anthropic:
+        return anthropic.Anthropic(base_url=self.url, api_key=self.key, max_retries=0, timeout=120)
+
+
+def where_sessions_land(client: anthropic.Anthropic, engines: tuple[int, ...], sessions: tuple[str, ...]) -> list[int]:
+    """Three turns of each session, one session after the other: the engine that served all of a session's
+    turns (none other served any), each later turn read in part from the prefix cache."""
+    landed = []
+    for session in sessions:
+        conversation, before = Conversation(session), served(engines)
+        answers = [conversation.turn(client, n) for n in range(1, 4)]
+        grew = grown(before, served(engines))
+        assert sorted(grew) == [0.0] * (len(engines) - 1) + [3.0], f"{session}'s three turns were served as {grew}"
+        landed.append(grew.index(3))
+        assert all((answer.usage.cache_read_input_tokens or 0) > 0 for answer in answers[1:])
+    return landed
