@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -21,7 +20,6 @@ from runtime.settings import Settings, SettingsError
 # Before an engine restarts for a new setting, what it runs may finish (the router retries what it
 # sends meanwhile on the others); a longer generation is cut.
 DRAIN_S = 120.0
-IDLE = re.compile(rb"^vllm:num_requests_(?:running|waiting)(?:\{[^}]*\})?\s+(\S+)", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -99,6 +97,8 @@ async def drained(command: EngineCommand, timeout_s: float) -> bool:
     """Wait (at most `timeout_s`) until the engine runs and queues nothing; whether it came to that."""
     import httpx  # not on the light path to vLLM's launch
 
+    from runtime.bridge.engines import engine_view
+
     deadline = time.monotonic() + timeout_s
     async with httpx.AsyncClient(trust_env=False, timeout=10.0) as client:
         while time.monotonic() < deadline:
@@ -106,7 +106,8 @@ async def drained(command: EngineCommand, timeout_s: float) -> bool:
                 text = (await client.get(f"{command.base_url}/metrics")).content
             except httpx.HTTPError:
                 return True  # not answering: nothing left to finish
-            if not any(float(value) for value in IDLE.findall(text)):
+            queue = engine_view((True, text))  # the console's own reading of vLLM's metrics
+            if not (queue.running or queue.waiting):
                 return True
             await asyncio.sleep(0.5)
     return False

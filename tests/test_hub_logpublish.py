@@ -142,6 +142,42 @@ def test_a_fatal_line_is_published_before_close_returns(
     assert hub_log(hub_server).rstrip().endswith('RunPod: "allowedCudaVersions": ["13.0"])')
 
 
+class HeldRepo:
+    """The real repo, whose first upload waits for `go`: an upload under way when a last word is said."""
+
+    def __init__(self, repo: HubRepo) -> None:
+        self.repo, self.uploading, self.go = repo, threading.Event(), threading.Event()
+
+    def __str__(self) -> str:
+        return str(self.repo)
+
+    def write_text(self, path: str, text: str, message: str) -> None:
+        if not self.uploading.is_set():
+            self.uploading.set()
+            self.go.wait(60)
+        self.repo.write_text(path, text, message)
+
+
+def test_the_last_word_is_on_the_hub_when_publish_and_wait_returns(hub_server: HubServer, pod: Pod) -> None:
+    """The self-stop's path: an upload of an older text finishing meanwhile does not count as the last word."""
+    hub_server.create_repo(REPO)
+    held = HeldRepo(HubRepo.from_environ(REPO, hub_server.env()))
+    pub = LogPublisher(held, "pod-1", pod.logs, pod.healthy.is_set, Redactor.from_environ(hub_server.env()))  # type: ignore[arg-type]
+    pub.start()
+    assert held.uploading.wait(60)  # the first text, without the last word, is on its way
+    seen: list[tuple[bool, str]] = []
+    waiter = threading.Thread(
+        target=lambda: seen.append((pub.publish_and_wait("stopping this pod", 60), hub_log(hub_server)))
+    )
+    waiter.start()
+    wait_until(lambda: "stopping this pod" in pub.render(False), "the last word noted")
+    held.go.set()
+    waiter.join(120)
+    pub.close(timeout_s=60)
+    ((published, text),) = seen
+    assert published and "stopping this pod" in text
+
+
 def test_no_planted_secret_reaches_the_hub(hub_server: HubServer, pod: Pod, publisher: MakePublisher) -> None:
     secrets = {
         "HF_TOKEN": hub_server.write_token,  # the pod's own token: it may only travel in Authorization

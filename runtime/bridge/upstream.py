@@ -38,7 +38,7 @@ CLOSED_UNDER_US = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aioht
 
 # Generations go through the router when there is one (it keeps each conversation on its engine); the
 # rest is answered by any engine: the router does not route /tokenize, and /metrics is each engine's own.
-ROUTED_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/messages"})
+ROUTED_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})  # the generations the bridge sends
 
 
 class Upstream:

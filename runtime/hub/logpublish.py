@@ -80,6 +80,7 @@ class LogPublisher:
         self._wake = threading.Event()
         self._uploaded = threading.Condition()  # notified at each commit: publish_and_wait's signal
         self._notes: deque[str] = deque(maxlen=NOTES_KEPT)
+        self._noted = self._published_noted = 0  # notes taken so far; how many of them the Hub's text holds
         self._requested = self._closing = False
         self._thread: threading.Thread | None = None
         self._published: str | None = None  # the last text that reached the Hub
@@ -114,6 +115,7 @@ class LogPublisher:
             if message:  # bounded: one note must not erase the others' share of the log
                 clipped = message if len(message) <= NOTE_CHARS else f"{message[:NOTE_CHARS]}..."
                 self._notes.append(f"{utc_now()} {clipped}")
+                self._noted += 1
             self._requested = True
         self._wake.set()
 
@@ -122,10 +124,11 @@ class LogPublisher:
         last word before the pod stops itself. False without a running publisher, or when the Hub was late."""
         if self.repo is None or self._thread is None:
             return False
-        with self._uploaded:
-            before = self.stats.commits
+        with self._uploaded:  # an upload already under way holds an older text: wait for one that holds this
             self.publish_now(message)
-            return self._uploaded.wait_for(lambda: self.stats.commits > before, timeout_s)
+            with self._lock:
+                noted = self._noted
+            return self._uploaded.wait_for(lambda: self._published_noted >= noted, timeout_s)
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Stops the thread after one last attempt at a pending `publish_now`; waits at most `timeout_s`."""
@@ -137,15 +140,19 @@ class LogPublisher:
 
     def render(self, healthy: bool) -> str:
         """The log file's text, redacted: a header, the tail of each source, then the notes."""
+        return self._render(healthy)[0]
+
+    def _render(self, healthy: bool) -> tuple[str, int]:
+        """The text, and how many notes (ever taken) it holds."""
         with self._lock:
-            notes = list(self._notes)
+            notes, noted = list(self._notes), self._noted
         width = max(map(len, [*self.sources, "note"]))
         state = "healthy" if healthy else "not healthy"
         rows = [f"# vllm-pod {self.pod} · {state} since {self._since}"]
         for name, path in self.sources.items():
             rows += [f"{name:<{width}} | {row}" for row in tail(path)]
         rows += [f"{'note':<{width}} | {strip_controls(note)}" for note in notes]
-        return self.redact("\n".join(rows) + "\n")
+        return self.redact("\n".join(rows) + "\n"), noted
 
     def _run(self) -> None:
         while True:
@@ -165,11 +172,12 @@ class LogPublisher:
             requested, self._requested = self._requested, False
         if healthy and not requested and self._published_healthy is not False:
             return self.interval_s  # serving, and the Hub already says so: nothing to do
-        text = self.render(healthy)
+        text, noted = self._render(healthy)
         if text == self._published:
+            self._mark_published(noted)  # the Hub holds this text already, notes and all
             return self.interval_s  # nothing new to say
         blocked_s = 0.0 if final else max(self._retry_at - time.monotonic(), self.budget.wait_s())
-        if blocked_s <= 0 and self._upload(text):
+        if blocked_s <= 0 and self._upload(text, noted):
             self._published_healthy, self._failures = healthy, 0
             return self.interval_s
         if blocked_s <= 0:
@@ -190,7 +198,7 @@ class LogPublisher:
             self._seen_healthy, self._since = healthy, utc_now()
         return healthy
 
-    def _upload(self, text: str) -> bool:
+    def _upload(self, text: str, noted: int) -> bool:
         assert self.repo is not None  # the publisher runs only with a log repo
         try:
             self.repo.write_text(self.path, text, f"log of pod {self.pod}")
@@ -201,7 +209,11 @@ class LogPublisher:
             return False
         self.budget.spend()
         self._published = text
-        with self._uploaded:
-            self.stats.commits += 1
-            self._uploaded.notify_all()
+        self.stats.commits += 1
+        self._mark_published(noted)
         return True
+
+    def _mark_published(self, noted: int) -> None:
+        with self._uploaded:
+            self._published_noted = max(self._published_noted, noted)
+            self._uploaded.notify_all()
