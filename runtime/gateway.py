@@ -2,7 +2,8 @@
 other pods of ours (VL_WORKERS), each conversation kept on one of them as on the engines of one pod.
 
 The router learns its workers through its control plane on loopback, each registered with VL_WORKER_KEY
-in the request's body (never on its command line, which `ps` shows); a router that restarts starts with
+in the request's body (never on its command line, which `ps` shows; a worker's bridge accepts that key
+as the one labelled `gateway`); a router that restarts starts with
 none, so the gateway registers what it lacks every few seconds, and notes each worker's health in the
 file the bridge's /health reads (runtime.enginehealth): a worker down makes the gateway degraded.
 """
@@ -24,6 +25,10 @@ def check_roles(settings: Settings) -> None:
     if settings.role != "gateway":
         if settings.workers:
             raise SettingsError("VL_WORKERS", as_text(settings.workers), "empty unless VL_ROLE=gateway")
+        if settings.worker_key and not settings.bridge:
+            raise SettingsError(
+                "VL_BRIDGE", "off", "on with VL_WORKER_KEY (a worker's bridge checks the gateway's key)"
+            )
         return
     if not settings.workers:
         raise SettingsError("VL_WORKERS", "", "at least one pod's URL with VL_ROLE=gateway")

@@ -3,7 +3,9 @@ build.py saved to a pod that serves Claude Code, without RunPod's console.
 
 `up` creates the pod from the template (the GPU types in the user's order of preference, the next one
 tried on a capacity refusal), then watches it boot: the pod's Hub log as it comes, then its `/health`
-through RunPod's proxy until the model is served, and ends with what `runtime connect` prints. Ctrl-C
+through RunPod's proxy until the model is served, and ends with what `runtime connect` prints. With
+`--workers N`, N such pods and a gateway in front of them (a CPU pod: VL_ROLE=gateway), which is
+what Claude Code is given. Ctrl-C
 or `--timeout` stops the watching, never the pod. Every failure is one line. `RUNPOD_API_KEY` is the
 key; `RUNPOD_API_URL` and `RUNPOD_PROXY_URL` (a pattern with `{pod_id}` and `{port}`) point elsewhere.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -40,6 +43,8 @@ LOG_LINE_CHARS = 300
 HEALTH_TIMEOUT_S = 10.0
 HOST_TAKEN = "not enough free GPUs"  # RunPod's words when a stopped pod's host has been rented again
 GONE = ("EXITED", "ERROR", "TERMINATED")
+GATEWAY_CPU = "cpu3c"  # compute-optimised: the gateway only relays (the bridge and the router, no engine)
+GATEWAY_VCPUS = 2  # RunPod's smallest CPU pod; its RAM is the flavour's share per vCPU
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -52,15 +57,25 @@ def configure(parser: argparse.ArgumentParser) -> None:
     volume.add_argument("--volume-gb", type=int, metavar="GB", help="a new volume on the pod's host (>= 10 GB)")
     up.add_argument("--cloud", choices=("secure", "community"), default="secure")
     up.add_argument("--name", help="the pod's name (default: the template's target, e.g. vllm-pod-sm89)")
+    up.add_argument("--workers", type=at_least_one, metavar="N",
+                    help="N pods behind a gateway pod (a CPU pod) that keeps each conversation on one of them")  # fmt: skip
+    up.add_argument("--gateway-cpu", default=GATEWAY_CPU, metavar="FLAVOR",
+                    help=f"the gateway's CPU flavour, with --workers (default {GATEWAY_CPU})")  # fmt: skip
     watching(up)
     watching(actions.add_parser("watch", help="watch a pod boot until it serves")).add_argument("pod")
     watching(actions.add_parser("start", help="start a stopped pod and watch it boot")).add_argument("pod")
     status = actions.add_parser("status", help="one line per pod of ours: GPU, state, cost, uptime, URL, health")
     status.add_argument("pod", nargs="?")
-    actions.add_parser("stop", help="stop a pod (its volume stays)").add_argument("pod")
-    down = actions.add_parser("down", help="delete a pod, after saying what goes with it")
-    down.add_argument("pod")
+    actions.add_parser("stop", help="stop pods (their volumes stay)").add_argument("pods", nargs="+", metavar="pod")
+    down = actions.add_parser("down", help="delete pods, after saying what goes with them")
+    down.add_argument("pods", nargs="+", metavar="pod")
     down.add_argument("--yes", action="store_true", help="do not ask (needed without a terminal)")
+
+
+def at_least_one(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of pods, at least 1")
+    return int(text)
 
 
 def watching(command: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -130,27 +145,78 @@ def up(pods: Pods, args: argparse.Namespace) -> int:
                  "dataCenterIds": [volume["dataCenter"]]}  # fmt: skip
     elif args.volume_gb:
         body["mounts"] = {"persistent": {"size": args.volume_gb, "path": VOLUME_PATH}}
+    env = template.get("env") or {}
+    if args.workers:
+        return up_team(pods, args, body, gpus, cuda, env)
     pod = place(pods, body, gpus, cuda)
-    print(f"pod {pod['id']} ({pod['name']}): {pod['gpu']['id']}, ${pod['cost']:.2f}/h, {pod['status']}", flush=True)
-    host = pod.get("cudaVersion")
-    if host and host.split(".")[0] != cuda[0].split(".")[0]:
-        print(f"pod: warning: its host reports CUDA {host}, the image needs {', '.join(cuda)}: it will say so "
-              f"and stop (python -m runtime pod down {pod['id']})", file=sys.stderr)  # fmt: skip
-    return watch_boot(pods, pod["id"], args, template.get("env") or {})
+    return watch_boot(pods, pod["id"], args, env)
+
+
+def up_team(pods: Pods, args: argparse.Namespace, body: dict[str, Any], gpus: list[str], cuda: list[str],
+            env: Mapping[str, str]) -> int:  # fmt: skip
+    """N pods from the template, then a gateway in front of them (a CPU pod: no GPU to pay for), a key
+    of the team's own between them; watched until the gateway serves, which is what Claude Code is given."""
+    key = secrets.token_urlsafe(32)  # in the team's pods' environment at RunPod, printed nowhere
+    pods.api.secrets += (key,)
+    workers: list[dict[str, Any]] = []
+    try:
+        for index in range(args.workers):
+            worker = body | {"name": f"{body['name']}-worker-{index}", "env": {"VL_WORKER_KEY": key}}
+            workers.append(place(pods, worker, gpus, cuda))
+    except RunPodError as error:
+        raise RunPodError(f"{error}{still_running(workers)}") from None
+    team_cost = sum(worker["cost"] for worker in workers)
+    gateway_body = {
+        "name": f"{body['name']}-gateway", "templateId": body["templateId"], "cloud": body["cloud"],
+        "cpu": {"id": args.gateway_cpu, "vcpuCount": GATEWAY_VCPUS},  # no volume: a gateway keeps no weights
+        "env": {"VL_ROLE": "gateway", "VL_WORKERS": ",".join(proxy_url(worker["id"]) for worker in workers),
+                "VL_WORKER_KEY": key, "VL_COST_PER_HOUR": f"{team_cost:g}"},  # the console counts the team's GPUs
+    }  # fmt: skip
+    try:
+        gateway = pods.api.call("POST", "/v2/pods", f"create the gateway on {args.gateway_cpu}", gateway_body)
+    except RunPodError as error:
+        raise RunPodError(f"{error} (try --gateway-cpu another flavour){still_running(workers)}") from None
+    print(f"gateway {gateway['id']} ({gateway['name']}): {args.gateway_cpu}, ${gateway['cost']:.2f}/h, "
+          f"{gateway['status']}, in front of {', '.join(worker['id'] for worker in workers)}", flush=True)  # fmt: skip
+    deadline = time.monotonic() + args.timeout * 60
+    for pod in [*workers, gateway]:
+        status = boot(pods, pod["id"], env, deadline)
+        if status:
+            return status
+    print_environment(check_endpoint(proxy_url(gateway["id"]), pod_key(args.key) or "x"))
+    every = " ".join(pod["id"] for pod in [gateway, *workers])
+    print(f"\n# the team: python -m runtime pod status; pod stop {every}; pod down {every}")
+    return 0
+
+
+def still_running(pods: list[dict[str, Any]]) -> str:
+    """What a failed team leaves behind, and how to remove it."""
+    if not pods:
+        return ""
+    ids = " ".join(pod["id"] for pod in pods)
+    return f"; created already, and billing: {ids} (python -m runtime pod down {ids} --yes)"
 
 
 def place(pods: Pods, body: dict[str, Any], gpus: list[str], cuda: list[str]) -> dict[str, Any]:
-    """The pod created on the first GPU type RunPod can place it on; one line listing what was tried."""
+    """The pod created on the first GPU type RunPod can place it on, said in a line; else one line listing
+    what was tried."""
     tried = []
     for gpu in gpus:
         try:
-            return pods.api.call("POST", "/v2/pods", f"create a pod on {gpu}",
-                                 {**body, "gpu": {"id": gpu, "count": 1, "allowedCudaVersions": cuda}})  # fmt: skip
+            pod = pods.api.call("POST", "/v2/pods", f"create a pod on {gpu}",
+                                {**body, "gpu": {"id": gpu, "count": 1, "allowedCudaVersions": cuda}})  # fmt: skip
         except RunPodError as error:
             if error.status not in (400, 403):  # 400: no capacity (or a rule), 403: not this pool; else stop
                 raise
             tried.append(f"{gpu} ({error.detail or error.status})")
             print(f"pod: {gpu}: refused ({error.detail or error.status}); trying the next", file=sys.stderr)
+            continue
+        print(f"pod {pod['id']} ({pod['name']}): {gpu}, ${pod['cost']:.2f}/h, {pod['status']}", flush=True)
+        host = pod.get("cudaVersion")
+        if host and host.split(".")[0] != cuda[0].split(".")[0]:
+            print(f"pod: warning: its host reports CUDA {host}, the image needs {', '.join(cuda)}: it will say so "
+                  f"and stop (python -m runtime pod down {pod['id']})", file=sys.stderr)  # fmt: skip
+        return pod
     raise RunPodError(f"no pod could be placed, tried: {'; '.join(tried)}: try other --gpu types, "
                       "--cloud community, or later")  # fmt: skip
 
@@ -186,8 +252,16 @@ def proxy_url(pod_id: str, port: int = BRIDGE_PORT) -> str:
 
 def watch_boot(pods: Pods, pod_id: str, args: argparse.Namespace, env: Mapping[str, str]) -> int:
     """Watch the pod until its bridge serves the model, then print Claude Code's environment."""
-    url, key = proxy_url(pod_id), pod_key(args.key)
-    log, line = boot_log(pod_id, env), LiveLine()
+    status = boot(pods, pod_id, env, time.monotonic() + args.timeout * 60)
+    if not status:
+        print_environment(check_endpoint(proxy_url(pod_id), pod_key(args.key) or "x"))
+    return status
+
+
+def boot(pods: Pods, pod_id: str, env: Mapping[str, str], deadline: float) -> int:
+    """Its Hub log and its state on one live line until the pod serves (0), is gone (raises), or the
+    deadline passes or Ctrl-C comes: then what to type to watch again, and the exit status."""
+    url, log, line = proxy_url(pod_id), boot_log(pod_id, env), LiveLine()
     started, last = time.monotonic(), ""
     try:
         while True:
@@ -201,12 +275,11 @@ def watch_boot(pods: Pods, pod_id: str, args: argparse.Namespace, env: Mapping[s
                                   f"status {pod_id}; pod start {pod_id} to try again)")  # fmt: skip
             if status == "RUNNING" and serves(url):
                 break
-            elapsed = time.monotonic() - started
-            line.show(elapsed, status, last)
-            if elapsed > args.timeout * 60:
+            line.show(time.monotonic() - started, status, last)
+            if time.monotonic() > deadline:
                 line.end()
-                print(f"pod: {pod_id} is not serving after {args.timeout:g} min; it keeps running: "
-                      f"python -m runtime pod watch {pod_id}", file=sys.stderr)  # fmt: skip
+                print(f"pod: {pod_id} is not serving after {(time.monotonic() - started) / 60:.0f} min; it keeps "
+                      f"running: python -m runtime pod watch {pod_id}", file=sys.stderr)  # fmt: skip
                 return 1
             time.sleep(POLL_S)  # RunPod has no notification of a change: poll it
     except KeyboardInterrupt:
@@ -215,7 +288,6 @@ def watch_boot(pods: Pods, pod_id: str, args: argparse.Namespace, env: Mapping[s
         return 130
     line.end()
     print(f"pod {pod_id} serves after {time.monotonic() - started:.0f} s", flush=True)
-    print_environment(check_endpoint(url, key or "x"))
     return 0
 
 
@@ -261,12 +333,12 @@ def status(pods: Pods, args: argparse.Namespace) -> int:
     if not chosen:
         print("no pod of ours (python -m runtime pod up --template ... makes one)")
         return 0
-    rows = [("id", "GPU", "state", "$/h", "uptime", "URL", "serves")]
+    rows = [("id", "machine", "state", "$/h", "uptime", "URL", "serves")]
     for pod in chosen:
         url = proxy_url(pod["id"])
         uptime = (pod.get("runtime") or {}).get("uptime")
         health = ("yes" if serves(url) else "no") if pod["status"] == "RUNNING" else "-"  # no key needed
-        rows.append((pod["id"], (pod.get("gpu") or {}).get("id", "-"), pod["status"], f"{pod['cost']:.2f}",
+        rows.append((pod["id"], machine(pod), pod["status"], f"{pod['cost']:.2f}",
                      duration(uptime) if uptime is not None else "-", url, health))  # fmt: skip
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
@@ -285,27 +357,42 @@ def duration(seconds: int) -> str:
 
 
 def stop(pods: Pods, args: argparse.Namespace) -> int:
-    pods.act(args.pod, "stop")
-    print(f"stopped {args.pod}: its GPU is released and billing stops but for its volume; the container disk "
-          f"is lost (anything outside {VOLUME_PATH}), the volume keeps the weights and compile caches "
-          f"(python -m runtime pod start {args.pod})")  # fmt: skip
+    for pod_id in args.pods:
+        pods.act(pod_id, "stop")
+        print(f"stopped {pod_id}: its GPU is released and billing stops but for its volume; the container disk "
+              f"is lost (anything outside {VOLUME_PATH}), the volume keeps the weights and compile caches "
+              f"(python -m runtime pod start {pod_id})")  # fmt: skip
     return 0
 
 
 def down(pods: Pods, args: argparse.Namespace) -> int:
-    pod = pods.get(args.pod)
-    network = bool((pod.get("mounts") or {}).get("network"))
-    goes = "its container disk goes; its network volume stays" if network else "its container disk and its volume go"
-    what = f"pod {pod['id']} ({pod['name']}, {(pod.get('gpu') or {}).get('id', '-')}, {pod['status']}): {goes}"
+    what = {pod_id: going(pods.get(pod_id)) for pod_id in args.pods}
+    listed = "; ".join(what.values())
     if not args.yes:
         if not sys.stdin.isatty():
-            raise RunPodError(f"deleting {what}: pass --yes to confirm (no terminal to ask)")
-        if input(f"delete {what}. Delete it? [y/N] ").strip().lower() not in ("y", "yes"):
+            raise RunPodError(f"deleting {listed}: pass --yes to confirm (no terminal to ask)")
+        answer = input(f"delete {listed}. Delete {'them' if len(what) > 1 else 'it'}? [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
             print("kept")
             return 1
-    pods.api.call("DELETE", f"/v2/pods/{pod['id']}", f"delete the pod {pod['id']}", expect=None)
-    print(f"deleted {what}")
+    for pod_id, said in what.items():
+        pods.api.call("DELETE", f"/v2/pods/{pod_id}", f"delete the pod {pod_id}", expect=None)
+        print(f"deleted {said}")
     return 0
+
+
+def going(pod: Mapping[str, Any]) -> str:
+    """A pod, and what goes with it when it is deleted."""
+    network = bool((pod.get("mounts") or {}).get("network"))
+    goes = "its container disk goes; its network volume stays" if network else "its container disk and its volume go"
+    return f"pod {pod['id']} ({pod['name']}, {machine(pod)}, {pod['status']}): {goes}"
+
+
+def machine(pod: Mapping[str, Any]) -> str:
+    """What the pod runs on: its GPU type, or its CPU flavour."""
+    if pod.get("gpu"):
+        return str(pod["gpu"]["id"])
+    return f"{pod['cpu']['id']} ({pod['cpu']['vcpuCount']} vCPU)" if pod.get("cpu") else "-"
 
 
 COMMANDS: dict[str, Callable[[Pods, argparse.Namespace], int]] = {

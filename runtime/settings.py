@@ -177,13 +177,17 @@ def host_names(raw: str) -> tuple[str, ...]:
 
 
 def worker_urls(raw: str) -> tuple[str, ...]:
-    """`words` that are each the origin of a pod's bridge: http(s), a host, maybe a port; no path, no
-    credentials (the key is VL_WORKER_KEY, a secret); written without a trailing `/`."""
+    """`words` that are each the base URL of a pod's bridge: http(s), a host, maybe a port and a path (a
+    proxy that routes by path); no query and no credentials (the key is VL_WORKER_KEY, a secret); written
+    without a trailing `/`."""
     urls = at_most(MAX_NAMES, tuple(url.rstrip("/") for url in words(raw)))
     for url in urls:
         parts = urllib.parse.urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname or parts.username or any(parts[2:]):
-            raise Disallowed("each must be an http(s) origin: a host and maybe a port, no path or credentials")
+        dotted = {".", ".."} & set(parts.path.split("/"))
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.username or any(parts[3:]) or dotted:
+            raise Disallowed(
+                "each must be an http(s) URL: a host, maybe a port and a plain path, no query or credentials"
+            )
         parts.port  # noqa: B018  # raises ValueError on a port out of range
     if len(set(urls)) != len(urls):
         raise Disallowed("a URL is named twice")
@@ -519,7 +523,8 @@ VARIABLES: tuple[Variable, ...] = (
          "`http://<podId>.runpod.internal:8080` with global networking), each conversation kept on one; kept "
          "out of logs like a secret (a URL can carry one).", secret=True),
     _var("VL_WORKER_KEY", "", optional_key, f"a key of {MIN_KEY_CHARS} to {MAX_KEY_CHARS} visible ASCII characters, or empty", P,
-         "With VL_ROLE=gateway: the key it presents to its workers (one of their VL_API_KEYS); empty = open workers.",
+         "With VL_ROLE=gateway: the key it presents to its workers; on a worker pod: one more key its bridge accepts, "
+         "labelled `gateway` (`runtime pod up --workers` gives the team's pods one of their own); empty = none.",
          secret=True),
     _var("VL_SSH_PORT", "22", integer(1, 65535), "a TCP port", P, "sshd's port."),
     _var("VL_SSH", "on", switch, one_of("on", "off"), P, "Start sshd (needs PUBLIC_KEY or SSH_PUBLIC_KEY)."),

@@ -1,5 +1,5 @@
 """`python -m runtime pod` as a user runs it, against the schema-checking RunPod stand-in, with a real
-`runtime start` (vLLM on the CPU, the tiny model) playing the pod behind the proxy pattern: `up` places
+`runtime start` (vLLM on the CPU, the tiny model) playing the pod behind a stand-in of RunPod's proxy: `up` places
 it (the next GPU type on a capacity refusal), watches its boot through its Hub log and its /health, and
 ends with a working `connect` block; then `status`, `stop`, a `start` whose host is gone, and `down`.
 
@@ -9,21 +9,19 @@ One pod for the module (a vLLM cold start costs a minute here): the tests run in
 from __future__ import annotations
 
 import secrets
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from runtime.client import USER_AGENT
-from runtime.engine.tinymodel import write_tiny_model
 from space import runpod
 from tests.support.environ import outer_environ
 from tests.support.hub_server import HubServer
-from tests.support.net import free_port
+from tests.support.runpod_machines import Machines
 from tests.support.runpod_server import NO_CAPACITY, RunPodServer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -35,55 +33,16 @@ WATCH_MIN = "15"  # a cold start takes a minute alone, far more while other test
 
 
 @dataclass
-class Machine:
-    """What RunPod's machine does with a pod: runs the image's entrypoint with the template's environment
-    (RunPod's secrets substituted), stops it on a stop."""
-
-    hub: HubServer
-    root: Path
-    port: int = field(default_factory=free_port)
-    process: subprocess.Popen | None = None
-
-    def on_pod(self, pod_id: str, status: str) -> None:
-        if status == "PROVISIONING" and self.process is None:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "runtime", "start"], cwd=REPO_ROOT, env=self.environ(pod_id),
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            )  # fmt: skip
-        elif status in ("EXITED", "TERMINATED") and self.process is not None:
-            self.process.send_signal(signal.SIGTERM)
-
-    def environ(self, pod_id: str) -> dict[str, str]:
-        template = runpod.template_env(log_repo=LOG_REPO)
-        secrets_of_the_account = {"HF_TOKEN": self.hub.write_token, "VL_API_KEYS": KEY}
-        return outer_environ() | template | self.hub.env() | secrets_of_the_account | {
-            "RUNPOD_POD_ID": pod_id, "VL_MODEL": "tiny",  # the cpu image's recipe
-            "VL_STATE_DIR": str(self.root / "state"), "VL_VENV": sys.prefix,
-            "VL_PREBAKED_MARKER": str(self.root / "image_prebaked"), "VL_LISTEN": "127.0.0.1",
-            "VL_PORT": str(self.port), "VL_ENGINE_PORT": str(free_port()), "VL_SSH": "off",
-            "VL_LOG_INTERVAL_S": "5",
-        }  # fmt: skip
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-
-
-@dataclass
 class Account:
     runpod: RunPodServer
     hub: HubServer
-    machine: Machine
+    machines: Machines
     template_id: str
 
     def pod(self, *args: str, timeout_s: float = 1200) -> subprocess.CompletedProcess[str]:
         env = outer_environ("RUNPOD_", "ANTHROPIC_") | {
             "RUNPOD_API_KEY": self.runpod.api_key, "RUNPOD_API_URL": self.runpod.url,
-            "RUNPOD_PROXY_URL": f"http://127.0.0.1:{self.machine.port}",  # the proxy pattern, no placeholder needed
+            "RUNPOD_PROXY_URL": self.machines.proxy_url,  # RunPod's proxy in front of the machines
             "HF_ENDPOINT": self.hub.endpoint, "HF_TOKEN": self.hub.read_token, "ANTHROPIC_API_KEY": KEY,
         }  # fmt: skip
         return subprocess.run(
@@ -91,20 +50,18 @@ class Account:
             timeout=timeout_s, stdin=subprocess.DEVNULL,
         )  # fmt: skip
 
+    def url(self, pod_id: str) -> str:
+        return self.machines.proxy_url.format(pod_id=pod_id, port=8080)
+
 
 @pytest.fixture(scope="module")
 def account(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Account]:
-    root = tmp_path_factory.mktemp("machine")
-    write_tiny_model(root / "state" / "models" / "tiny")  # what the cpu image bakes
-    (root / "image_prebaked").write_text('{"target": "cpu"}\n')
     with HubServer() as hub, RunPodServer() as server:
-        machine = Machine(hub, root)
-        server.state.on_pod = machine.on_pod
         body = runpod.template_body(TEMPLATE, "registry.hf.space/pod-owner-vllm-pod-sm89:latest", log_repo=LOG_REPO)
-        try:
-            yield Account(server, hub, machine, server.add_template(body))
-        finally:
-            machine.stop()
+        template_id = server.add_template(body)
+        secrets_of_the_account = {"HF_TOKEN": hub.write_token, "VL_API_KEYS": KEY}
+        with Machines(server, hub, tmp_path_factory.mktemp("machines"), secrets_of_the_account) as machines:
+            yield Account(server, hub, machines, template_id)
         assert not server.faults, server.faults
 
 
@@ -125,7 +82,7 @@ def test_up_places_the_pod_on_the_next_gpu_watches_its_boot_and_prints_claude_co
     assert any(line.startswith("  | ") and "vLLM launched" in line for line in result.stdout.splitlines()), (
         "the boot, as its Hub log tells it"
     )
-    assert f"export ANTHROPIC_BASE_URL=http://127.0.0.1:{account.machine.port}" in result.stdout
+    assert f"export ANTHROPIC_BASE_URL={account.url(account.runpod.pods[0]['id'])}" in result.stdout
     assert "export ANTHROPIC_MODEL=tiny" in result.stdout and "one token generated" in result.stdout
     assert {r.headers.get("user-agent") for r in account.runpod.received} == {USER_AGENT}
 
@@ -135,7 +92,7 @@ def test_status_lists_the_pod_serving(account: Account) -> None:
     result = account.pod("status")
     assert result.returncode == 0, result.stderr
     header, row = result.stdout.splitlines()
-    assert header.split() == ["id", "GPU", "state", "$/h", "uptime", "URL", "serves"]
+    assert header.split() == ["id", "machine", "state", "$/h", "uptime", "URL", "serves"]
     assert row.startswith(pod["id"]) and SECOND_GPU in row and " RUNNING " in row and row.endswith(" yes")
 
 
@@ -144,7 +101,7 @@ def test_stop_says_what_it_keeps_and_the_pod_stops(account: Account) -> None:
     result = account.pod("stop", pod["id"])
     assert result.returncode == 0, result.stderr
     assert "the container disk is lost (anything outside /workspace), the volume keeps the weights" in result.stdout
-    assert account.machine.process is not None and account.machine.process.wait(60) == 0
+    assert account.machines.played[pod["id"]].process.wait(60) == 0
     assert account.runpod.pods[0]["status"] == "EXITED"
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from runtime.bridge.affinity import conversation, routing_key
+from runtime.bridge.auth import accepted_keys
 from runtime.bridge.engines import engine_view, merged_metrics
 from runtime.engine.command import engine_command
 from runtime.enginehealth import pod_condition, read_engine_health, write_engine_health
@@ -168,17 +169,27 @@ def test_the_engines_health_file_says_degraded_and_which(tmp_path: Path) -> None
         ({"VL_WORKERS": "http://10.0.0.2:8080"}, "expected empty unless VL_ROLE=gateway"),
         ({"VL_ROLE": "gateway", "VL_WORKERS": "http://10.0.0.2:8080", "VL_REPLICAS": "2"}, "1 with VL_ROLE=gateway"),
         ({"VL_ROLE": "gateway", "VL_WORKERS": "http://10.0.0.2:8080", "VL_BRIDGE": "off"}, "on with VL_ROLE=gateway"),
+        ({"VL_WORKER_KEY": "sk-gateway-to-workers-0123456789", "VL_BRIDGE": "off"}, "on with VL_WORKER_KEY"),
     ],
 )
 def test_a_gateway_without_workers_or_workers_without_a_gateway_are_refused(env: dict[str, str], refusal: str) -> None:
     with pytest.raises(SettingsError, match=re.escape(refusal)):
         check_roles(load_settings(env))
     check_roles(load_settings({"VL_ROLE": "gateway", "VL_WORKERS": "https://abc-8080.proxy.runpod.net/"}))
+    check_roles(load_settings({"VL_ROLE": "gateway", "VL_WORKERS": "http://10.0.0.9:9000/abc-8080"}))  # by path
+
+
+def test_a_worker_accepts_its_gateway_s_key_as_one_more_labelled_gateway() -> None:
+    team = {"VL_API_KEYS": "alice:sk-alice-0123456789abcdef", "VL_WORKER_KEY": "sk-gateway-to-workers-0123456789"}
+    labels = [(key.name, key.key) for key in accepted_keys(load_settings(team))]
+    assert labels == [("alice", "sk-alice-0123456789abcdef"), ("gateway", "sk-gateway-to-workers-0123456789")]
+    gateway = load_settings(team | {"VL_ROLE": "gateway", "VL_WORKERS": "http://10.0.0.2:8080"})
+    assert accepted_keys(gateway) == gateway.api_keys  # a gateway presents that key, its clients do not
 
 
 @pytest.mark.parametrize("workers", ["ftp://10.0.0.2", "http://user:secret@10.0.0.2", "http://10.0.0.2:99999",
-                                     "http://a.example http://a.example/", "http://a.example/?q=1"])  # fmt: skip
-def test_worker_urls_are_http_hosts_without_credentials(workers: str) -> None:
+                                     "http://a.example http://a.example/", "http://a.example/?q=1", "http://a.example/p#f"])  # fmt: skip
+def test_worker_urls_are_http_urls_without_query_or_credentials(workers: str) -> None:
     with pytest.raises(SettingsError) as refusal:
         load_settings({"VL_WORKERS": workers})
     assert str(refusal.value).startswith("VL_WORKERS=")

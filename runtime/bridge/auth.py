@@ -20,11 +20,12 @@ from pathlib import Path
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from runtime.bridge.errors import BridgeError
-from runtime.settings import BY_ENV, ApiKey, parse_value
+from runtime.settings import BY_ENV, ApiKey, Settings, parse_value
 
 log = logging.getLogger("runtime.bridge")
 
 OPEN_LABEL = "open"  # the usage label when no key is configured
+GATEWAY_LABEL = "gateway"  # a worker pod's label for its gateway's key (VL_WORKER_KEY): the team's traffic
 UNGUARDED = frozenset({"/", "/health", "/console"})  # warm-up HEAD /, watchdog, the console's page (no data)
 SALT_FILE = "key-label.salt"  # in VL_STATE_DIR: made once, so labels survive bridge restarts
 SALT_BYTES = 32  # 256 bits: a label cannot be tested against guessed keys without the salt
@@ -64,6 +65,13 @@ def label_of(key: str, salt: bytes) -> str:
     """A key's label in traces and metrics: an HMAC under the pod's secret salt (a bare hash of a
     weak key could be reversed offline by anyone who reads /metrics or the Hub log)."""
     return "hmac:" + hmac.new(salt, key.encode(), "sha256").hexdigest()[:LABEL_HEX]
+
+
+def accepted_keys(settings: Settings) -> tuple[ApiKey, ...]:
+    """The keys a pod's bridge accepts: VL_API_KEYS, and on a worker pod its gateway's VL_WORKER_KEY."""
+    if settings.role == "gateway" or not settings.worker_key:
+        return settings.api_keys
+    return (*settings.api_keys, ApiKey(GATEWAY_LABEL, settings.worker_key))
 
 
 class ApiKeys:

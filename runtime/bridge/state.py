@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from runtime.activity import Activity
-from runtime.bridge.auth import AllowedHosts, ApiKeys
+from runtime.bridge.auth import AllowedHosts, ApiKeys, accepted_keys
 from runtime.bridge.metrics import Metrics
 from runtime.bridge.models import Catalog
 from runtime.bridge.sharing import key_cap
@@ -37,7 +37,7 @@ class Bridge:
         self.upstream = Upstream(upstream_url, max_connections, pool_timeout, engines, gateway_key)
         self.catalog = Catalog(settings.aliases)
         self.metrics = Metrics(lambda: self.upstream.in_use)
-        self.keys = ApiKeys.for_pod(settings.api_keys, Path(settings.state_dir))
+        self.keys = ApiKeys.for_pod(accepted_keys(settings), Path(settings.state_dir))
         self.hosts = AllowedHosts.for_pod(settings.allowed_hosts, os.environ)
         self.ping_s: float = settings.bridge_ping_s
         self.log_prompts: bool = settings.log_prompts

@@ -7,13 +7,14 @@ Routes: `GET/POST /v2/templates`, `GET/PATCH /v2/templates/{id}`, `GET/POST /v2/
 `GET /v2/network-volumes`. Pods go PROVISIONING → STARTING → RUNNING, one step per read of the pod
 (as a poller sees it); `stop` → EXITED, `start` → RUNNING, `terminate` or DELETE → gone; an action the
 status does not allow is a 409. What the spec leaves to RunPod's judgement is set by the test:
-`out_of_stock` GPU types (a 400 whose detail says no instance is available, the spec's capacity
+`out_of_stock` GPU types or CPU flavours (a 400 whose detail says no instance is available, the spec's capacity
 refusal), `host_cuda` (the CUDA version a GPU type's hosts report: outside `allowedCudaVersions`, the
 same refusal), `host_taken` pods (their `start` refused with a 400: not enough free GPUs on the host),
 and `on_pod` (called with a pod's id and its new status, under the lock: a test starts or stops what
 plays the pod). Bearer auth (`api_key` may write; `read_only_key` gets 403 on writes, the spec's
 "valid key lacking access"); errors are `application/problem+json` ErrorResponse objects: 401/403, 404 for
-an unknown id or route, 400 for a body that is not JSON, and 422 with the validator's messages for one the
+an unknown id or route, 400 for a body that is not JSON (or a CPU pod's body the spec's text refuses:
+a persistent mount, a flavour not listed, a vCPU count not a power of two), and 422 with the validator's messages for one the
 schema refuses (the spec's own wording: "rejected with 422 by the schema validator"). Every request is kept
 in `received`; an answer of ours that breaks the spec goes to `faults` (the fixture fails the test on one).
 Use it through the `runpod_server` fixture (and `runpod_openapi` for the spec's schemas).
@@ -23,7 +24,6 @@ from __future__ import annotations
 
 import json
 import secrets
-import socket
 import string
 import threading
 import time
@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 from jsonschema import Draft202012Validator
 from referencing import Registry
 from referencing.jsonschema import DRAFT202012
@@ -43,6 +42,8 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+
+from tests.support.net import Served
 
 SPEC_PATH = Path(__file__).resolve().parent.parent / "data" / "runpod-openapi-v2.json"
 SPEC_URI = "urn:runpod:openapi-v2"  # the document's id in the validators' registry: `$ref`s resolve inside it
@@ -159,6 +160,8 @@ NO_CAPACITY = (
 )
 HOST_TAKEN = "There are not enough free GPUs on the host machine to start this pod."
 GPU_PRICES = {"NVIDIA RTX 6000 Ada Generation": 0.77, "NVIDIA L40S": 0.86, "NVIDIA GeForce RTX 4090": 0.69}
+CPU_FLAVOURS = {"cpu3c", "cpu3g", "cpu5c"}  # what the stand-in's catalog would list
+CPU_PRICE_PER_VCPU, CPU_RAM_GB_PER_VCPU = 0.04, 2.0  # the spec's example prices a vCPU at $0.04/h
 NEXT_STATUS = {"PROVISIONING": "STARTING", "STARTING": "RUNNING"}
 ACTIONS = {  # what each status allows, as the spec's action operation lists it
     "PROVISIONING": ["stop", "terminate"],
@@ -173,25 +176,35 @@ def now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-def new_pod(pod_id: str, body: dict[str, Any], template: dict[str, Any] | None, cuda: str) -> dict[str, Any]:
+def new_pod(pod_id: str, body: dict[str, Any], template: dict[str, Any] | None, cuda: str | None) -> dict[str, Any]:
     """A Pod from a CreatePodRequest, its template resolved into it (body fields win, env merged per key)."""
     base = {k: template[k] for k in ("image", "args", "disk", "ports", "env", "registry") if template and k in template}
     mounts = body.get("mounts") or {}
-    if not mounts and template and template.get("mounts", {}).get("persistent"):
-        mounts = {"persistent": template["mounts"]["persistent"]}
-    gpu = body["gpu"]
+    if not mounts and "gpu" in body and template and template.get("mounts", {}).get("persistent"):
+        mounts = {"persistent": template["mounts"]["persistent"]}  # CPU pods do not inherit it (the spec)
     pod = {
         "args": "", "disk": 50, "ports": [], "registry": None, **base,
         **{k: body[k] for k in ("image", "args", "disk", "ports", "registry") if k in body},
         "id": pod_id, "name": body["name"], "status": "PROVISIONING", "actions": ACTIONS["PROVISIONING"],
         "env": {**base.get("env", {}), **body.get("env", {})}, "mounts": mounts,
-        "gpu": {"id": gpu["id"], "count": gpu.get("count", 1)}, "cloud": body.get("cloud", "SECURE"),
+        "cloud": body.get("cloud", "SECURE"),
         "dataCenterId": (body.get("dataCenterIds") or ["US-TX-3"])[0], "cudaVersion": cuda,
-        "ssh": {"proxy": None, "direct": None}, "template": None,
-        "cost": GPU_PRICES.get(gpu["id"], 0.5) * gpu.get("count", 1), "locked": False, "runtime": None,
+        "ssh": {"proxy": None, "direct": None}, "template": None, "locked": False, "runtime": None,
         "createdAt": now(), "startedAt": None, "globalNetworking": {"enabled": False},
     }  # fmt: skip
+    if "gpu" in body:
+        pod["gpu"] = {"id": body["gpu"]["id"], "count": body["gpu"].get("count", 1)}
+    else:  # memory: the flavour's RAM per vCPU times the count, as the spec says the API derives it
+        pod["cpu"] = {**body["cpu"], "memory": int(CPU_RAM_GB_PER_VCPU * body["cpu"]["vcpuCount"])}
+    pod["cost"] = price(pod)
     return json.loads(json.dumps(pod))
+
+
+def price(pod: dict[str, Any]) -> float:
+    """A running pod's price per hour: its GPUs', or its vCPUs'."""
+    if "gpu" in pod:
+        return GPU_PRICES.get(pod["gpu"]["id"], 0.5) * pod["gpu"]["count"]
+    return round(CPU_PRICE_PER_VCPU * pod["cpu"]["vcpuCount"], 4)
 
 
 def new_template(template_id: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -331,18 +344,22 @@ class RunPodApp:
         return 200, "Pod", pod
 
     def create_pod(self, request: Request, body: dict[str, Any]) -> tuple[int, str, Any]:
-        if "gpu" not in body:
-            raise Problem(400, "exactly one of gpu or cpu must be set (this stand-in places GPU pods only)")
+        if ("gpu" in body) == ("cpu" in body):
+            raise Problem(400, "exactly one of gpu or cpu must be set")
         template = None
         if "templateId" in body:
             template = self.state.template(body["templateId"])  # 404 when unknown, as the spec says
         elif "image" not in body:
             raise Problem(400, "image is required unless templateId is set")
-        gpu = body["gpu"]["id"]
-        cuda = self.state.host_cuda.get(gpu, DEFAULT_CUDA)
-        allowed = body["gpu"].get("allowedCudaVersions") or (template or {}).get("allowedCudaVersions") or []
-        if gpu in self.state.out_of_stock or (allowed and cuda not in allowed):
-            raise Problem(400, NO_CAPACITY)
+        cuda: str | None = None  # a CPU pod's host reports none
+        if "cpu" in body:
+            self.check_cpu(body)
+        else:
+            gpu = body["gpu"]["id"]
+            cuda = self.state.host_cuda.get(gpu, DEFAULT_CUDA)
+            allowed = body["gpu"].get("allowedCudaVersions") or (template or {}).get("allowedCudaVersions") or []
+            if gpu in self.state.out_of_stock or (allowed and cuda not in allowed):
+                raise Problem(400, NO_CAPACITY)
         for volume in (body.get("mounts") or {}).get("network", []):
             if volume["volumeId"] not in self.state.volumes:
                 raise Problem(400, f"network volume {volume['volumeId']} not found")
@@ -350,6 +367,16 @@ class RunPodApp:
         self.state.pods[pod_id] = pod = new_pod(pod_id, body, template, cuda)
         self.state.on_pod(pod_id, "PROVISIONING")
         return 201, "Pod", pod
+
+    def check_cpu(self, body: dict[str, Any]) -> None:
+        """A CPU pod's checks, from the spec's text (the schema cannot say them); no CUDA to report."""
+        cpu = body["cpu"]
+        if "persistent" in (body.get("mounts") or {}):
+            raise Problem(400, "mounts.persistent is invalid when cpu is set")
+        if cpu["id"] not in CPU_FLAVOURS or cpu["vcpuCount"] & (cpu["vcpuCount"] - 1):
+            raise Problem(400, f"no CPU flavour {cpu['id']} with {cpu['vcpuCount']} vCPUs (a power of two)")
+        if cpu["id"] in self.state.out_of_stock:
+            raise Problem(400, NO_CAPACITY)
 
     def pod_action(self, request: Request, body: dict[str, Any]) -> tuple[int, str | None, Any]:
         pod, action = self.pod(request), body["action"]
@@ -377,9 +404,10 @@ class RunPodApp:
     def moved(self, pod: dict[str, Any], status: str) -> None:
         pod["status"], pod["actions"] = status, ACTIONS[status]
         running = status == "RUNNING"
-        pod["runtime"] = {"uptime": 0, "gpus": [{"util": 0, "memoryUtil": 0}]} if running else None
+        gpus = [{"util": 0, "memoryUtil": 0}] * (pod["gpu"]["count"] if "gpu" in pod else 0)
+        pod["runtime"] = {"uptime": 0, "gpus": gpus} if running else None
         pod["startedAt"] = now() if running else pod["startedAt"]
-        pod["cost"] = GPU_PRICES.get(pod["gpu"]["id"], 0.5) if status != "EXITED" else 0.0
+        pod["cost"] = price(pod) if status != "EXITED" else 0.0
         self.state.on_pod(pod["id"], status)
 
     def list_volumes(self, request: Request, body: None) -> tuple[int, str, Any]:
@@ -410,26 +438,18 @@ class RunPodServer:
 
     def __init__(self) -> None:
         self.state = RunPodState(api_key=f"rpa_{secrets.token_hex(20)}", read_only_key=f"rpa_{secrets.token_hex(20)}")
-        self.url = ""
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
+        self.served = Served(RunPodApp(self.state).asgi(), "runpod-server")
 
     def __enter__(self) -> RunPodServer:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(128)  # listening already: a client that comes before uvicorn accepts waits in the backlog
-        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        config = uvicorn.Config(RunPodApp(self.state).asgi(), log_level="warning", lifespan="off")
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(
-            target=self._server.run, kwargs={"sockets": [sock]}, name="runpod-server", daemon=True
-        )
-        self._thread.start()
+        self.served.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._server.should_exit = True
-        self._thread.join(30)
+        self.served.__exit__(*exc)
+
+    @property
+    def url(self) -> str:
+        return self.served.url
 
     # --- what tests use ---
 

@@ -1,0 +1,134 @@
+"""What RunPod's machines and its HTTP proxy do with the stand-in's pods, on loopback.
+
+Each pod the stand-in creates is run as RunPod would: `python -m runtime start` with the pod's own
+environment (its template's, merged with the create request's, RunPod's secrets substituted), SIGTERM on a
+stop. The proxy forwards `/<podId>-<port>/...` to that pod's bridge as `https://<podId>-<port>.proxy.runpod.net`
+does: a path rather than a host name (loopback has no wildcard DNS), so RUNPOD_PROXY_URL is
+`<proxy>/{pod_id}-{port}`; a pod that does not answer is a 502, as there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+from starlette.applications import Starlette
+from starlette.background import BackgroundTask
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from runtime.engine.tinymodel import write_tiny_model
+from tests.support.environ import outer_environ
+from tests.support.hub_server import HubServer
+from tests.support.net import Served, free_port
+from tests.support.runpod_server import RunPodServer
+
+REPO_ROOT = Path(__file__).resolve().parent.parent.parent
+SECRET = re.compile(r"\{\{ RUNPOD_SECRET_(\w+) \}\}")  # space/runpod.py's secret_reference
+BRIDGE_PORT = "8080"
+METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+HOP_BY_HOP = {"host", "connection", "keep-alive", "transfer-encoding", "content-length", "te", "upgrade"}
+
+
+@dataclass
+class Played:
+    """One pod as its machine runs it: the runtime's process, its state folder, its environment."""
+
+    pod_id: str
+    process: subprocess.Popen
+    state: Path
+    env: dict[str, str]
+
+    @property
+    def url(self) -> str:
+        """Its bridge, directly (the proxy's way in is `Machines.proxy_url`)."""
+        return f"http://127.0.0.1:{self.env['VL_PORT']}"
+
+    def boot_log(self) -> str:
+        path = self.state / "boot.log"
+        return path.read_text() if path.exists() else ""
+
+    def stop(self) -> None:
+        """SIGTERM, and wait for it to end (a test's clean-up; RunPod's stop only signals)."""
+        with contextlib.suppress(ProcessLookupError):
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+class Machines:
+    """Plays every pod of `runpod` (set as its `on_pod`) and serves the proxy in front of them."""
+
+    def __init__(self, runpod: RunPodServer, hub: HubServer, root: Path, secrets: Mapping[str, str]) -> None:
+        self.runpod, self.hub, self.root, self.secrets = runpod, hub, root, dict(secrets)
+        self.played: dict[str, Played] = {}
+        self.proxy = Served(Starlette(routes=[Route("/{target}/{path:path}", self.forward, methods=METHODS)]), "proxy")
+        self.client = httpx.AsyncClient(trust_env=False, timeout=httpx.Timeout(600.0, connect=5.0))
+
+    def __enter__(self) -> Machines:
+        self.proxy.__enter__()
+        self.runpod.state.on_pod = self.on_pod
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for played in self.played.values():
+            played.stop()
+        self.proxy.__exit__(*exc)
+
+    @property
+    def proxy_url(self) -> str:
+        """RUNPOD_PROXY_URL's pattern for this proxy."""
+        return f"{self.proxy.url}/{{pod_id}}-{{port}}"
+
+    def on_pod(self, pod_id: str, status: str) -> None:
+        """Called under the stand-in's lock: starts a created pod, signals a stopped one (never waits)."""
+        if status == "PROVISIONING" and pod_id not in self.played:
+            self.played[pod_id] = self.start(pod_id, self.runpod.state.pods[pod_id]["env"])
+        elif status in ("EXITED", "TERMINATED") and pod_id in self.played:
+            with contextlib.suppress(ProcessLookupError):
+                self.played[pod_id].process.send_signal(signal.SIGTERM)
+
+    def start(self, pod_id: str, pod_env: Mapping[str, str]) -> Played:
+        root = self.root / pod_id
+        write_tiny_model(root / "state" / "models" / "tiny")  # what the cpu image bakes
+        (root / "image_prebaked").write_text('{"target": "cpu"}\n')
+        given = {name: SECRET.sub(lambda m: self.secrets[m.group(1)], value) for name, value in pod_env.items()}
+        env = outer_environ() | self.hub.env() | given | {
+            "RUNPOD_POD_ID": pod_id, "VL_MODEL": "tiny",  # the cpu image's recipe
+            "VL_STATE_DIR": str(root / "state"), "VL_VENV": sys.prefix,
+            "VL_PREBAKED_MARKER": str(root / "image_prebaked"), "VL_LISTEN": "127.0.0.1",
+            "VL_PORT": str(free_port()), "VL_ENGINE_PORT": str(free_port()), "VL_ROUTER_PORT": str(free_port()),
+            "VL_SSH": "off", "VL_LOG_INTERVAL_S": "5",
+        }  # fmt: skip
+        process = subprocess.Popen([sys.executable, "-m", "runtime", "start"], cwd=REPO_ROOT, env=env,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+        return Played(pod_id, process, root / "state", env)
+
+    async def forward(self, request: Request) -> Response:
+        pod_id, _, port = request.path_params["target"].rpartition("-")
+        played = self.played.get(pod_id)
+        if played is None or port != BRIDGE_PORT:
+            return PlainTextResponse("404 page not found", 404)
+        upstream = self.client.build_request(
+            request.method, f"{played.url}/{request.path_params['path']}", params=request.query_params,
+            headers=[(k, v) for k, v in request.headers.items() if k not in HOP_BY_HOP], content=await request.body(),
+        )  # fmt: skip
+        try:
+            answer = await self.client.send(upstream, stream=True)
+        except httpx.TransportError:
+            return PlainTextResponse("502 Bad Gateway", 502)
+        headers = {k: v for k, v in answer.headers.multi_items() if k not in HOP_BY_HOP}
+        return StreamingResponse(
+            answer.aiter_raw(), answer.status_code, headers, background=BackgroundTask(answer.aclose)
+        )
