@@ -375,11 +375,13 @@ class Pod:
 
     def bridge_spec(self) -> ChildSpec:
         settings = self.settings
+        # A gateway knows no recipe: its workers' bridges relay what it asks, thinking off unless asked.
+        unasked = self.command is not None and self.command.recipe.thinks_unasked
         if not self.routed:
-            argv = bridge_argv(self.replicas[0].command.base_url, settings.listen, settings.port)
+            argv = bridge_argv(self.replicas[0].command.base_url, settings.listen, settings.port, unasked)
         else:  # generations through the router; the rest (and aborts) to the engines, or the pods, themselves
             engines = settings.workers if self.gateway else [replica.command.base_url for replica in self.replicas]
-            argv = bridge_argv(router_url(settings), settings.listen, settings.port)
+            argv = bridge_argv(router_url(settings), settings.listen, settings.port, unasked)
             argv += [word for engine in engines for word in ("--engine", engine)]
         # Every setting the bridge reads, as they are now: its own, and the pod's (state folder, image facts).
         env = {**self.environ, **settings.environ(Scope.BRIDGE, Scope.POD)}
@@ -510,9 +512,10 @@ class Pod:
             log.info("%s serves the new settings", replica.name)
 
 
-def bridge_argv(upstream: str, host: str, port: int) -> list[str]:
+def bridge_argv(upstream: str, host: str, port: int, thinks_unasked: bool = False) -> list[str]:
     """The bridge's command line: `python -m runtime bridge` on `host:port`, in front of `upstream`."""
-    return [sys.executable, "-m", "runtime", "bridge", "--upstream", upstream, "--host", host, "--port", str(port)]
+    argv = [sys.executable, "-m", "runtime", "bridge", "--upstream", upstream, "--host", host, "--port", str(port)]
+    return [*argv, "--thinks-unasked"] if thinks_unasked else argv
 
 
 def sshd_layout(settings: Settings) -> SshdLayout:

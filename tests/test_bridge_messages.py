@@ -72,10 +72,17 @@ def test_text_reply(client: anthropic.Anthropic, stream: bool) -> None:
     assert message.usage.output_tokens > 0 and message.usage.input_tokens > 0
 
 
-def test_thinking_comes_as_a_signed_thinking_block(client: anthropic.Anthropic, stream: bool) -> None:
-    message = ask(client, stream, messages=user("hello"))
+@pytest.mark.parametrize("thinking", [{"type": "adaptive"}, {"type": "enabled", "budget_tokens": 2048}])
+def test_thinking_comes_as_a_signed_thinking_block(client: anthropic.Anthropic, stream: bool, thinking: dict) -> None:
+    message = ask(client, stream, messages=user("hello"), thinking=thinking)
     assert blocks(message) == [("thinking", tiny.THINKING), ("text", tiny.ANSWER)]
     assert message.content[0].signature
+
+
+def test_no_thinking_unless_asked_as_in_anthropic_s_api(client: anthropic.Anthropic, stream: bool) -> None:
+    """The chat template thinks by default; the API does not (clients read `content[0].text`)."""
+    message = ask(client, stream, messages=user("hello"))
+    assert blocks(message) == [("text", tiny.ANSWER)] and message.content[0].text == tiny.ANSWER
 
 
 def test_thinking_disabled_turns_reasoning_off(client: anthropic.Anthropic, stream: bool) -> None:
@@ -87,7 +94,7 @@ def test_thinking_disabled_turns_reasoning_off(client: anthropic.Anthropic, stre
     ("thinking", "effort", "tokens"),
     [
         ({"type": "enabled", "budget_tokens": 1024}, None, 1024),
-        (None, "low", 1024),
+        ({"type": "adaptive"}, "low", 1024),
         ({"type": "adaptive"}, "medium", 4096),
         ({"type": "enabled", "budget_tokens": 1024}, "max", 1024),  # an explicit budget wins over effort
     ],
@@ -112,9 +119,8 @@ def test_effort_max_is_unlimited_and_reasoning_alone_is_repeated_as_text(
 ) -> None:
     """No budget: the thought runs into max_tokens; with no text nor tool call, the reasoning is
     also given as text (the seeds' empty compactions came from answers that were all reasoning)."""
-    message = ask(
-        client, stream, messages=user(f"think {tiny.MARK_PONDER}"), output_config={"effort": "max"}, max_tokens=1500
-    )
+    message = ask(client, stream, messages=user(f"think {tiny.MARK_PONDER}"), thinking={"type": "adaptive"},
+                  output_config={"effort": "max"}, max_tokens=1500)  # fmt: skip
     thought = pondered(1500)
     assert blocks(message) == [("thinking", thought), ("text", thought)]
     assert (message.stop_reason, message.usage.output_tokens) == ("max_tokens", 1500)
@@ -126,8 +132,16 @@ def test_effort_max_is_unlimited_and_reasoning_alone_is_repeated_as_text(
 def test_tool_call(client: anthropic.Anthropic, stream: bool) -> None:
     message = ask(client, stream, messages=user(f"run it {tiny.MARK_TOOL}"), tools=TOOLS)
     assert blocks(message) == [("tool_use", tiny.TOOL_ARGUMENTS)]
-    assert message.content[0].name == tiny.TOOL_NAME and message.content[0].id
-    assert message.stop_reason == "tool_use"
+    assert message.content[0].name == tiny.TOOL_NAME and message.content[0].id.startswith("toolu_")
+    assert message.stop_reason == "tool_use" and message.id.startswith("msg_")
+
+
+def test_a_server_tool_is_refused_with_its_type_named(client: anthropic.Anthropic, stream: bool) -> None:
+    tools = [*TOOLS, {"type": "web_search_20250305", "name": "web_search", "max_uses": 3}]
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        ask(client, stream, messages=user(f"search {tiny.MARK_TEXT}"), tools=tools)
+    assert refused.value.body["error"]["type"] == "invalid_request_error"
+    assert "the server tool 'web_search_20250305' is not supported here" in refused.value.body["error"]["message"]
 
 
 def test_tool_choice_none_keeps_the_call_as_text(client: anthropic.Anthropic, stream: bool) -> None:
@@ -234,8 +248,24 @@ def test_streamed_usage_is_reported_while_generating(client: anthropic.Anthropic
     assert events[0].type == "message_start" and events[-1].type == "message_stop"
 
 
+def test_message_start_says_the_prompt_s_size_as_anthropic_s_api_does(client: anthropic.Anthropic) -> None:
+    """Clients that track their context read it from `message_start`: a small prompt is not counted before
+    the engine, whose first chunk says its size; its cached part comes with the usage that follows."""
+    prompt = user(f"{tiny.MARK_TEXT} " + " ".join(f"start{n}" for n in range(300)))
+    total = client.messages.count_tokens(model="claude-tiny", messages=prompt).input_tokens
+    for turn in range(2):
+        events = list(client.messages.create(model="claude-tiny", max_tokens=5, messages=prompt, stream=True))
+        start, final = events[0], [e for e in events if e.type == "message_delta"][-1]
+        assert start.type == "message_start"
+        said = start.message.usage
+        assert said.input_tokens + (said.cache_read_input_tokens or 0) == total
+        assert final.usage.input_tokens + (final.usage.cache_read_input_tokens or 0) == total
+        assert bool(final.usage.cache_read_input_tokens) == (turn == 1)  # the second reads its prefix from the cache
+
+
 def test_signature_comes_before_a_thinking_block_closes(client: anthropic.Anthropic) -> None:
-    events = list(client.messages.create(model="claude-tiny", max_tokens=300, messages=user("hello"), stream=True))
+    events = list(client.messages.create(model="claude-tiny", max_tokens=300, messages=user("hello"),
+                                         thinking={"type": "adaptive"}, stream=True))  # fmt: skip
     kinds = [
         (e.type, getattr(getattr(e, "delta", None), "type", None)) for e in events if getattr(e, "index", None) == 0
     ]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
+from runtime.bridge.errors import BridgeError
 from runtime.bridge.requests import MessagesRequest, Translator, decode
 from runtime.bridge.sse import AnthropicSse, SseParser
 from runtime.bridge.stream import MessageAssembler, StreamTranslator
@@ -40,12 +41,23 @@ def test_parallel_tool_calls_can_be_disabled() -> None:
     assert payload["parallel_tool_calls"] is False
 
 
-def test_anthropic_server_tools_are_left_out() -> None:
-    tools = [
-        {"type": "web_search_20250305", "name": "web_search"},
-        {"name": "Read", "input_schema": {"type": "object"}},
-    ]
-    assert [tool["function"]["name"] for tool in translate(tools=tools)["tools"]] == ["Read"]
+@pytest.mark.parametrize(
+    ("tool", "refusal"),
+    [
+        ({"type": "web_search_20250305", "name": "web_search"}, "tools[1]: the server tool 'web_search_20250305' is"),
+        ({"type": "tool_search_tool_regex_20251119", "name": "tool_search"}, "'tool_search_tool_regex_20251119'"),
+        (
+            {"type": "mcp_toolset", "mcp_server_name": "docs"},
+            "tools[1]: the server tool 'mcp_toolset' is not supported",
+        ),
+        ({"input_schema": {"type": "object"}}, "tools[1].name is required"),
+        ({"name": "Grep"}, "tools[1].input_schema is required"),
+    ],
+)
+def test_server_tools_are_refused_by_their_type_not_dropped(tool: dict, refusal: str) -> None:
+    with pytest.raises(BridgeError) as refused:
+        translate(tools=[{"name": "Read", "input_schema": {"type": "object"}}, tool])
+    assert refused.value.status == 400 and refusal in refused.value.message
 
 
 @pytest.mark.parametrize(
@@ -65,6 +77,24 @@ def test_reasoning_budget(thinking: dict | None, effort: str | None, budget: int
 def test_thinking_disabled() -> None:
     payload = translate(thinking={"type": "disabled"}, output_config={"effort": "high"})
     assert payload["chat_template_kwargs"] == {"enable_thinking": False} and "thinking_token_budget" not in payload
+
+
+@pytest.mark.parametrize(
+    ("thinking", "unasked", "kwargs"),
+    [
+        (None, False, {"enable_thinking": False}),  # Anthropic's API: no `thinking`, no thinking
+        ({"type": "adaptive"}, False, {"enable_thinking": True}),  # what Claude Code sends
+        ({"type": "enabled", "budget_tokens": 2048}, False, {"enable_thinking": True}),
+        (None, True, None),  # a recipe's thinks_unasked: the template's own default
+        ({"type": "disabled"}, True, {"enable_thinking": False}),
+    ],
+)
+def test_thinking_only_when_asked(thinking: dict | None, unasked: bool, kwargs: dict | None) -> None:
+    body = msgspec.json.encode(
+        BASE | {"messages": [{"role": "user", "content": "hi"}]} | ({"thinking": thinking} if thinking else {})
+    )
+    payload = Translator(thinks_unasked=unasked).translate(decode(body, MessagesRequest), None).payload
+    assert payload.get("chat_template_kwargs") == kwargs
 
 
 def test_history_images_and_tool_results() -> None:

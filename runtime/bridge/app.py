@@ -59,7 +59,7 @@ class Api:
         parsed = decode(await read_body(request, self.bridge.max_body), CountTokensRequest)
         catalog = self.bridge.catalog
         await catalog.current(self.bridge.upstream)
-        translation = Translator(catalog.inline_system).translate(parsed, catalog.upstream_name)
+        translation = Translator(catalog.inline_system, catalog.thinks_unasked).translate(parsed, catalog.upstream_name)
         count, _ = await count_prompt(self.bridge, translation)
         return JSONResponse({"input_tokens": count})
 

@@ -17,7 +17,7 @@ import math
 import socket
 import struct
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
@@ -299,10 +299,13 @@ class Writer:
     Silence is measured from the last write, so a busy stream never pays for a timer per token.
     """
 
-    def __init__(self, send: Send, ping: bytes, interval: float) -> None:
+    def __init__(
+        self, send: Send, ping: bytes, interval: float, before_ping: Callable[[], Awaitable[bytes]] | None = None
+    ) -> None:
         self.send = send
         self.ping = ping
         self.interval = interval
+        self.before_ping = before_ping  # what must precede a ping (a message_start not said yet)
         self.last_write = time.monotonic()
         self.keepalive: asyncio.Task[None] | None = None
 
@@ -320,7 +323,8 @@ class Writer:
         while True:
             await asyncio.sleep(self.last_write + self.interval - time.monotonic())
             if time.monotonic() - self.last_write >= self.interval:
-                await self.write(self.ping)
+                first = await self.before_ping() if self.before_ping is not None else b""
+                await self.write(first + self.ping)
 
     async def end(self, data: bytes = b"") -> None:
         self.stop()

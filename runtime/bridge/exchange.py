@@ -7,6 +7,7 @@ accepted, `message_start` goes out at once and `ping` events cover the silence o
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import time
@@ -92,7 +93,7 @@ class MessagesExchange(WatchedAnswer):
             input_tokens = await self.guard_window(translation)
             async with self.open_chat(translation) as response:
                 if self.request.stream:
-                    await self.stream(response, send, input_tokens)
+                    await self.stream(response, send, translation, input_tokens)
                 else:
                     await self.answer(response, send, input_tokens)
         except BridgeError as error:
@@ -102,7 +103,7 @@ class MessagesExchange(WatchedAnswer):
     async def translate(self) -> Translation:
         bridge = self.bridge
         self.window = (await bridge.catalog.current(bridge.upstream)).context_window
-        translator = Translator(inline_system=bridge.catalog.inline_system)
+        translator = Translator(bridge.catalog.inline_system, bridge.catalog.thinks_unasked)
         translation = translator.translate(
             self.request, bridge.catalog.upstream_name, bridge.catalog.accepts_thinking_budget
         )
@@ -138,11 +139,23 @@ class MessagesExchange(WatchedAnswer):
                 continue
             raise upstream_refusal(error)
 
-    async def stream(self, response: aiohttp.ClientResponse, send: Send, input_tokens: int) -> None:
+    async def stream(
+        self, response: aiohttp.ClientResponse, send: Send, translation: Translation, input_tokens: int
+    ) -> None:
         sink = AnthropicSse()
         translator = StreamTranslator(sink, self.id, self.request.model, input_tokens)
-        writer = Writer(send, PING, self.bridge.ping_s)
-        await writer.start(200, SSE_HEADERS, sink.take())
+
+        async def announce() -> bytes:
+            """Before a ping, the message_start that the engine's first chunk has not brought yet (a long
+            prefill, a queue): the prompt counted now, unless the window guard counted it already."""
+            if not translator.started and not translator.input_tokens:
+                with contextlib.suppress(BridgeError):
+                    translator.input_tokens, _ = await count_prompt(self.bridge, translation)
+            translator.begin()
+            return sink.take()
+
+        writer = Writer(send, PING, self.bridge.ping_s, announce)
+        await writer.start(200, SSE_HEADERS)
         self.bridge.metrics.open_streams.inc()
         try:
             await self.pump(response, translator, sink, writer)

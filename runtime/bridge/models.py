@@ -43,6 +43,8 @@ class Catalog:
         self.accepts_thinking_budget = True
         # Some chat templates (Qwen3.5's) refuse a system message after the first; probed per model.
         self.inline_system = True
+        # The recipe's `thinks_unasked` (`--thinks-unasked`): its template's default, not Anthropic's.
+        self.thinks_unasked = False
 
     def learn(self, listing: bytes) -> bool:
         """Read an OpenAI `/v1/models` body; True when the model changed. ValueError when it lists none."""

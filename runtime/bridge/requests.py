@@ -80,13 +80,14 @@ class Message(Struct):
 
 
 ToolName = Annotated[str, Meta(pattern=r"^[a-zA-Z0-9_.:-]{1,128}$")]
+ToolType = Annotated[str, Meta(pattern=r"^[a-zA-Z0-9_.:-]{1,64}$")]  # quoted in a refusal: plain and short
 
 
 class Tool(Struct, kw_only=True):
-    name: ToolName
+    name: ToolName | None = None  # required of a client tool; some server tools (mcp_toolset) have none
     input_schema: dict[str, Any] | None = None
     description: str | None = None
-    type: str | None = None  # Anthropic's own tools (web_search_…) have a type and no schema
+    type: ToolType | None = None  # Anthropic's own tools (web_search_…) have a type and no schema
 
 
 class ChoiceAuto(Struct, tag_field="type", tag="auto", kw_only=True):
@@ -184,8 +185,9 @@ class Translator:
     """Anthropic → OpenAI for one request; `inline_system` says whether the chat template accepts
     system messages after the first (if not, they become user messages: the prefix stays cacheable)."""
 
-    def __init__(self, inline_system: bool = True) -> None:
+    def __init__(self, inline_system: bool = True, thinks_unasked: bool = False) -> None:
         self.inline_system = inline_system
+        self.thinks_unasked = thinks_unasked  # the recipe keeps its template's default: no enable_thinking sent
         self.has_images = False
 
     def translate(self, request: CountTokensRequest, model: str | None, thinking_budget: bool = True) -> Translation:
@@ -198,7 +200,7 @@ class Translator:
         if self.is_prefill(request.messages[-1]):
             payload["add_generation_prompt"], payload["continue_final_message"] = False, True
         self.add_tools(payload, request)
-        self.add_thinking(payload, request, thinking_budget)
+        self.add_thinking(payload, request, thinking_budget, self.thinks_unasked)
         if request.output_config and request.output_config.format:
             schema = request.output_config.format.schema
             payload["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}
@@ -302,10 +304,12 @@ class Translator:
     def add_tools(payload: dict[str, Any], request: CountTokensRequest) -> None:
         tools = []
         for index, tool in enumerate(request.tools or []):
-            if tool.input_schema is None:
-                if tool.type not in (None, "custom"):
-                    continue  # Anthropic's server-side tools: nothing here can run them
-                raise BridgeError(400, f"invalid request: tools[{index}].input_schema is required")
+            if tool.type not in (None, "custom"):  # web search, tool search, MCP toolsets: Anthropic runs them
+                raise BridgeError(400, f"invalid request: tools[{index}]: the server tool {tool.type!r} is not "
+                                       "supported here (no server tools run on this model server; client tools do)")  # fmt: skip
+            if tool.name is None or tool.input_schema is None:
+                field = "name" if tool.name is None else "input_schema"
+                raise BridgeError(400, f"invalid request: tools[{index}].{field} is required")
             function = {"name": tool.name, "parameters": tool.input_schema}
             if tool.description:
                 function["description"] = tool.description
@@ -318,10 +322,16 @@ class Translator:
             payload["parallel_tool_calls"] = False
 
     @staticmethod
-    def add_thinking(payload: dict[str, Any], request: CountTokensRequest, thinking_budget: bool) -> None:
+    def add_thinking(
+        payload: dict[str, Any], request: CountTokensRequest, thinking_budget: bool, thinks_unasked: bool
+    ) -> None:
+        """Thinking as in Anthropic's API: only when asked (`enabled`, `adaptive`); a chat template thinks
+        by default, so an unasked request says `enable_thinking=false` unless the recipe keeps the default."""
         thinking = request.thinking
+        if thinking is not None or not thinks_unasked:
+            asked = isinstance(thinking, (ThinkingEnabled, ThinkingAdaptive))
+            payload["chat_template_kwargs"] = {"enable_thinking": asked}
         if isinstance(thinking, ThinkingDisabled):
-            payload["chat_template_kwargs"] = {"enable_thinking": False}
             return
         budget = thinking_budget_of(request)
         if budget is not None and thinking_budget:

@@ -39,6 +39,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine", action="append", default=[], metavar="URL",
                         help="an engine behind the router that --upstream names (repeat for each): aborts, /tokenize, "
                         "/v1/models and /metrics go to the engines directly")  # fmt: skip
+    parser.add_argument("--thinks-unasked", action="store_true",
+                        help="keep the chat template's thinking default for a request without `thinking` (the "
+                        "recipe's thinks_unasked); else it gets none, as from Anthropic's API")  # fmt: skip
     parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default: all)")
     parser.add_argument("--port", type=int, default=8080, help="port to listen on; 0 = a free one (default: 8080)")
     parser.add_argument("--max-connections", type=int, default=512,
@@ -61,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
         print(error, file=sys.stderr)
         return 2
     bridge = Bridge(args.upstream, settings, args.max_connections, args.pool_timeout, args.engine)
+    bridge.catalog.thinks_unasked = args.thinks_unasked
     if bridge.keys.open:
         log.warning("=" * 72)
         log.warning("VL_API_KEYS is empty: the bridge is OPEN, anyone who can reach it can use the model")

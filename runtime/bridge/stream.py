@@ -9,6 +9,7 @@ showed no thinking at all).
 from __future__ import annotations
 
 import logging
+import re
 import time
 import uuid
 from typing import Any, Protocol
@@ -21,6 +22,7 @@ from runtime.bridge.nesting import MAX_JSON_DEPTH, nests_deeper_than
 
 log = logging.getLogger("runtime.bridge")
 
+VLLM_TOOL_ID = re.compile(r"chatcmpl-tool-([0-9a-zA-Z]+)")
 USAGE_EVERY_S = 0.5  # cumulative usage while generating, as Anthropic's API does (Claude Code's token counter)
 
 
@@ -102,10 +104,17 @@ class StreamTranslator:
         self.next_report = 0.0
         self.first_token_at: float | None = None
         self.done = False
-        sink.message_start({
-            "id": message_id, "type": "message", "role": "assistant", "model": model, "content": [],
-            "stop_reason": None, "stop_sequence": None,
-            "usage": {"input_tokens": input_tokens, "output_tokens": 0},
+        self.message_id, self.model = message_id, model
+        self.started = False  # message_start said: at the engine's first chunk, whose usage counts the prompt
+
+    def begin(self) -> None:
+        """`message_start`, once, with the prompt's size as known now (input and cache read, as Anthropic's)."""
+        if self.started:
+            return
+        self.started = True
+        self.sink.message_start({
+            "id": self.message_id, "type": "message", "role": "assistant", "model": self.model, "content": [],
+            "stop_reason": None, "stop_sequence": None, "usage": self.usage(),
         })  # fmt: skip
 
     def feed(self, payload: bytes) -> None:
@@ -120,6 +129,7 @@ class StreamTranslator:
             raise BridgeError(status_from_upstream(chunk.error.code or 500), chunk.error.message)
         if chunk.usage is not None:
             self.take_usage(chunk.usage)
+        self.begin()
         for choice in chunk.choices:
             delta = choice.delta
             if delta is not None:
@@ -174,7 +184,8 @@ class StreamTranslator:
                 continue
             if call.index not in self.tools_started and call.id and function.name:
                 self.tools_started.add(call.index)
-                self.start_block({"type": "tool_use", "id": call.id, "name": function.name, "input": {}}, "tool_use")
+                block = {"type": "tool_use", "id": tool_use_id(call.id), "name": function.name, "input": {}}
+                self.start_block(block, "tool_use")
                 self.tool_index, self.answered, self.tool_used = call.index, True, True
             if function.arguments and self.open == "tool_use" and call.index == self.tool_index:
                 self.sink.delta(function.arguments)
@@ -208,6 +219,7 @@ class StreamTranslator:
         """Close the last block, repeat reasoning as text if nothing else came, then the stop events."""
         if self.done:
             return
+        self.begin()
         self.close_block()
         if not self.answered and self.reasoning:  # the seeds' empty-compaction bug: all in reasoning
             self.start_block({"type": "text", "text": ""}, "text")
@@ -217,6 +229,13 @@ class StreamTranslator:
         self.stop_reason, stop_sequence = anthropic_stop(self.finish_reason, self.matched_stop, self.tool_used)
         self.sink.message_delta(self.stop_reason, stop_sequence, self.usage())
         self.sink.message_stop()
+
+
+def tool_use_id(engine_id: str) -> str:
+    """Anthropic's `toolu_…` form of vLLM's own tool call ids (`chatcmpl-tool-<hex>`), their unique part
+    kept; an id a tool parser took from the model (Kimi's `functions.name:0`) stays, its template reads it back."""
+    generic = VLLM_TOOL_ID.fullmatch(engine_id)
+    return f"toolu_{generic.group(1)}" if generic else engine_id
 
 
 def anthropic_stop(finish_reason: str | None, matched: str | int | None, tool_used: bool) -> tuple[str, str | None]:

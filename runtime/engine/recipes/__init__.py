@@ -63,6 +63,9 @@ class Recipe(Strict):
     yarn: Yarn | None = None
     aliases: list[str] = []  # names besides the bare name and claude-<name>
     reasoning_parser: str | None = None
+    # Anthropic's API thinks only when asked (a request's `thinking`); true keeps the chat template's
+    # default instead, for a model that is unusable without its reasoning (say why in the recipe).
+    thinks_unasked: bool = False
     tool_parser: str | None = None
     vision: bool = False  # accepts images: VL_MM_IMAGES sets --limit-mm-per-prompt
     speculation: Speculation = Speculation()
