@@ -17,11 +17,14 @@ BARE = re.compile(r"[A-Za-z0-9_.:/@+\[\]-]+")
 # Every ECMA-48 control a terminal acts on, in that order: control strings (OSC, DCS, SOS, PM, APC, in
 # 7- and 8-bit form, ended by BEL or ST, or cut at the end of their line), CSI sequences, the other
 # escape sequences (a lone ESC too), then the remaining C0 and C1 controls; tab and newline are text.
+# Last, what reorders or breaks a line for its reader without being a control: bidi marks, embeddings,
+# overrides and isolates (a line that reads otherwise than it is), and the line and paragraph separators.
 CONTROLS = re.compile(
     r"(?:\x1b[]PX^_]|[\x90\x98\x9d\x9e\x9f])[^\x07\x1b\x9c\n]*(?:\x07|\x1b\\|\x9c)?"
     r"|(?:\x1b\[|\x9b)[\x30-\x3f]*[\x20-\x2f]*[\x40-\x7e]?"
     r"|\x1b[\x20-\x2f]*[\x30-\x7e]?"
     r"|[\x00-\x08\x0b-\x1f\x7f-\x9f]"
+    r"|[\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]"
 )
 
 

@@ -165,6 +165,10 @@ def api_keys(raw: str) -> tuple[ApiKey, ...]:
             raise Disallowed(f"{which} holds a character an HTTP header cannot carry (non-ASCII or control)")
         if not MIN_KEY_CHARS <= len(entry.key) <= MAX_KEY_CHARS:
             raise Disallowed(f"{which} has {len(entry.key)} characters")
+        named = [n for n, other in enumerate(entries[: position - 1], 1) if entry.name and other.name == entry.name]
+        keyed = [n for n, other in enumerate(entries[: position - 1], 1) if other.key == entry.key]
+        if named or keyed:  # one label per key: two under one name would share its usage and its share
+            raise Disallowed(f"{which} repeats the {'name' if named else 'key'} of entry {(named or keyed)[0]}")
     return entries
 
 
@@ -320,11 +324,19 @@ def checkpoint(raw: str) -> str | None:
     return matching(MODEL_REPO_ID)(value)
 
 
+def ascii_number(raw: str) -> str:
+    """`raw` stripped, if written in ASCII: Python reads the Arabic-Indic `٣` as 3, a reader of the setting would not."""
+    text = raw.strip()
+    if not text.isascii():
+        raise ValueError
+    return text
+
+
 def integer(low: int, high: int | None = None, optional: bool = False) -> Parser:
     def parse(raw: str) -> int | None:
         if optional and not raw.strip():
             return None
-        value = int(raw.strip().replace("_", ""))
+        value = int(ascii_number(raw).replace("_", ""))
         if value < low or (high is not None and value > high):
             raise ValueError
         return value
@@ -336,7 +348,7 @@ def decimal(low: float, high: float, optional: bool = False) -> Parser:
     def parse(raw: str) -> float | None:
         if optional and not raw.strip():
             return None
-        value = float(raw.strip())
+        value = float(ascii_number(raw))
         if not math.isfinite(value) or not low <= value <= high:  # `nan`, `inf`: never, whatever the bounds
             raise ValueError
         return value

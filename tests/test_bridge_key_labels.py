@@ -33,6 +33,9 @@ REFUSED = [
     (f"{KEY} sk-clé-0123456789abcdef", "entry 2 holds a character an HTTP header cannot carry (non-ASCII or control)",
      [KEY, "sk-clé-0123456789abcdef"]),
     (f"ci:{KEY}\x7f", "entry 1 (ci) holds a character an HTTP header cannot carry (non-ASCII or control)", [KEY]),
+    (f"ci:{KEY}, bob:sk-bob-0123456789abcdef, ci:sk-ci2-0123456789abcdef", "entry 3 (ci) repeats the name of entry 1",
+     [KEY, "sk-bob-0123456789abcdef", "sk-ci2-0123456789abcdef"]),  # one label would count two keys
+    (f"{KEY}, alice:{KEY}", "entry 2 (alice) repeats the key of entry 1", [KEY]),
 ]  # fmt: skip
 
 

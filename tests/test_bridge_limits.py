@@ -252,3 +252,24 @@ def test_a_head_pipelined_after_a_large_body_is_not_counted_with_that_body(bridg
         sock.sendall(health[12:])
         received += answer_then_close(sock)  # the bridge closes the kept-alive connection after a second
     assert re.findall(rb"HTTP/1\.1 (\d{3}) ", received) == [b"400", b"200"]  # each answer's status line
+
+
+@pytest.mark.parametrize("coding", [b"gzip, chunked", b"identity", b"deflate"])  # `chunked, chunked`: the parser's 400
+def test_a_transfer_coding_other_than_chunked_is_refused(bridge: Process, coding: bytes) -> None:
+    head = b"POST /v1/messages HTTP/1.1\r\n" + HOST + b"content-type: application/json\r\n"
+    with connect(bridge) as sock:
+        sock.sendall(head + b"transfer-encoding: " + coding + b'\r\n\r\n5\r\n{"a":\r\n0\r\n\r\n')
+        answer = answer_then_close(sock)
+    assert answer.startswith(b"HTTP/1.1 501 ")
+    assert b"the only transfer coding the bridge reads is `chunked`, alone" in answer
+
+
+def test_a_chunked_body_is_read(bridge: Process) -> None:
+    body = b'{"model":"m"}'
+    head = (
+        b"POST /v1/messages HTTP/1.1\r\n" + HOST + b"content-type: application/json\r\ntransfer-encoding: chunked\r\n"
+    )
+    with connect(bridge) as sock:
+        sock.sendall(head + b"\r\n" + b"%x\r\n" % len(body) + body + b"\r\n0\r\n\r\n")
+        answer = answer_then_close(sock)
+    assert answer.startswith(b"HTTP/1.1 400 ") and b"messages" in answer  # read whole, then judged: no messages

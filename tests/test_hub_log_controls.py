@@ -42,6 +42,8 @@ SEQUENCES = [
     ("a lone ESC", "a \x1b", "a "),
     ("other C0 and C1 controls", "a\x00\x07\x08\x0b\x0c\x0e\x7f\x80\x85 b", "a b"),
     ("tab is text", "a\tb", "a\tb"),
+    ("bidi overrides and isolates (Trojan Source)", "a \u202eevil\u202c \u2066x\u2069\u200f b", "a evil x b"),
+    ("line and paragraph separators (a new line to some readers)", "a\u2028b\u2029c\u0085d", "abcd"),
 ]  # fmt: skip
 
 

@@ -193,6 +193,9 @@ def hostile_values(variable: Variable) -> dict[str, str]:
     }
     if is_numeric(variable):
         values |= NON_FINITE
+        unicode_digits = valid.translate(str.maketrans("0123456789", "٠١٢٣٤٥٦٧٨٩"))  # Arabic-Indic: int() reads them
+        if unicode_digits != valid:
+            values["unicode digits"] = unicode_digits
     if variable.default:  # not optional: empty is not a value
         values |= {"empty": "", "blank": "  "}
     return values

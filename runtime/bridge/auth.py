@@ -27,6 +27,7 @@ log = logging.getLogger("runtime.bridge")
 OPEN_LABEL = "open"  # the usage label when no key is configured
 GATEWAY_LABEL = "gateway"  # a worker pod's label for its gateway's key (VL_WORKER_KEY): the team's traffic
 UNGUARDED = frozenset({"/", "/health", "/console"})  # warm-up HEAD /, watchdog, the console's page (no data)
+ENGINE_UNGUARDED = frozenset({"/health"})  # vLLM's as the public server: no console, no warm-up route of ours
 SALT_FILE = "key-label.salt"  # in VL_STATE_DIR: made once, so labels survive bridge restarts
 SALT_BYTES = 32  # 256 bits: a label cannot be tested against guessed keys without the salt
 LABEL_HEX = 12  # 48 bits of the HMAC: enough to tell a pod's keys apart, all a label needs
@@ -155,10 +156,11 @@ class RequireKey:
     """ASGI middleware: admits every request to a path outside UNGUARDED, by its key, or when the
     bridge is open by its `Host` and body type; puts the key's label in `scope["state"]["key"]`."""
 
-    def __init__(self, app: ASGIApp, keys: ApiKeys, hosts: AllowedHosts) -> None:
+    def __init__(self, app: ASGIApp, keys: ApiKeys, hosts: AllowedHosts, unguarded: frozenset[str] = UNGUARDED) -> None:
         self.app = app
         self.keys = keys
         self.hosts = hosts
+        self.unguarded = unguarded
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] in ("http", "websocket"):  # vLLM serves its realtime API over a WebSocket
@@ -172,7 +174,7 @@ class RequireKey:
 
     def admit(self, scope: Scope) -> str:
         """The caller's label; BridgeError: 401 (key), or when open 403 (`Host`) and 415 (body type)."""
-        if scope["path"] in UNGUARDED:
+        if scope["path"] in self.unguarded:
             return OPEN_LABEL
         headers = dict(scope["headers"])
         if not self.keys.open:
@@ -204,4 +206,4 @@ class EngineKeys(RequireKey):
     def __init__(self, app: ASGIApp) -> None:
         entries = parse_value(BY_ENV["VL_API_KEYS"], os.environ.get("VL_API_KEYS", ""))
         labels = secrets.token_bytes(SALT_BYTES)  # vLLM shows no label: a salt of its own will do
-        super().__init__(app, ApiKeys(entries, labels), AllowedHosts(()))
+        super().__init__(app, ApiKeys(entries, labels), AllowedHosts(()), ENGINE_UNGUARDED)

@@ -158,6 +158,11 @@ class GuardedHttp(HttpToolsProtocol):
         if len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers) > MAX_HEAD_BYTES:
             self.refuse(431, f"the request's head exceeds the bridge's limit of {MAX_HEAD_BYTES // 2**10} KiB")
             return
+        codings = b",".join(value for name, value in self.headers if name.lower() == b"transfer-encoding")
+        if codings and [c.strip().lower() for c in codings.split(b",")] != [b"chunked"]:
+            # The parser would read `gzip, chunked` as chunked and hand on a body still compressed.
+            self.refuse(501, "the only transfer coding the bridge reads is `chunked`, alone")
+            return
         self.start_clock("body", self.limits.body_timeout_s)
         self.limits.idle.pop(self, None)
         super().on_headers_complete()
