@@ -325,7 +325,8 @@ def checkpoint(raw: str) -> str | None:
 
 
 def ascii_number(raw: str) -> str:
-    """`raw` stripped, if written in ASCII: Python reads the Arabic-Indic `٣` as 3, a reader of the setting would not."""
+    """`raw` stripped, if written in ASCII digits: Python reads the Arabic-Indic `٣` as 3, and a person
+    reading the setting would not."""
     text = raw.strip()
     if not text.isascii():
         raise ValueError

@@ -2,7 +2,8 @@
 
 Order matters: the window check and the upstream's own refusals come before any byte is sent,
 so they are real HTTP errors (Claude Code compacts on a 400 "prompt is too long"); once the upstream
-accepted, `message_start` goes out at once and `ping` events cover the silence of a long prefill.
+accepted, `message_start` goes out with the engine's first chunk (whose usage counts the prompt), or
+before the first `ping` if that comes sooner, and pings cover the silence of a long prefill.
 """
 
 from __future__ import annotations

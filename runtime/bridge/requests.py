@@ -200,7 +200,7 @@ class Translator:
         if self.is_prefill(request.messages[-1]):
             payload["add_generation_prompt"], payload["continue_final_message"] = False, True
         self.add_tools(payload, request)
-        self.add_thinking(payload, request, thinking_budget, self.thinks_unasked)
+        self.add_thinking(payload, request, thinking_budget)
         if request.output_config and request.output_config.format:
             schema = request.output_config.format.schema
             payload["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}
@@ -321,14 +321,11 @@ class Translator:
         if choice is not None and not isinstance(choice, ChoiceNone) and choice.disable_parallel_tool_use:
             payload["parallel_tool_calls"] = False
 
-    @staticmethod
-    def add_thinking(
-        payload: dict[str, Any], request: CountTokensRequest, thinking_budget: bool, thinks_unasked: bool
-    ) -> None:
+    def add_thinking(self, payload: dict[str, Any], request: CountTokensRequest, thinking_budget: bool) -> None:
         """Thinking as in Anthropic's API: only when asked (`enabled`, `adaptive`); a chat template thinks
         by default, so an unasked request says `enable_thinking=false` unless the recipe keeps the default."""
         thinking = request.thinking
-        if thinking is not None or not thinks_unasked:
+        if thinking is not None or not self.thinks_unasked:
             asked = isinstance(thinking, (ThinkingEnabled, ThinkingAdaptive))
             payload["chat_template_kwargs"] = {"enable_thinking": asked}
         if isinstance(thinking, ThinkingDisabled):
