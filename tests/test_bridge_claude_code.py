@@ -3,6 +3,7 @@ scripts/setup), non-interactive, through the bridge to real vLLM: offline and de
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -15,15 +16,28 @@ from tests.support.vllm_server import MAX_MODEL_LEN
 require_claude_code()
 
 
-def claude(bridge: Process, model: str, prompt: str, workdir: Path, home: Path, *options: str) -> dict:
+def claude(
+    bridge: Process, model: str, prompt: str, workdir: Path, home: Path, *options: str, environment: dict | None = None
+) -> dict:
     """`claude -p PROMPT --output-format json` in `workdir`; its JSON result (exit code checked)."""
-    # What `runtime connect` prints for users, and no ANTHROPIC_API_KEY (it would win: the paid API).
-    environment = quiet_environment(home) | claude_environment(Endpoint(bridge.url, model, MAX_MODEL_LEN, "x"))
-    done = subprocess.run(
-        [str(CLAUDE), "-p", prompt, "--output-format", "json", *options],
+    done = run_claude(bridge, model, [prompt, "--output-format", "json", *options], workdir, home, environment)
+    return parse_result(done)
+
+
+def run_claude(
+    bridge: Process, model: str, arguments: list[str], workdir: Path, home: Path, environment: dict | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`claude -p ARGUMENTS…` in `workdir` with what `runtime connect` prints for users (and no
+    ANTHROPIC_API_KEY: it would win, and go to the paid API), plus `environment`."""
+    environment = (
+        quiet_environment(home)
+        | claude_environment(Endpoint(bridge.url, model, MAX_MODEL_LEN, "x"))
+        | (environment or {})
+    )
+    return subprocess.run(
+        [str(CLAUDE), "-p", *arguments],
         cwd=workdir, env=environment, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=TIMEOUT_S,
     )  # fmt: skip
-    return parse_result(done)
 
 
 def test_a_text_turn(bridge: Process, tmp_path: Path) -> None:
@@ -42,3 +56,39 @@ def test_a_tool_round_trip_runs_the_command(bridge: Process, tmp_path: Path) -> 
     )
     assert (work / "proof.txt").read_text().strip() == "tiny-model-was-here"
     assert result["result"] == tiny.AFTER_TOOL and result["num_turns"] == 2
+
+
+def test_a_session_that_starts_a_subagent(bridge: Process, tmp_path: Path) -> None:
+    """The model calls the Agent tool; Claude Code runs the subagent (its own requests, its own agent id,
+    hint headers on) through the bridge, hands its answer back, and the main agent ends the session."""
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir(), work.mkdir()
+    arguments = [f"Ask a helper {tiny.MARK_AGENT}", "--output-format", "stream-json", "--verbose",
+                 "--allowedTools", tiny.AGENT_TOOL]  # fmt: skip
+    done = run_claude(bridge, tiny.SERVED_NAME, arguments, work, home, {"CLAUDE_CODE_GATEWAY_HINT_HEADERS": "1"})
+    assert done.returncode == 0, f"claude exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-2000:]}"
+    events = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+    result = events[-1]
+    assert result["type"] == "result" and result["is_error"] is False, result
+    assert result["result"] == tiny.AFTER_TOOL and result["num_turns"] == 2
+    assert result["subagent_stats"]["spawned"] == result["subagent_stats"]["completed"] == 1
+    handed_back = [
+        part["text"]
+        for event in events if event["type"] == "user"
+        for block in event["message"]["content"] if block["type"] == "tool_result"
+        for part in block["content"]
+    ]  # fmt: skip
+    assert len(handed_back) == 1 and f"  {tiny.ANSWER}\n" in handed_back[0]  # the subagent's own answer
+
+
+def test_claude_code_discovers_the_served_model(bridge: Process, tmp_path: Path) -> None:
+    """With CLAUDE_CODE_ENABLE_GATEWAY_MODEL_DISCOVERY=1 Claude Code asks `/v1/models` at start and adds
+    the ids that name claude to its `/model` picker (its cache file is that list)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    discovery = {"CLAUDE_CODE_ENABLE_GATEWAY_MODEL_DISCOVERY": "1"}
+    claude(bridge, tiny.SERVED_NAME, f"Say hello {tiny.MARK_TEXT}", tmp_path, home, environment=discovery)
+    cached = json.loads((home / ".claude" / "cache" / "gateway-models.json").read_text())
+    assert cached["baseUrl"] == bridge.url
+    assert [model["id"] for model in cached["models"]] == ["claude-tiny"]  # the session bridge's aliases name no claude
+    assert cached["models"][0]["description"].startswith(f"{tiny.SERVED_NAME} on this pod's vLLM")

@@ -92,7 +92,6 @@ BAD_REQUESTS = [
     ("thinking enabled without budget", VALID | {"thinking": {"type": "enabled"}}),
     ("temperature 5", VALID | {"temperature": 5}),
     ("stop_sequences not a list", VALID | {"stop_sequences": "END"}),
-    ("effort unknown", VALID | {"output_config": {"effort": "extreme"}}),
     ("system number", VALID | {"system": 3}),
     ("system image", VALID | {"system": [{"type": "image", "source": {"type": "url", "url": "http://x"}}]}),
 ]  # fmt: skip

@@ -354,7 +354,7 @@ def test_prompt_too_long_is_refused_before_the_engine(client: anthropic.Anthropi
 def test_models_in_anthropic_shape_with_the_context_window(client: anthropic.Anthropic, vllm_server) -> None:
     models = client.models.list()
     ids = [model.id for model in models.data]
-    assert ids == ["tiny", "claude-tiny", "tiny[1m]", "sonnet-for-tests", "haiku-for-tests[1m]"]
+    assert ids == ["claude-tiny", "tiny", "tiny[1m]", "sonnet-for-tests", "haiku-for-tests[1m]"]  # claude-* first
     assert {model.max_input_tokens for model in models.data} == {vllm_server.max_model_len}
     assert client.models.retrieve("claude-tiny").max_input_tokens == vllm_server.max_model_len
 

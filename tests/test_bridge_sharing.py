@@ -17,7 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from runtime.bridge.sharing import RETRY_AFTER_S, key_cap
+from runtime.bridge.errors import RETRY_AFTER_S
+from runtime.bridge.sharing import key_cap
 from tests.support.bridge import SLOW_WAIT_S, Process, start_bridge, start_stand_in
 from tests.support.polling import wait_until
 
@@ -94,7 +95,8 @@ def test_a_key_beyond_its_share_gets_429_while_another_key_still_gets_200(tmp_pa
             with httpx.stream("POST", f"{bridge.url}/v1/messages", json=ENDLESS["/v1/messages"],
                               headers={"x-api-key": KEY_A}, timeout=SLOW_WAIT_S) as refused:  # fmt: skip
                 refused.read()
-            assert refused.status_code == 429 and refused.headers["retry-after"] == str(RETRY_AFTER_S)
+            assert refused.status_code == 429 and refused.headers["retry-after"] == str(RETRY_AFTER_S[429])
+            assert refused.headers["x-should-retry"] == "true"
             assert refused.json()["error"]["type"] == "rate_limit_error", refused.text
             assert "VL_KEY_CONCURRENCY" in refused.json()["error"]["message"]
 

@@ -98,12 +98,13 @@ class Api:
     async def status(self, request: Request) -> Response:
         return JSONResponse(await pod_status(self.bridge))
 
-    async def root(self, request: Request) -> Response:
-        return Response(b"", 200)  # Claude Code's warm-up is a HEAD /
+    async def hello(self, request: Request) -> Response:
+        return Response(b"", 200)  # Claude Code's connection probes, before any key is read: HEAD / and /api/hello
 
     def routes(self) -> list[Route]:
         return [
-            Route("/", self.root, methods=["GET", "HEAD"]),
+            Route("/", self.hello, methods=["GET", "HEAD"]),
+            Route("/api/hello", self.hello, methods=["GET", "HEAD"]),
             Route("/health", self.health, methods=["GET", "HEAD"]),
             Route("/console", console, methods=["GET", "HEAD"]),
             Route("/v1/messages", self.messages, methods=["POST"]),

@@ -26,7 +26,8 @@ log = logging.getLogger("runtime.bridge")
 
 OPEN_LABEL = "open"  # the usage label when no key is configured
 GATEWAY_LABEL = "gateway"  # a worker pod's label for its gateway's key (VL_WORKER_KEY): the team's traffic
-UNGUARDED = frozenset({"/", "/health", "/console"})  # warm-up HEAD /, watchdog, the console's page (no data)
+# Claude Code's probes (HEAD / and /api/hello), the watchdog, the console's page: none carries data.
+UNGUARDED = frozenset({"/", "/api/hello", "/health", "/console"})
 ENGINE_UNGUARDED = frozenset({"/health"})  # vLLM's as the public server: no console, no warm-up route of ours
 SALT_FILE = "key-label.salt"  # in VL_STATE_DIR: made once, so labels survive bridge restarts
 SALT_BYTES = 32  # 256 bits: a label cannot be tested against guessed keys without the salt

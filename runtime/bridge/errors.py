@@ -22,6 +22,12 @@ ERROR_TYPES: dict[int, str] = {
 }
 
 
+# Whole seconds before a retry, sent with `x-should-retry: true` (the SDKs and Claude Code read both).
+# A key over its share (429) waits for a held slot to free, seconds to minutes later; a full or
+# starting engine (529) is worth asking again sooner.
+RETRY_AFTER_S: dict[int, int] = {429: 5, 529: 2}
+
+
 def error_type(status: int) -> str:
     """The Anthropic error type for a status; statuses outside the map fall into their class."""
     return ERROR_TYPES.get(status) or ("invalid_request_error" if status < 500 else "api_error")
@@ -43,14 +49,20 @@ class BridgeError(Exception):
     def type(self) -> str:
         return error_type(self.status)
 
+    def headers(self) -> dict[str, str]:
+        """When to retry, for an overload: other errors say nothing (the client's own rules apply)."""
+        wait = RETRY_AFTER_S.get(self.status)
+        return {} if wait is None else {"retry-after": str(wait), "x-should-retry": "true"}
+
     def response(self, headers: dict[str, str] | None = None) -> Response:
+        headers = self.headers() | (headers or {})
         return Response(envelope(self.status, self.message), self.status, headers, "application/json")
 
     async def send(self, send: Send) -> None:
         """Answer with this error through a raw ASGI `send` (from inside a streaming response)."""
-        await send(
-            {"type": "http.response.start", "status": self.status, "headers": [(b"content-type", b"application/json")]}
-        )
+        headers = [(b"content-type", b"application/json")]
+        headers += [(name.encode(), value.encode()) for name, value in self.headers().items()]
+        await send({"type": "http.response.start", "status": self.status, "headers": headers})
         await send({"type": "http.response.body", "body": envelope(self.status, self.message)})
 
     def event(self) -> bytes:

@@ -114,7 +114,8 @@ class Catalog:
         return list(dict.fromkeys([name, prefixed, name + ONE_MILLION, *others, *self.aliases]))
 
     def anthropic_info(self, model_id: str) -> dict:
-        """One entry of Anthropic's `/v1/models`, with the context window."""
+        """One entry of Anthropic's `/v1/models`, with the context window; Claude Code's model picker
+        shows `display_name` and `description`."""
         assert self.model is not None
         created = datetime.fromtimestamp(self.model.created, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         window = self.model.context_window
@@ -122,6 +123,7 @@ class Catalog:
             "type": "model",
             "id": model_id,
             "display_name": model_id,
+            "description": f"{self.model.name} on this pod's vLLM, {window:,}-token window",
             "created_at": created,
             "lifecycle": "active",
             "max_input_tokens": window,
@@ -129,7 +131,10 @@ class Catalog:
         }
 
     def anthropic_listing(self) -> dict:
-        data = [self.anthropic_info(name) for name in self.names()]
+        """Every public id, those naming `claude` first: Claude Code's discovery keeps only ids that
+        contain `claude` or `anthropic`. The list is short and always whole (`limit` has nothing to cut)."""
+        names = sorted(self.names(), key=lambda name: "claude" not in name.lower())  # stable: the order of names()
+        data = [self.anthropic_info(name) for name in names]
         return {
             "data": data,
             "has_more": False,

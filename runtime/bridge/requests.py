@@ -15,8 +15,9 @@ from msgspec import Meta, Struct
 from runtime.bridge.errors import BridgeError
 from runtime.bridge.nesting import refuse_deep_nesting
 
-BILLING_HEADER = "x-anthropic-billing-header"  # changes on every request: kept, it defeats prefix caching
-# output_config.effort → vLLM's thinking_token_budget (the seeds' thresholds; "max" is unlimited).
+BILLING_HEADER = "x-anthropic-billing-header"  # dropped: it changes on every request, and would defeat prefix caching
+# output_config.effort → vLLM's thinking_token_budget (the seeds' thresholds; "max", or a level we do
+# not know yet, is unlimited: a newer Claude Code must not get a 400 for it).
 EFFORT_BUDGETS: dict[str, int | None] = {"low": 1024, "medium": 4096, "high": 16384, "xhigh": 32768, "max": None}
 
 
@@ -124,7 +125,7 @@ class JsonFormat(Struct, tag_field="type", tag="json_schema"):
 
 
 class OutputConfig(Struct, kw_only=True):
-    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
+    effort: Annotated[str, Meta(max_length=64)] | None = None
     format: JsonFormat | None = None
 
 
@@ -354,7 +355,7 @@ def thinking_budget_of(request: CountTokensRequest) -> int | None:
     if isinstance(request.thinking, ThinkingEnabled):
         return request.thinking.budget_tokens
     effort = request.output_config.effort if request.output_config else None
-    return EFFORT_BUDGETS[effort] if effort else None
+    return EFFORT_BUDGETS.get(effort) if effort else None
 
 
 def openai_tool_choice(choice: ChoiceAuto | ChoiceAny | ChoiceTool | ChoiceNone | None) -> Any:

@@ -2,8 +2,8 @@
 client that stops reading.
 
 Without them one key could hold every upstream slot with streams it never read, and every other key
-got 529 for as long as it liked. Beyond its cap a key gets 429 (Claude Code and the SDKs retry it
-after `retry-after`); 529 keeps its meaning: the engine is full for everyone.
+got 529 for as long as it liked. Beyond its cap a key gets 429 at once, never a queue (Claude Code and
+the SDKs retry it after `retry-after`); 529 keeps its meaning: the engine is full for everyone.
 """
 
 from __future__ import annotations
@@ -21,10 +21,6 @@ from runtime.bridge.connection import DROP, ClientGone, LeavableAnswer, unless_c
 from runtime.bridge.errors import BridgeError
 
 T = TypeVar("T")
-
-# A held slot frees when a stream ends, seconds to minutes later: sooner is refused again. The SDKs
-# wait what `retry-after` says (up to 60 s), else their own backoff of half a second and up.
-RETRY_AFTER_S = 5
 
 
 def key_cap(pool: int, keys: int, setting: int | None) -> int | None:
@@ -54,7 +50,7 @@ class KeyShare:
             refusal = BridgeError(429, f"this API key already has {self.cap} requests in flight, the most allowed "
                                        "(VL_KEY_CONCURRENCY); retry once one has ended")  # fmt: skip
             state["trace"]["error_type"] = refusal.type
-            await refusal.response({"retry-after": str(RETRY_AFTER_S)})(scope, receive, send)
+            await refusal.response()(scope, receive, send)
             return
         self.in_flight[key] += 1
         try:

@@ -7,13 +7,15 @@ chosen from the LAST user message's text (a string or text blocks) and the templ
 - no marker: reasoning `THINKING`, then the answer `ANSWER`;
 - `MARK_TEXT`, or `enable_thinking` false: `ANSWER` alone;
 - `MARK_TOOL`, when tools are given: a hermes tool call of `TOOL_NAME` with `TOOL_ARGUMENTS`;
-- the last message is a tool result: `AFTER_TOOL`;
+- `MARK_AGENT`, when tools are given: a call of Claude Code's `AGENT_TOOL`, whose subagent is asked
+  `AGENT_PROMPT` (it answers `ANSWER`), in the foreground;
+- the last message but system ones is a tool result: `AFTER_TOOL`;
 - `MARK_LONG`: `LONG_CYCLE` over and over, until `max_tokens`;
 - `MARK_PONDER` (thinking on): reasoning `PONDER_CYCLE` over and over, until vLLM's
   `thinking_token_budget` forces `</think>`; `ANSWER` follows. vLLM counts the mode token, which
   follows `<think>` in the prompt, as the first token of thought: a budget of n gives n - 1.
 
-A tool result wins over the markers, then `MARK_TOOL`, `MARK_LONG`, `MARK_PONDER`, `MARK_TEXT`. A
+A tool result wins over the markers, then `MARK_TOOL`, `MARK_AGENT`, `MARK_LONG`, `MARK_PONDER`, `MARK_TEXT`. A
 prompt without a mode token (a raw `/v1/completions` one) is answered with `ANSWER`. Serve it with
 `--reasoning-parser qwen3 --enable-auto-tool-choice --tool-call-parser hermes`. How the weights
 follow the script: see `weights`.
@@ -38,9 +40,12 @@ MARK_TEXT = "[text]"
 MARK_TOOL = "[tool]"
 MARK_LONG = "[long]"
 MARK_PONDER = "[ponder]"
+MARK_AGENT = "[agent]"
 
 TOOL_NAME = "Bash"
 TOOL_COMMAND = "echo tiny-model-was-here > proof.txt"
+AGENT_TOOL = "Agent"  # Claude Code's tool that starts a subagent
+AGENT_PROMPT = f"Say hello {MARK_TEXT}"
 
 # Each reply is cut into pieces, one token each. A piece may sit at one place only, since what
 # follows a token is a function of that token (and of the mode, for `</think>` alone). Pieces hold
@@ -58,6 +63,15 @@ TOOL_CALL_PIECES = (
     "}\n",
     "</tool_call>",
 )
+# Its own first and last pieces: `<tool_call>` and `}\n` already lead to the Bash call's pieces. vLLM's
+# hermes parser reads the text, not the token ids, so a longer token holding `<tool_call>` is read alike.
+AGENT_ARGUMENTS = {"description": "Say hello", "prompt": AGENT_PROMPT, "subagent_type": "general-purpose",
+                   "run_in_background": False}  # fmt: skip
+AGENT_CALL_PIECES = (
+    f'<tool_call>\n{{"name": "{AGENT_TOOL}", "arguments": ',
+    json.dumps(AGENT_ARGUMENTS),
+    "}\n</tool_call>",
+)
 
 THINKING = "".join(THINKING_PIECES)
 ANSWER = "".join(ANSWER_PIECES)
@@ -72,12 +86,13 @@ EOS = TURN_END
 
 # Replies without reasoning, by mode. With thinking on they open with `</think>` (the qwen3 parser
 # reads everything before it as reasoning); with thinking off the parser takes the text verbatim.
-REPLIES = {"text": ANSWER_PIECES, "tool": TOOL_CALL_PIECES, "after_tool": AFTER_TOOL_PIECES, "long": LONG_PIECES}
+REPLIES = {"text": ANSWER_PIECES, "tool": TOOL_CALL_PIECES, "agent": AGENT_CALL_PIECES, "after_tool": AFTER_TOOL_PIECES,
+           "long": LONG_PIECES}  # fmt: skip
 REASONING_MODES = ("think", "ponder")
 
 CHAT_TEMPLATE = (
     "{%- set marks = "
-    + json.dumps({"text": MARK_TEXT, "tool": MARK_TOOL, "long": MARK_LONG, "ponder": MARK_PONDER})
+    + json.dumps({"text": MARK_TEXT, "tool": MARK_TOOL, "agent": MARK_AGENT, "long": MARK_LONG, "ponder": MARK_PONDER})
     + """ -%}
 {%- macro text(content) -%}
 {%- if content is string -%}{{ content }}
@@ -106,10 +121,12 @@ CHAT_TEMPLATE = (
 {% endfor -%}
 {%- if add_generation_prompt -%}
 {%- set thinking = enable_thinking is not defined or enable_thinking -%}
-{%- set ns = namespace(asked='') -%}
+{%- set ns = namespace(asked='', last='') -%}
 {%- for message in messages if message.role == 'user' -%}{%- set ns.asked = text(message.content) -%}{%- endfor -%}
-{%- if messages and messages[-1].role == 'tool' -%}{%- set mode = 'after_tool' -%}
+{%- for message in messages if message.role != 'system' -%}{%- set ns.last = message.role -%}{%- endfor -%}
+{%- if ns.last == 'tool' -%}{%- set mode = 'after_tool' -%}
 {%- elif tools and marks.tool in ns.asked -%}{%- set mode = 'tool' -%}
+{%- elif tools and marks.agent in ns.asked -%}{%- set mode = 'agent' -%}
 {%- elif marks.long in ns.asked -%}{%- set mode = 'long' -%}
 {%- elif marks.ponder in ns.asked and thinking -%}{%- set mode = 'ponder' -%}
 {%- elif marks.text in ns.asked or not thinking -%}{%- set mode = 'text' -%}
@@ -179,7 +196,8 @@ def build_tokenizer() -> Tokenizer:
     )
     tokenizer.train_from_iterator(training_texts(), trainer)
     tokenizer.add_special_tokens([token(t, special=True) for t in (END_OF_TEXT, TURN_START, TURN_END, *MODE_TOKENS)])
-    pieces = (*THINKING_PIECES, *ANSWER_PIECES, *AFTER_TOOL_PIECES, *LONG_PIECES, *PONDER_PIECES, *TOOL_CALL_PIECES)
+    pieces = (*THINKING_PIECES, *ANSWER_PIECES, *AFTER_TOOL_PIECES, *LONG_PIECES, *PONDER_PIECES, *TOOL_CALL_PIECES,
+              *AGENT_CALL_PIECES)  # fmt: skip
     tokenizer.add_tokens([token(t, special=False) for t in (THINK_START, THINK_END, *pieces)])
     return tokenizer
 
@@ -205,6 +223,7 @@ class Script:
             [mode_token("ponder"), *PONDER_PIECES, PONDER_PIECES[0]],
             [*ANSWER_PIECES, EOS],
             [*TOOL_CALL_PIECES, EOS],
+            [*AGENT_CALL_PIECES, EOS],
             [*AFTER_TOOL_PIECES, EOS],
             [*LONG_PIECES, LONG_PIECES[0]],
         ]

@@ -1,0 +1,174 @@
+"""Claude Code's gateway contract ("Gateway protocol reference"), clause by clause, against the bridge
+with keys in front of real vLLM; the README's "Claude Code's gateway contract" table points here.
+
+The real CLI's side of it (model discovery, a session with a subagent) is in test_bridge_claude_code.py.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+
+import anthropic
+import httpx
+import pytest
+
+from runtime.bridge.errors import RETRY_AFTER_S
+from runtime.engine import tinymodel as tiny
+from tests.support.bridge import Process, start_bridge
+from tests.support.net import free_port
+from tests.support.vllm_server import VllmServer
+
+KEY = "sk-contract-0123456789"
+AUTH = {"authorization": f"Bearer {KEY}", "anthropic-version": "2023-06-01"}
+ASK = {
+    "model": "claude-tiny",
+    "max_tokens": 20,
+    "messages": [{"role": "user", "content": f"Say hello {tiny.MARK_TEXT}"}],
+}
+EPHEMERAL = {"type": "ephemeral"}
+BASH = {"name": tiny.TOOL_NAME, "description": "Run a shell command.", "cache_control": EPHEMERAL,
+        "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def guarded(vllm_server: VllmServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
+    root = tmp_path_factory.mktemp("contract")
+    settings = {"VL_API_KEYS": f"team:{KEY}", "VL_STATE_DIR": str(root / "state")}
+    with start_bridge(vllm_server.url, root / "bridge.log", settings) as bridge:
+        yield bridge
+
+
+@pytest.fixture(scope="module")
+def client(guarded: Process) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=guarded.url, auth_token=KEY, max_retries=0)
+
+
+def answered(guarded: Process, body: dict, headers: dict[str, str] | None = None, path: str = "/v1/messages") -> dict:
+    response = httpx.post(guarded.url + path, json=body, headers=AUTH | (headers or {}), timeout=60)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+# --- endpoints ---
+
+
+@pytest.mark.parametrize("path", ["/", "/api/hello"])
+def test_connection_probes_are_answered_without_a_key_or_a_body(guarded: Process, path: str) -> None:
+    """Claude Code sends HEAD /api/hello (and a HEAD / warm-up) before anything else, with no key."""
+    probe = httpx.head(guarded.url + path)
+    assert probe.status_code == 200 and probe.content == b""
+    assert httpx.get(guarded.url + path).content == b""  # nothing to read there either
+
+
+def test_inference_is_matched_on_the_path_not_the_url(guarded: Process) -> None:
+    """Claude Code posts to /v1/messages?beta=true."""
+    assert answered(guarded, ASK, path="/v1/messages?beta=true")["content"][0]["text"] == tiny.ANSWER
+
+
+# --- headers and fields: an open list ---
+
+OPEN_LIST = {
+    "context_management without its beta": ({"context_management": {"edits": [{"type": "clear_thinking_20251015",
+                                                                               "keep": "all"}]}}, {}),
+    "clear_tool_uses edit": ({"context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]}}, {}),
+    "tool strict and defer_loading": ({"tools": [BASH | {"strict": True, "defer_loading": True}]}, {}),
+    "output_config without its beta": ({"output_config": {"effort": "high"}}, {}),
+    "an effort level we do not know": ({"output_config": {"effort": "ultra"}}, {}),
+    "a field we do not know": ({"future_field": {"any": ["shape"]}, "container": "c", "speed": "fast"}, {}),
+    "betas we do not know": ({}, {"anthropic-beta": "claude-code-20250219,some-future-beta-2027-01-01"}),
+    "Claude Code's own headers": ({}, {"x-app": "cli", "x-claude-code-session-id": "s", "x-claude-code-agent-id": "a",
+                                       "x-claude-code-request-class": "main", "anthropic-dangerous-direct-browser-access":
+                                       "true", "x-stainless-retry-count": "0"}),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("extra", "headers"), OPEN_LIST.values(), ids=OPEN_LIST.keys())
+def test_fields_and_headers_we_do_not_use_are_ignored(guarded: Process, extra: dict, headers: dict) -> None:
+    """Never a 400 for a field we do not read, nor for one of a pair (a beta and its field) without the other."""
+    assert answered(guarded, ASK | extra, headers)["content"][0]["text"] == tiny.ANSWER
+
+
+# --- cache_control and mid-conversation system entries ---
+
+# A turn as Claude Code 2.1.332 sends it: system blocks and tools marked for caching, a reminder and the
+# prompt as two user messages, then the environment as a `role: "system"` entry after them.
+FIRST_TURN = {
+    "model": "claude-tiny", "max_tokens": 20, "tools": [BASH],
+    "system": [{"type": "text", "text": "You are Claude Code."},
+               {"type": "text", "text": "Use the tools well. " * 40, "cache_control": EPHEMERAL}],
+    "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "<system-reminder>Attribution.</system-reminder>"},
+                                     {"type": "text", "text": f"Say hello {tiny.MARK_TEXT}"}]},
+        {"role": "system", "content": [{"type": "text", "text": "# Environment\nPlatform: linux\n" * 20,
+                                        "cache_control": EPHEMERAL}]},
+    ],
+}  # fmt: skip
+
+
+def next_turn(turn: dict, answer: str) -> dict:
+    """The turn after: the answer, the user's next words, and a new system entry after them (Claude Code's
+    `<total_tokens>` reminder)."""
+    following = copy.deepcopy(turn)
+    following["messages"] += [
+        {"role": "assistant", "content": [{"type": "text", "text": answer}]},
+        {"role": "user", "content": [{"type": "text", "text": f"Again {tiny.MARK_TEXT}", "cache_control": EPHEMERAL}]},
+        {"role": "system", "content": "<total_tokens>1234 tokens left</total_tokens>"},
+    ]
+    return following
+
+
+def test_mid_conversation_system_entries_keep_the_prefix_cached(client: anthropic.Anthropic) -> None:
+    """Every system entry stays where it was sent: the next turn reads all of this one from vLLM's prefix
+    cache. (Merged into the system prompt, each new entry would change the prompt's start, and the cache
+    would hold nothing past the tools.)"""
+    client.messages.create(**FIRST_TURN)
+    again = client.messages.create(**FIRST_TURN)
+    whole_turn_cached = again.usage.cache_read_input_tokens
+    assert whole_turn_cached and again.content[0].text == tiny.ANSWER
+    second = client.messages.create(**next_turn(FIRST_TURN, tiny.ANSWER))
+    assert second.content[0].text == tiny.ANSWER
+    assert second.usage.cache_read_input_tokens >= whole_turn_cached
+    third = client.messages.create(**next_turn(next_turn(FIRST_TURN, tiny.ANSWER), tiny.ANSWER))
+    assert third.usage.cache_read_input_tokens > second.usage.cache_read_input_tokens
+
+
+# --- errors ---
+
+
+@pytest.fixture(scope="module")
+def engine_down(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
+    """A bridge whose engine does not answer (nothing listens on its port): every inference is a 529."""
+    root = tmp_path_factory.mktemp("engine-down")
+    upstream = f"http://127.0.0.1:{free_port()}"
+    with start_bridge(upstream, root / "bridge.log", {"VL_API_KEYS": f"team:{KEY}"}) as bridge:
+        yield bridge
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_an_overload_says_when_to_retry(engine_down: Process, stream: bool) -> None:
+    """Claude Code retries a 529, or a body with `"type":"overloaded_error"`, after `retry-after`."""
+    response = httpx.post(f"{engine_down.url}/v1/messages", json=ASK | {"stream": stream}, headers=AUTH, timeout=60)
+    assert response.status_code == 529
+    assert b'"type":"overloaded_error"' in response.content
+    assert response.headers["retry-after"] == str(RETRY_AFTER_S[529]) and response.headers["x-should-retry"] == "true"
+
+
+def test_an_ordinary_refusal_says_nothing_of_retrying(guarded: Process) -> None:
+    refused = httpx.post(f"{guarded.url}/v1/messages", json={"model": "claude-tiny"}, headers=AUTH)
+    assert refused.status_code == 400 and refused.json()["error"]["type"] == "invalid_request_error"
+    assert "retry-after" not in refused.headers and "x-should-retry" not in refused.headers
+
+
+# --- model discovery ---
+
+
+def test_model_discovery_lists_claude_ids_first_with_names_to_show(guarded: Process) -> None:
+    """Claude Code asks `GET /v1/models?limit=1000` (3 s, redirects refused) and keeps ids naming claude."""
+    listing = httpx.get(f"{guarded.url}/v1/models?limit=1000", headers=AUTH, follow_redirects=False)
+    assert listing.status_code == 200
+    models = listing.json()["data"]
+    assert [model["id"] for model in models] == ["claude-tiny", "tiny", "tiny[1m]"]
+    for model in models:
+        assert model["display_name"] == model["id"]
+        assert model["description"] == f"tiny on this pod's vLLM, {models[0]['max_input_tokens']:,}-token window"
