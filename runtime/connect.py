@@ -108,6 +108,8 @@ def claude_environment(endpoint: Endpoint) -> dict[str, str]:
         "ANTHROPIC_SMALL_FAST_MODEL": endpoint.model,
         # Without these two, Claude Code assumes 200k for an unknown id and compacts there.
         "CLAUDE_CODE_DISABLE_UNKNOWN_MODEL_WINDOW_ENFORCEMENT": "1",
+        # Each request says its class (main, subagent, compaction…): the console's per-agent view shows it.
+        "CLAUDE_CODE_GATEWAY_HINT_HEADERS": "1",
     }
     if endpoint.window:
         environment["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] = str(endpoint.window)

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 from runtime.engine.command import RUNTIME_ROOT, EngineCommand
 from runtime.engine.install import InstallError, ensure_runtime, is_prebaked, runs_in_venv
 from runtime.engine.prepare import prepare_engine
+from runtime.engine.volume import cache_root
 from runtime.engine.weights import WeightsError
 from runtime.enginehealth import forget_engine_health, write_engine_health
 from runtime.gateway import check_roles, keep_workers
@@ -383,6 +384,7 @@ class Pod:
             engines = settings.workers if self.gateway else [replica.command.base_url for replica in self.replicas]
             argv = bridge_argv(router_url(settings), settings.listen, settings.port, unasked)
             argv += [word for engine in engines for word in ("--engine", engine)]
+        argv += ["--ledger", str(cache_root(settings) / USAGE_LEDGER)]  # on the volume, when the pod has one
         # Every setting the bridge reads, as they are now: its own, and the pod's (state folder, image facts).
         env = {**self.environ, **settings.environ(Scope.BRIDGE, Scope.POD)}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(RUNTIME_ROOT), env.get("PYTHONPATH"))))
@@ -510,6 +512,9 @@ class Pod:
             if not await router.admit(engine):
                 log.warning("the router did not take %s back in time", replica.name)
             log.info("%s serves the new settings", replica.name)
+
+
+USAGE_LEDGER = "usage-ledger.jsonl"  # each key's totals, across restarts (runtime/bridge/ledger.py)
 
 
 def bridge_argv(upstream: str, host: str, port: int, thinks_unasked: bool = False) -> list[str]:

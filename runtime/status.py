@@ -76,7 +76,8 @@ def fetch(client: httpx.Client) -> tuple[dict[str, Any] | None, str]:
 def render(state: Mapping[str, Any]) -> str:
     """The status as text: sections for the engine, traffic, keys, GPUs and cost. Every value the bridge
     sent is stripped of terminal controls (the boot log is a process's output)."""
-    sections = [overview(state), traffic(state["traffic"]), keys(state["keys"]), gpus(state), cost(state["cost"])]
+    sections = [overview(state), traffic(state["traffic"]), keys(state["keys"]), sessions(state.get("sessions", [])),
+                gpus(state), cost(state["cost"])]  # fmt: skip
     if len(state.get("engines", [])) > 1:
         sections.insert(1, engines(state["engines"]))
     boot_log = state["engine"]["boot_log"]
@@ -142,11 +143,38 @@ def keys(rows: Sequence[Mapping[str, Any]]) -> str:
         return "Keys\n  no request yet"
     columns = ("requests", "input_tokens", "cached_tokens", "output_tokens", "errors")
     width = max(12, *(len(row["name"]) for row in rows))
-    head = f"  {'KEY':<{width}}" + "".join(
-        f"{title:>12}" for title in ("REQUESTS", "INPUT", "CACHED", "OUTPUT", "ERRORS")
+    head = (
+        f"  {'KEY':<{width}}"
+        + "".join(f"{title:>12}" for title in ("REQUESTS", "INPUT", "CACHED", "OUTPUT", "ERRORS", "COST"))
+        + "  SINCE"
     )
-    body = [f"  {row['name']:<{width}}" + "".join(f"{row[column]:>12,}" for column in columns) for row in rows]
-    return "\n".join(["Keys (since the bridge started)", head, *body])
+    body = [
+        f"  {row['name']:<{width}}" + "".join(f"{row[column]:>12,}" for column in columns)
+        + f"{dollars(row.get('cost')):>12}  {row.get('since', '-')}"
+        for row in rows
+    ]  # fmt: skip
+    return "\n".join(["Keys", head, *body])
+
+
+def sessions(shown: Sequence[Mapping[str, Any]]) -> str:
+    """Each session seen last, an agent a row (subagents under the agent that started them)."""
+    if not shown:
+        return "Claude Code sessions\n  none yet (Claude Code names them in x-claude-code-session-id)"
+    titles = ("REQUESTS", "INPUT", "CACHED", "OUTPUT", "HIT", "TTFT p50", "COST")
+    lines = [
+        "Claude Code sessions (the last seen first)",
+        "  " + f"{'AGENT':<30}" + "".join(f"{t:>11}" for t in titles),
+    ]
+    for session in shown:
+        lines.append(f"  session {session['id']}  (seen {session['seen_s_ago']:.0f} s ago)")
+        for agent in session["agents"]:
+            name = agent["agent"] if agent["parent"] is None else f"  └ {agent['agent']}"
+            compactions = f" ({agent['compactions']} compactions)" if agent["compactions"] else ""
+            cells = (f"{agent['requests']:,}", f"{agent['input_tokens']:,}", f"{agent['cached_tokens']:,}",
+                     f"{agent['output_tokens']:,}", percent(agent["prefix_cache_hit_rate"]),
+                     seconds(agent["ttft_p50_s"]), dollars(agent["cost"]))  # fmt: skip
+            lines.append(f"    {name[:28]:<28}" + "".join(f"{cell:>11}" for cell in cells) + compactions)
+    return "\n".join(lines)
 
 
 def gpus(state: Mapping[str, Any]) -> str:
@@ -179,6 +207,10 @@ def cost(data: Mapping[str, Any]) -> str:
 def sparkline(values: Sequence[float], width: int = 30) -> str:
     """The last `width` percentages as bars (0 to 100 %)."""
     return "".join(SPARK[min(len(SPARK) - 1, int(max(0.0, v) / 100 * len(SPARK)))] for v in values[-width:])
+
+
+def dollars(value: float | None) -> str:
+    return "-" if value is None else f"${value:,.4f}"
 
 
 def optional(value: float | None, form: str = "{:,}") -> str:

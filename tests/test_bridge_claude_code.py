@@ -4,8 +4,11 @@ scripts/setup), non-interactive, through the bridge to real vLLM: offline and de
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
+
+import httpx
 
 from runtime.connect import Endpoint, claude_environment
 from runtime.engine import tinymodel as tiny
@@ -79,6 +82,20 @@ def test_a_session_that_starts_a_subagent(bridge: Process, tmp_path: Path) -> No
         for part in block["content"]
     ]  # fmt: skip
     assert len(handed_back) == 1 and f"  {tiny.ANSWER}\n" in handed_back[0]  # the subagent's own answer
+    # The bridge's console attributes each request: the main agent's two turns, the subagent's one.
+    status = httpx.get(f"{bridge.url}/v1/pod/status", timeout=30).json()
+    [session] = [session for session in status["sessions"] if session["id"] == result["session_id"]]
+    main, helper = session["agents"]
+    subagent_id = re.search(r"agentId: (\w+)", handed_back[0])
+    assert subagent_id and (helper["agent"], helper["parent"]) == (subagent_id.group(1), "main")
+    assert (main["agent"], main["parent"], main["classes"]) == ("main", None, {"main": 2})
+    assert helper["classes"] == {"subagent": 1} and helper["output_tokens"] > 0
+    told = result["usage"], result["modelUsage"][tiny.SERVED_NAME]  # the main agent's; the session's
+    assert (main["input_tokens"], main["cached_tokens"]) == (
+        told[0]["input_tokens"],
+        told[0]["cache_read_input_tokens"],
+    )
+    assert main["input_tokens"] + helper["input_tokens"] == told[1]["inputTokens"]
 
 
 def test_claude_code_discovers_the_served_model(bridge: Process, tmp_path: Path) -> None:

@@ -48,6 +48,7 @@ def test_the_printed_bash_environment_runs_claude_code(keyed_bridge: Process, tm
     script = done.stdout
     assert "export ANTHROPIC_MODEL=tiny\n" in script  # the bare id: Claude Code honours the window only for it
     assert "export CLAUDE_CODE_MAX_CONTEXT_TOKENS=65536\n" in script
+    assert "export CLAUDE_CODE_GATEWAY_HINT_HEADERS=1\n" in script  # request classes, for the per-agent view
     assert script.rstrip().endswith("\nclaude")
     run_claude = f"{CLAUDE} -p 'Say hello {tiny.MARK_TEXT}' --output-format json"
     (tmp_path / "home").mkdir()

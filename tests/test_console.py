@@ -21,7 +21,9 @@ from tests.support.net import free_port
 from tests.support.vllm_server import VllmServer
 
 WATCHER, ALICE = "sk-console-watcher-0123456789", "sk-console-alice-0123456789"
-SENT = 3  # requests alice sends while the page watches
+SESSION, SUBAGENT = "c0ffee00-1111-4222-8333-444455556666", "a1b2c3d4e5f6a7b8c"
+AGENTS = [{}, {}, {"x-claude-code-agent-id": SUBAGENT, "x-claude-code-request-class": "subagent"}]
+SENT = len(AGENTS)  # requests alice sends while the page watches
 # Claude Code-like: a long system prompt shared by every request, so the later ones hit vLLM's prefix cache
 SYSTEM = "You are a coding agent in a terminal: read the instructions, then always answer briefly. " * 8
 COST_PER_HOUR = "2.5"
@@ -80,9 +82,9 @@ def log_in(page: Page, url: str, key: str) -> None:
 
 def keep_screenshot(page: Page, artifacts: Path) -> None:
     """The test's artifact; also at CONSOLE_SCREENSHOT when set (how docs/console.png is made)."""
-    page.screenshot(path=artifacts / "console.png")
+    page.screenshot(path=artifacts / "console.png", full_page=True)
     if target := os.environ.get("CONSOLE_SCREENSHOT"):
-        page.screenshot(path=target)
+        page.screenshot(path=target, full_page=True)
 
 
 def test_the_page_needs_no_key_and_locks_itself_down(watched: Process) -> None:
@@ -113,10 +115,11 @@ def test_logged_in_it_shows_the_model_and_counts_requests(
     before = int((page.get_by_test_id("request-count").text_content() or "").replace(",", ""))
 
     client = anthropic.Anthropic(base_url=watched.url, api_key=ALICE, max_retries=0)
-    for _ in range(SENT):
+    for agent in AGENTS:  # one Claude Code session: its main agent twice, then a subagent it started
         answer = client.messages.create(
-            model="claude-tiny", max_tokens=20, system=SYSTEM, messages=[{"role": "user", "content": tiny.MARK_TEXT}]
-        )
+            model="claude-tiny", max_tokens=20, system=SYSTEM, messages=[{"role": "user", "content": tiny.MARK_TEXT}],
+            extra_headers={"x-claude-code-session-id": SESSION} | agent,
+        )  # fmt: skip
         block = answer.content[0]
         assert block.type == "text" and block.text == tiny.ANSWER
 
@@ -132,6 +135,17 @@ def test_logged_in_it_shows_the_model_and_counts_requests(
         timeout=WAIT_MS,
     )
     expect(page.get_by_test_id("cost-per-hour")).to_have_text("$2.50 / h")
+    agents = page.locator(f'[data-testid="agent-row"][data-session="{SESSION}"]')
+    expect(agents).to_have_count(2)
+    main, helper = agents.nth(0), agents.nth(1)
+    expect(main.get_by_test_id("agent-name")).to_have_text("main")
+    expect(main.get_by_test_id("agent-requests")).to_have_text("2")
+    expect(helper.get_by_test_id("agent-name")).to_have_text(f"\u2514 {SUBAGENT} (of main)")
+    expect(helper.get_by_test_id("agent-requests")).to_have_text("1")
+    for row in (main, helper):
+        expect(row.get_by_test_id("agent-output-tokens")).to_have_text(re.compile(r"^[1-9][\d,]*$"))
+        expect(row.get_by_test_id("agent-cost")).to_have_text(re.compile(r"^\$0\.\d{4}$"))
+    expect(helper.get_by_test_id("agent-hit")).not_to_have_text(re.compile(r"^(0\.0 %|—)"))  # the main's prefix
 
     shown = pod_status(watched.url, WATCHER)  # what the machine has: GPUs, or the note that says there are none
     if shown["gpus"]:

@@ -111,7 +111,8 @@ def test_usage_grows_per_key_as_the_clients_were_told(pod: Process):
 
     salt = (pod_state_dir(pod) / SALT_FILE).read_bytes()
     was, now = by_name(before).get("alice"), by_name(after)["alice"]
-    grown = {k: now[k] - (was[k] if was else 0) for k in now if k != "name"}
+    counts = ("requests", "input_tokens", "cached_tokens", "output_tokens", "errors")
+    grown = {k: now[k] - (was[k] if was else 0) for k in counts}
     assert grown == {
         "requests": 4,
         "input_tokens": sum(m.usage.input_tokens for m in told),
@@ -120,6 +121,9 @@ def test_usage_grows_per_key_as_the_clients_were_told(pod: Process):
         "errors": 1,
     }
     assert sum(m.usage.cache_read_input_tokens or 0 for m in told) > 0  # the same prompt, thrice
+    assert now["busy_s"] > (was["busy_s"] if was else 0) and now["cost"] == pytest.approx(
+        now["busy_s"] * 0.69 / 3600, abs=1e-6
+    )
     assert by_name(after)[label_of(UNNAMED, salt)]["requests"] >= 1
     traffic = after["traffic"]
     assert traffic["requests_per_min"] > before["traffic"]["requests_per_min"]

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 import anthropic
@@ -28,10 +29,17 @@ HEALTHY = {
     "traffic": {"requests_per_min": 12.4, "open_streams": 2, "running": 2, "waiting": 0,
                 "output_tokens_per_s": 85.25, "ttft_p50_s": 0.412, "ttft_p95_s": 1.9, "prompt_tokens": 1234567,
                 "cached_tokens": 1150000, "prefix_cache_hit_rate": 0.9315, "window_s": 300},
-    "keys": [{"name": "alice", "requests": 120, "input_tokens": 84500, "cached_tokens": 1150000,
-              "output_tokens": 23456, "errors": 1},
-             {"name": "hmac:3f2a9c0d1e4b", "requests": 3, "input_tokens": 900, "cached_tokens": 0,
-              "output_tokens": 120, "errors": 0}],
+    "keys": [{"name": "alice", "since": "2026-11-28T09:12:00Z", "requests": 120, "input_tokens": 84500,
+              "cached_tokens": 1150000, "output_tokens": 23456, "errors": 1, "busy_s": 1800.0, "cost": 0.345},
+             {"name": "hmac:3f2a9c0d1e4b", "since": "2026-12-01T18:00:05Z", "requests": 3, "input_tokens": 900,
+              "cached_tokens": 0, "output_tokens": 120, "errors": 0, "busy_s": 2.5, "cost": 0.000479}],
+    "sessions": [{"id": "c0ffee00-1111-4222-8333-444455556666", "seen_s_ago": 4.2, "agents": [
+        {"agent": "main", "parent": None, "key": "alice", "requests": 14, "classes": {"main": 13, "compaction": 1},
+         "compactions": 1, "input_tokens": 52000, "cached_tokens": 610000, "output_tokens": 9100,
+         "prefix_cache_hit_rate": 0.9215, "ttft_p50_s": 0.52, "busy_s": 95.0, "cost": 0.018208},
+        {"agent": "a1b2c3d4e5f6a7b8c", "parent": "main", "key": "alice", "requests": 6, "classes": {"subagent": 6},
+         "compactions": 0, "input_tokens": 21000, "cached_tokens": 88000, "output_tokens": 2400,
+         "prefix_cache_hit_rate": 0.8073, "ttft_p50_s": 1.31, "busy_s": 30.5, "cost": 0.005846}]}],
     "gpus": [{"index": 0, "name": "NVIDIA GeForce RTX 5090", "utilization_pct": 87.0, "memory_used_mib": 28812.0,
               "memory_total_mib": 32607.0, "temperature_c": 43.0, "power_w": 99.0,
               "history": [{"t": 1000.0 + 2 * i, "utilization_pct": float(u), "memory_used_mib": 28812.0}
@@ -52,10 +60,16 @@ Traffic (last 5 min)
   TTFT p50          0.41 s    vLLM waiting  0
   TTFT p95          1.90 s    prefix cache  93.2% of 1,234,567 prompt tokens
 
-Keys (since the bridge started)
-  KEY                  REQUESTS       INPUT      CACHED      OUTPUT      ERRORS
-  alice                     120      84,500   1,150,000      23,456           1
-  hmac:3f2a9c0d1e4b           3         900           0         120           0
+Keys
+  KEY                  REQUESTS       INPUT      CACHED      OUTPUT      ERRORS        COST  SINCE
+  alice                     120      84,500   1,150,000      23,456           1     $0.3450  2026-11-28T09:12:00Z
+  hmac:3f2a9c0d1e4b           3         900           0         120           0     $0.0005  2026-12-01T18:00:05Z
+
+Claude Code sessions (the last seen first)
+  AGENT                            REQUESTS      INPUT     CACHED     OUTPUT        HIT   TTFT p50       COST
+  session c0ffee00-1111-4222-8333-444455556666  (seen 4 s ago)
+    main                                 14     52,000    610,000      9,100        92%     0.52 s    $0.0182 (1 compactions)
+      └ a1b2c3d4e5f6a7b8c                 6     21,000     88,000      2,400        81%     1.31 s    $0.0058
 
 GPUs
   #  NAME                      UTIL         MEMORY (MiB)   TEMP    POWER  UTIL, LAST 2 MIN
@@ -75,6 +89,7 @@ def test_a_starting_pod_shows_its_engine_log_without_terminal_controls():
         "engine": {"state": "starting", "boot_log": ["Loading weights 40%", "\x1b]52;c;cm0gLXJm\x07\x1b[2Jdone"]},
         "image": None,
         "keys": [],
+        "sessions": [],
         "gpus": [],
         "gpu_note": "no GPU on this machine (nvidia-smi not found)",
         "cost": {"per_hour": None, "so_far": None, "per_million_output_tokens": None},
@@ -86,7 +101,9 @@ def test_a_starting_pod_shows_its_engine_log_without_terminal_controls():
         "Engine log (last lines)\n  Loading weights 40%\n  done\n\nTraffic (last 5 min)\n"
     )
     assert text.endswith(
-        "Keys\n  no request yet\n\nGPUs\n  no GPU on this machine (nvidia-smi not found)\n\n"
+        "Keys\n  no request yet\n\n"
+        "Claude Code sessions\n  none yet (Claude Code names them in x-claude-code-session-id)\n\n"
+        "GPUs\n  no GPU on this machine (nvidia-smi not found)\n\n"
         "Cost\n  not set (VL_COST_PER_HOUR)"
     )
 
@@ -113,7 +130,8 @@ def test_the_command_shows_a_real_bridge_and_never_its_key(vllm_server: VllmServ
     told_in, told_out = sum(u.input_tokens for u in told), sum(u.output_tokens for u in told)
     told_cached = sum(u.cache_read_input_tokens or 0 for u in told)
     assert told_in > 0 and told_out > 0
-    assert key_row == ["console", "2", f"{told_in:,}", f"{told_cached:,}", f"{told_out:,}", "0"]  # errors last
+    assert key_row[:6] == ["console", "2", f"{told_in:,}", f"{told_cached:,}", f"{told_out:,}", "0"]  # errors
+    assert key_row[6] == "$0.0000" and key_row[7].startswith(f"{datetime.now(UTC):%Y-%m-%d}T")  # cost, since
     assert "  $0.01/h    so far $0.00    " in shown.stdout  # a cent an hour: $0.00 for the test's whole run
     assert KEY not in shown.stdout + shown.stderr
     assert refused.returncode == 1 and refused.stdout == ""

@@ -1,4 +1,5 @@
-"""The bridge's accounting: one trace line and one metrics update per request, whatever its outcome."""
+"""The bridge's accounting: one trace line and one metrics update per request, whatever its outcome,
+and for a generation, who asked (key, Claude Code session, agent, request class) and what it spent."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from runtime.activity import Activity
 from runtime.bridge.errors import error_type
 from runtime.bridge.metrics import Metrics
-from runtime.bridge.usage import Usage
+from runtime.bridge.sessions import Asker, BusyTime, Sessions
+from runtime.bridge.upstream import ROUTED_PATHS
+from runtime.bridge.usage import Spent, Usage
 from runtime.logsafe import PROMPT_CHARS, loggable
 
 log = logging.getLogger("runtime.bridge")
@@ -21,6 +24,7 @@ log = logging.getLogger("runtime.bridge")
 QUIET_ROUTES = frozenset({"/health", "/metrics", "/", "/console", "/v1/pod/status"})
 UNIDENTIFIED = "-"  # the label of a request refused before its key was known
 CLIENT_GONE = 499  # nginx's status for a client that left before any answer
+GENERATIONS = frozenset({"/v1/messages", *ROUTED_PATHS})  # what keeps the engine busy, and is charged for it
 
 
 class Accounting:
@@ -30,11 +34,19 @@ class Accounting:
     """
 
     def __init__(
-        self, app: ASGIApp, metrics: Metrics, usage: Usage, routes: frozenset[str], activity: Activity | None = None
+        self,
+        app: ASGIApp,
+        metrics: Metrics,
+        usage: Usage,
+        sessions: Sessions,
+        routes: frozenset[str],
+        activity: Activity | None = None,
     ) -> None:
         self.app = app
         self.metrics = metrics
         self.usage = usage
+        self.sessions = sessions
+        self.busy = BusyTime()
         self.routes = routes
         self.activity = activity
 
@@ -47,6 +59,8 @@ class Accounting:
         scope.setdefault("state", {})["trace"] = trace
         status = 0
         serving: Activity | None = None  # set once a known key's answer starts: what idleness is measured by
+        generation = scope["path"] in GENERATIONS
+        busy_since = self.busy.begin() if generation else 0.0
 
         async def sending(message: Message) -> None:
             nonlocal status, serving
@@ -62,14 +76,15 @@ class Accounting:
         finally:
             if serving is not None:
                 serving.ended()
-            self.account(scope, trace, status, time.monotonic() - started)
+            busy_s = self.busy.end(busy_since) if generation else 0.0
+            self.account(scope, trace, status, time.monotonic() - started, busy_s)
 
     @staticmethod
     def served_a_client(scope: Scope) -> bool:
         """A request that keeps a pod busy: not the pod's own polling, nor a stranger refused at the door."""
         return scope["path"] not in QUIET_ROUTES and scope["state"].get("key", UNIDENTIFIED) != UNIDENTIFIED
 
-    def account(self, scope: Scope, trace: dict[str, Any], status: int, duration: float) -> None:
+    def account(self, scope: Scope, trace: dict[str, Any], status: int, duration: float, busy_s: float) -> None:
         path = scope["path"]
         route = path if path in self.routes else ("/v1/models/{id}" if path.startswith("/v1/models/") else "other")
         status = status or (CLIENT_GONE if trace.get("stop") == "client_gone" else 500)
@@ -82,19 +97,36 @@ class Accounting:
         ttft_s = trace.get("ttft_s")
         if ttft_s is not None:
             metrics.ttft.observe(ttft_s)
-        if route not in QUIET_ROUTES:
-            if key != UNIDENTIFIED:  # a client that left is no failure of the pod's
-                self.usage.count(key, status >= 400 and status != CLIENT_GONE, *tokens, ttft_s)
-            client_id = Headers(scope=scope).get("x-request-id")
-            log.info(trace_line(scope["method"], route, status, key, duration, trace, client_id))
+        if route in QUIET_ROUTES:
+            return
+        headers = Headers(scope=scope)
+        asker = None
+        if key != UNIDENTIFIED:
+            spent = Spent(*tokens, ttft_s, busy_s)
+            self.usage.count(key, status >= 400 and status != CLIENT_GONE, spent)  # a client that left: no failure
+            if route in GENERATIONS:
+                asker = Asker.of(headers, key)
+                self.sessions.count(asker, spent)
+                metrics.count_class(asker.request_class, key, *tokens)
+        log.info(trace_line(scope["method"], route, status, key, duration, trace, headers.get("x-request-id"), asker))
 
 
 def trace_line(
-    method: str, route: str, status: int, key: str, duration: float, trace: dict[str, Any], client_id: str | None = None
+    method: str,
+    route: str,
+    status: int,
+    key: str,
+    duration: float,
+    trace: dict[str, Any],
+    client_id: str | None = None,
+    asker: Asker | None = None,
 ) -> str:
-    """`trace id=… POST /v1/messages 200 key=… model=… in=… … dur_ms=… stop=… client_id=…`: `id` is the
-    bridge's own; what the client chose (model, its x-request-id, prompt) is escaped and capped (`loggable`)."""
+    """`trace id=… POST /v1/messages 200 key=… session=… agent=… class=… model=… in=… … dur_ms=… stop=…
+    client_id=…`: `id` is the bridge's own; what the client chose (model, its x-request-id, prompt) is
+    escaped and capped (`loggable`), its session and agent ids cleaned (`sessions.client_id`)."""
     fields = [f"trace id={trace.get('id', '-')} {loggable(method)} {route} {status} key={key}"]
+    if asker is not None and asker.session is not None:
+        fields.append(f"session={asker.session} agent={asker.agent} class={asker.request_class}")
     if "model" in trace:
         fields.append(f"model={loggable(trace['model'])}")
     for name in ("stream", "input", "cached", "output"):

@@ -143,13 +143,15 @@ def create_app(bridge: Bridge) -> Starlette:
         watcher = asyncio.create_task(bridge.catalog.watch(bridge.upstream))
         sampler = asyncio.create_task(bridge.telemetry.run())  # the one task that asks nvidia-smi
         heartbeat = asyncio.create_task(bridge.activity.keep_fresh()) if bridge.activity else None
+        writer = asyncio.create_task(bridge.ledger.keep_writing()) if bridge.ledger else None
         try:
             yield
         finally:
-            watcher.cancel()
-            sampler.cancel()
-            if heartbeat is not None:
-                heartbeat.cancel()
+            for task in (watcher, sampler, heartbeat, writer):
+                if task is not None:
+                    task.cancel()
+            if writer is not None:
+                await asyncio.gather(writer, return_exceptions=True)  # it writes what is left as it ends
             await bridge.upstream.aclose()
 
     routes = Api(bridge).routes()
@@ -160,6 +162,7 @@ def create_app(bridge: Bridge) -> Starlette:
                 Accounting,
                 metrics=bridge.metrics,
                 usage=bridge.usage,
+                sessions=bridge.sessions,
                 routes=frozenset(route.path for route in routes),
                 activity=bridge.activity,
             ),

@@ -27,6 +27,14 @@ class Metrics:
             "bridge_tokens", "Tokens by key label and kind (input excludes cached, as Anthropic counts).",
             ["key", "kind"], registry=self.registry,
         )  # fmt: skip
+        self.by_class = Counter(
+            "bridge_requests_by_class", "Generation requests by Claude Code's request class (`none`: not said; "
+            "`other`: a class we do not know) and key label.", ["request_class", "key"], registry=self.registry,
+        )  # fmt: skip
+        self.tokens_by_class = Counter(
+            "bridge_tokens_by_class", "Tokens of generation requests by Claude Code's request class and kind.",
+            ["request_class", "kind"], registry=self.registry,
+        )  # fmt: skip
         self.ttft = Histogram(
             "bridge_time_to_first_token_seconds", "From request to the first content token, for /v1/messages.",
             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600), registry=self.registry,
@@ -48,9 +56,14 @@ class Metrics:
         self.requests.labels(route, str(status), error_type, key).inc()
 
     def count_tokens(self, key: str, input_tokens: int, cached_tokens: int, output_tokens: int) -> None:
-        for kind, value in (("input", input_tokens), ("cached", cached_tokens), ("output", output_tokens)):
-            if value:
-                self.tokens.labels(key, kind).inc(value)
+        add_tokens(self.tokens, key, (input_tokens, cached_tokens, output_tokens))
+
+    def count_class(
+        self, request_class: str, key: str, input_tokens: int, cached_tokens: int, output_tokens: int
+    ) -> None:
+        """One generation of `request_class` (one of sessions.REQUEST_CLASSES, `other` or `none`: bounded)."""
+        self.by_class.labels(request_class, key).inc()
+        add_tokens(self.tokens_by_class, request_class, (input_tokens, cached_tokens, output_tokens))
 
     def show_gpus(self, gpus: Sequence[GpuReading]) -> None:
         """The GPU gauges hold the latest sample only: a GPU no longer read has no series any more."""
@@ -76,3 +89,10 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def add_tokens(counter: Counter, label: str, tokens: tuple[int, int, int]) -> None:
+    """Input, cached and output tokens onto `counter`'s (label, kind) series; none for a zero."""
+    for kind, value in zip(("input", "cached", "output"), tokens, strict=True):
+        if value:
+            counter.labels(label, kind).inc(value)

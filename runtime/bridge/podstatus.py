@@ -22,6 +22,7 @@ from runtime.logfiles import tail
 from runtime.redact import Redactor
 
 BOOT_LOG_LINES = 20
+SESSIONS_SHOWN = 8  # the console's and `runtime status`'s: the sessions seen last
 QUEUE_TIMEOUT_S = 2.0  # an engine that cannot say its queue in that time is busy enough to show "unknown"
 
 
@@ -92,7 +93,8 @@ async def pod_status(bridge: Bridge) -> dict[str, Any]:
             "waiting": total(engine.waiting for engine in engines),
             **traffic,
         },
-        "keys": bridge.usage.per_key(),
+        "keys": bridge.usage.per_key(bridge.cost_per_hour),
+        "sessions": bridge.sessions.recent(SESSIONS_SHOWN, bridge.cost_per_hour),
         "gpus": gpus,
         "gpu_note": gpu_note,
         "cost": cost(bridge.cost_per_hour, uptime_s, traffic["output_tokens_per_s"]),

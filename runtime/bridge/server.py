@@ -15,6 +15,7 @@ import logging
 import os
 import resource
 import sys
+from pathlib import Path
 
 import uvicorn
 
@@ -42,6 +43,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--thinks-unasked", action="store_true",
                         help="keep the chat template's thinking default for a request without `thinking` (the "
                         "recipe's thinks_unasked); else it gets none, as from Anthropic's API")  # fmt: skip
+    parser.add_argument("--ledger", type=Path, metavar="FILE",
+                        help="keep each key's usage totals in FILE across restarts (the pod's: on its volume)")  # fmt: skip
     parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default: all)")
     parser.add_argument("--port", type=int, default=8080, help="port to listen on; 0 = a free one (default: 8080)")
     parser.add_argument("--max-connections", type=int, default=512,
@@ -63,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     except SettingsError as error:
         print(error, file=sys.stderr)
         return 2
-    bridge = Bridge(args.upstream, settings, args.max_connections, args.pool_timeout, args.engine)
+    bridge = Bridge(args.upstream, settings, args.max_connections, args.pool_timeout, args.engine, args.ledger)
     bridge.catalog.thinks_unasked = args.thinks_unasked
     if bridge.keys.open:
         log.warning("=" * 72)

@@ -11,8 +11,10 @@ from pathlib import Path
 
 from runtime.activity import Activity
 from runtime.bridge.auth import AllowedHosts, ApiKeys, accepted_keys
+from runtime.bridge.ledger import Ledger
 from runtime.bridge.metrics import Metrics
 from runtime.bridge.models import Catalog
+from runtime.bridge.sessions import Sessions
 from runtime.bridge.sharing import key_cap
 from runtime.bridge.upstream import Upstream
 from runtime.bridge.usage import Usage
@@ -32,6 +34,7 @@ class Bridge:
         max_connections: int = 512,
         pool_timeout: float = 10.0,
         engines: Sequence[str] = (),
+        ledger: Path | None = None,
     ) -> None:
         gateway_key = (settings.worker_key or "") if settings.role == "gateway" else None  # "": open workers
         self.upstream = Upstream(upstream_url, max_connections, pool_timeout, engines, gateway_key)
@@ -45,7 +48,11 @@ class Bridge:
         labels = {label for label, _ in self.keys.keys}  # none when open
         self.key_concurrency: int | None = key_cap(max_connections, len(labels), settings.key_concurrency)
         self.stall_s: float = settings.client_stall_s
-        self.usage = Usage()
+        # Each key's totals across restarts, when the pod gives a ledger (on its volume).
+        self.ledger = Ledger(ledger) if ledger is not None else None
+        totals = self.ledger.load() if self.ledger is not None else {}
+        self.usage = Usage(totals=totals, record=self.ledger.record if self.ledger is not None else None)
+        self.sessions = Sessions()
         self.telemetry = GpuTelemetry(on_sample=self.metrics.show_gpus)  # sampling: create_app's lifespan
         self.state_dir = Path(settings.state_dir)
         # The console shows its tail while the engines start (the first one's, when there are several).

@@ -1,4 +1,5 @@
-"""Usage as the console shows it: the traffic of the last minutes, and each key's totals since the start.
+"""Usage as the console shows it: the traffic of the last minutes, and each key's totals since a date
+(the ledger's, across restarts; else this start's).
 
 Fed by `Accounting` once per finished request (never per token): one tuple appended, one entry updated.
 Keys appear by their label (a name or a salted hash, see `auth`), never as the key.
@@ -10,7 +11,8 @@ import statistics
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
+from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 WINDOW_S = 300  # "the last minutes": long enough for a steady rate, short enough to follow a change
@@ -25,35 +27,69 @@ class Finished(NamedTuple):
 
 
 @dataclass
+class Spent:
+    """What one request consumed: tokens as Anthropic counts them (input excludes cached), its time to
+    first token, and its share of the engine's busy time (`sessions.BusyTime`)."""
+
+    input_tokens: int = 0
+    cached_tokens: int = 0
+    output_tokens: int = 0
+    ttft_s: float | None = None
+    busy_s: float = 0.0
+
+
+@dataclass
 class KeyUsage:
     name: str
+    since: str  # when this key was first counted (ISO 8601, UTC): the ledger's date, or this start's
     requests: int = 0
     input_tokens: int = 0  # without the cached ones, as Anthropic counts
     cached_tokens: int = 0
     output_tokens: int = 0
     errors: int = 0
+    busy_s: float = 0.0  # its share of the engine's busy time: what VL_COST_PER_HOUR charges it
+
+    def add(self, other: KeyUsage) -> None:
+        for count in COUNTS:
+            setattr(self, count, getattr(self, count) + getattr(other, count))
+
+
+COUNTS = tuple(f.name for f in fields(KeyUsage) if f.name not in ("name", "since"))
+Recorder = Callable[[str, str, KeyUsage], None]  # (key, since, one request's usage): the ledger's `record`
+
+
+def utc_now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class Usage:
-    """Requests of the last `window_s`, and totals per key label."""
+    """Requests of the last `window_s`, and totals per key label (from `totals`, the ledger's, on)."""
 
-    def __init__(self, window_s: int = WINDOW_S, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        window_s: int = WINDOW_S,
+        clock: Callable[[], float] = time.monotonic,
+        totals: dict[str, KeyUsage] | None = None,
+        record: Recorder | None = None,
+    ) -> None:
         self.window_s = window_s
         self.clock = clock
         self.started = clock()
         self.recent: deque[Finished] = deque()
-        self.keys: dict[str, KeyUsage] = {}
+        self.keys: dict[str, KeyUsage] = dict(totals or {})
+        self.record = record
 
-    def count(self, key: str, failed: bool, input_tokens: int, cached: int, output: int, ttft_s: float | None) -> None:
+    def count(self, key: str, failed: bool, spent: Spent) -> None:
         now = self.clock()
-        self.recent.append(Finished(now, input_tokens + cached, cached, output, ttft_s))
+        self.recent.append(Finished(now, spent.input_tokens + spent.cached_tokens, spent.cached_tokens,
+                                    spent.output_tokens, spent.ttft_s))  # fmt: skip
         self.forget(now)
-        usage = self.keys.get(key) or self.keys.setdefault(key, KeyUsage(key))
-        usage.requests += 1
-        usage.input_tokens += input_tokens
-        usage.cached_tokens += cached
-        usage.output_tokens += output
-        usage.errors += failed
+        usage = self.keys.get(key) or self.keys.setdefault(key, KeyUsage(key, utc_now()))
+        one = KeyUsage(key, usage.since, 1, spent.input_tokens, spent.cached_tokens, spent.output_tokens,
+                       int(failed), spent.busy_s)  # fmt: skip
+        usage.add(one)
+        if self.record is not None:
+            self.record(key, usage.since, one)
 
     def forget(self, now: float) -> None:
         while self.recent and self.recent[0].at < now - self.window_s:
@@ -82,8 +118,14 @@ class Usage:
             "window_s": self.window_s,
         }
 
-    def per_key(self) -> list[dict[str, Any]]:
-        return [asdict(usage) for _, usage in sorted(self.keys.items())]
+    def per_key(self, cost_per_hour: float | None = None) -> list[dict[str, Any]]:
+        """Each key's totals, and what its share of the engine's busy time cost at `cost_per_hour`."""
+        return [
+            asdict(usage)
+            | {"busy_s": round(usage.busy_s, 3)}
+            | {"cost": None if cost_per_hour is None else round(usage.busy_s * cost_per_hour / 3600, 6)}
+            for _, usage in sorted(self.keys.items())
+        ]
 
 
 def percentile(ordered: list[float], pct: int) -> float | None:

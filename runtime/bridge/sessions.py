@@ -1,0 +1,185 @@
+"""Who asked, and what each agent of a Claude Code session consumed.
+
+Claude Code (2.1.139 and later) names the session and the agent of every request in headers, and with
+CLAUDE_CODE_GATEWAY_HINT_HEADERS=1 its request class. They are the client's own text: cleaned and cut
+to MAX_ID_CHARS, and only the MAX_SESSIONS sessions seen last are kept, MAX_AGENTS agents each (the
+rest counted as one), so no client can grow the bridge's memory or a metric's labels.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+import time
+from collections import Counter, OrderedDict, deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from runtime.bridge.affinity import AGENT_HEADER, SESSION_HEADER
+from runtime.bridge.usage import Spent
+
+PARENT_HEADER = "x-claude-code-parent-agent-id"
+CLASS_HEADER = "x-claude-code-request-class"
+COMPACTED_HEADER = "x-claude-code-context-compacted"
+# Claude Code 2.1.332's classes; another is counted as "other", a request that says none as "none".
+REQUEST_CLASSES = frozenset({"main", "subagent", "workflow", "compaction", "auxiliary", "side_reply"})
+MAIN = "main"  # the agent of a request that names none: the session's own
+OTHERS = "others"  # the agents of a session past MAX_AGENTS, together
+MAX_ID_CHARS = 64
+MAX_SESSIONS = 32
+MAX_AGENTS = 64
+TTFT_SAMPLES = 32  # each agent's last times to first token, for its median
+NOT_AN_ID_CHAR = re.compile(r"[^A-Za-z0-9._:-]")
+
+
+def client_id(value: str | None) -> str | None:
+    """A client-chosen id as the bridge keeps it: letters, digits and `._:-` only, MAX_ID_CHARS at most."""
+    cleaned = NOT_AN_ID_CHAR.sub("", (value or "")[: MAX_ID_CHARS * 4])[:MAX_ID_CHARS]
+    return cleaned or None
+
+
+@dataclass(frozen=True)
+class Asker:
+    """One request's origin: the key's label, and what Claude Code said of its session and agent."""
+
+    key: str
+    session: str | None = None
+    agent: str = MAIN
+    parent: str | None = None
+    request_class: str = "none"
+    compacted: bool = False
+
+    @classmethod
+    def of(cls, headers: Mapping[str, str], key: str) -> Asker:
+        said = headers.get(CLASS_HEADER, "").strip().lower()
+        agent = client_id(headers.get(AGENT_HEADER))
+        return cls(
+            key=key,
+            session=client_id(headers.get(SESSION_HEADER)),
+            agent=agent or MAIN,
+            parent=client_id(headers.get(PARENT_HEADER)) or (MAIN if agent else None),
+            request_class=(said if said in REQUEST_CLASSES else "other") if said else "none",
+            compacted=headers.get(COMPACTED_HEADER, "").strip().lower() in ("1", "true"),
+        )
+
+
+@dataclass
+class AgentUsage:
+    agent: str
+    parent: str | None
+    key: str
+    requests: int = 0
+    input_tokens: int = 0
+    cached_tokens: int = 0
+    output_tokens: int = 0
+    busy_s: float = 0.0
+    compactions: int = 0
+    classes: Counter[str] = field(default_factory=Counter)
+    ttfts: deque[float] = field(default_factory=lambda: deque(maxlen=TTFT_SAMPLES))
+
+    def add(self, asker: Asker, spent: Spent) -> None:
+        self.requests += 1
+        self.input_tokens += spent.input_tokens
+        self.cached_tokens += spent.cached_tokens
+        self.output_tokens += spent.output_tokens
+        self.busy_s += spent.busy_s
+        self.compactions += asker.request_class == "compaction"
+        self.classes[asker.request_class] += 1
+        if spent.ttft_s is not None:
+            self.ttfts.append(spent.ttft_s)
+
+    def as_json(self, cost_per_hour: float | None) -> dict[str, Any]:
+        prompt = self.input_tokens + self.cached_tokens
+        return {
+            "agent": self.agent,
+            "parent": self.parent,
+            "key": self.key,
+            "requests": self.requests,
+            "classes": dict(sorted(self.classes.items())),
+            "compactions": self.compactions,
+            "input_tokens": self.input_tokens,
+            "cached_tokens": self.cached_tokens,
+            "output_tokens": self.output_tokens,
+            "prefix_cache_hit_rate": round(self.cached_tokens / prompt, 4) if prompt else None,
+            "ttft_p50_s": round(statistics.median(self.ttfts), 4) if self.ttfts else None,
+            "busy_s": round(self.busy_s, 3),
+            "cost": None if cost_per_hour is None else round(self.busy_s * cost_per_hour / 3600, 6),
+        }
+
+
+@dataclass
+class Session:
+    id: str
+    last_seen: float
+    agents: dict[str, AgentUsage] = field(default_factory=dict)
+
+    def agent(self, asker: Asker) -> AgentUsage:
+        name = asker.agent if asker.agent in self.agents or len(self.agents) < MAX_AGENTS else OTHERS
+        found = self.agents.get(name)
+        if found is None:
+            parent = asker.parent if name != OTHERS else None
+            found = self.agents[name] = AgentUsage(name, parent, asker.key)
+        return found
+
+
+class Sessions:
+    """The last MAX_SESSIONS sessions, each agent's usage in them; the least recently seen is forgotten."""
+
+    def __init__(self, max_sessions: int = MAX_SESSIONS, clock: Callable[[], float] = time.monotonic) -> None:
+        self.max_sessions = max_sessions
+        self.clock = clock
+        self.sessions: OrderedDict[str, Session] = OrderedDict()
+
+    def count(self, asker: Asker, spent: Spent) -> None:
+        if asker.session is None:
+            return
+        now = self.clock()
+        session = self.sessions.pop(asker.session, None) or Session(asker.session, now)
+        session.last_seen = now
+        self.sessions[asker.session] = session  # the most recent last
+        while len(self.sessions) > self.max_sessions:
+            self.sessions.popitem(last=False)
+        session.agent(asker).add(asker, spent)
+
+    def recent(self, limit: int, cost_per_hour: float | None) -> list[dict[str, Any]]:
+        """The `limit` sessions seen last, most recent first, each with its agents in the order they came."""
+        now = self.clock()
+        shown = list(self.sessions.values())[-limit:][::-1]
+        return [
+            {
+                "id": session.id,
+                "seen_s_ago": round(now - session.last_seen, 1),
+                "agents": [agent.as_json(cost_per_hour) for agent in session.agents.values()],
+            }
+            for session in shown
+        ]
+
+
+class BusyTime:
+    """The engine's busy time, shared among the requests in flight: while n run, each is charged 1/n of
+    the time; idle time is nobody's. O(1) per request: a running integral of 1/n, read at each end."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.in_flight = 0
+        self.charged = 0.0  # what one request in flight since the start would have been charged
+        self.at = clock()
+
+    def advance(self) -> None:
+        now = self.clock()
+        if self.in_flight:
+            self.charged += (now - self.at) / self.in_flight
+        self.at = now
+
+    def begin(self) -> float:
+        """A request starts; what `end` needs to tell its share."""
+        self.advance()
+        self.in_flight += 1
+        return self.charged
+
+    def end(self, mark: float) -> float:
+        """The request begun at `mark` ends: its share of the busy time, in seconds."""
+        self.advance()
+        self.in_flight -= 1
+        return self.charged - mark
