@@ -76,8 +76,8 @@ def fetch(client: httpx.Client) -> tuple[dict[str, Any] | None, str]:
 def render(state: Mapping[str, Any]) -> str:
     """The status as text: sections for the engine, traffic, keys, GPUs and cost. Every value the bridge
     sent is stripped of terminal controls (the boot log is a process's output)."""
-    sections = [overview(state), traffic(state["traffic"]), keys(state["keys"]), sessions(state.get("sessions", [])),
-                gpus(state), cost(state["cost"])]  # fmt: skip
+    sections = [overview(state), traffic(state["traffic"]), capacity(state.get("capacity")), keys(state["keys"]),
+                sessions(state.get("sessions", [])), gpus(state), cost(state["cost"])]  # fmt: skip
     if len(state.get("engines", [])) > 1:
         sections.insert(1, engines(state["engines"]))
     boot_log = state["engine"]["boot_log"]
@@ -135,6 +135,21 @@ def traffic(data: Mapping[str, Any]) -> str:
         ("TTFT p95", seconds(data["ttft_p95_s"]), "prefix cache", cache),
     ]
     lines = [f"Traffic (last {minutes:g} min)"] + [f"  {a:<14}{b:>10}    {c:<14}{d}" for a, b, c, d in rows]
+    return "\n".join(lines)
+
+
+def capacity(panel: Mapping[str, Any] | None) -> str:
+    """Why it is slow: the verdict, then what it rests on (vLLM's own metrics)."""
+    if panel is None:
+        return "Capacity\n  no engine metrics yet"
+    over = f"last {panel['over_s']:.0f} s" if panel["over_s"] is not None else "one sample yet"
+    rows = [
+        ("KV cache", percent(panel["kv_use"]), "prefill tok/s", optional(panel["prefill_tokens_per_s"], "{:,.0f}")),
+        ("running", str(panel["running"]), "decode tok/s", optional(panel["decode_tokens_per_s"], "{:,.1f}")),
+        ("waiting", str(panel["waiting"]), "prefix cache", percent(panel["prefix_cache_hit_rate"])),
+        ("preempted", optional(panel["preemptions"], "{:,.0f}"), "rates over", over),
+    ]
+    lines = [f"Capacity  {panel['verdict']}"] + [f"  {a:<14}{b:>10}    {c:<14}{d}" for a, b, c, d in rows]
     return "\n".join(lines)
 
 

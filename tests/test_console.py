@@ -135,6 +135,9 @@ def test_logged_in_it_shows_the_model_and_counts_requests(
         timeout=WAIT_MS,
     )
     expect(page.get_by_test_id("cost-per-hour")).to_have_text("$2.50 / h")
+    # the capacity panel: real vLLM's own metrics, sampled by the bridge (alice's requests have ended)
+    expect(page.get_by_test_id("capacity-verdict")).to_have_text(re.compile(r"^(idle|decoding: \d+ streams.*)$"))
+    expect(page.get_by_test_id("kv-use")).to_have_text(re.compile(r"^\d+\.\d %$"))
     agents = page.locator(f'[data-testid="agent-row"][data-session="{SESSION}"]')
     expect(agents).to_have_count(2)
     main, helper = agents.nth(0), agents.nth(1)

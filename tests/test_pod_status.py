@@ -8,6 +8,7 @@ the engine's state follows the engine: starting (with its log), healthy, restart
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -94,6 +95,9 @@ def test_a_healthy_pod_says_its_model_engine_image_and_cost(pod: Process, vllm_s
     assert state["cost"]["per_hour"] == 0.69 and state["cost"]["so_far"] >= 0
     assert isinstance(state["traffic"]["running"], int) and isinstance(state["traffic"]["waiting"], int)
     assert state["gpus"] or state["gpu_note"]  # this machine has none; a GPU machine lists them
+    panel = pod_status(pod.url, ALICE)["capacity"]  # a second sample: rates since the first
+    assert panel["over_s"] > 0 and 0 <= panel["kv_use"] <= 1 and panel["verdict"]
+    assert re.match(r"^(idle|decoding: \d+ streams)", panel["verdict"])  # nothing else runs on the session's vLLM
 
 
 def test_usage_grows_per_key_as_the_clients_were_told(pod: Process):

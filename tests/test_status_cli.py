@@ -29,6 +29,11 @@ HEALTHY = {
     "traffic": {"requests_per_min": 12.4, "open_streams": 2, "running": 2, "waiting": 0,
                 "output_tokens_per_s": 85.25, "ttft_p50_s": 0.412, "ttft_p95_s": 1.9, "prompt_tokens": 1234567,
                 "cached_tokens": 1150000, "prefix_cache_hit_rate": 0.9315, "window_s": 300},
+    "capacity": {"running": 5, "waiting": 0, "waiting_for_capacity": 0, "kv_use": 0.41, "over_s": 60.0,
+                 "prefill_tokens_per_s": 2730.4, "decode_tokens_per_s": 85.2, "prefix_cache_hit_rate": 0.9315,
+                 "preemptions": 0,
+                 "verdict": "prefill-bound: 12 requests re-reading 148.2k-token contexts, 93% from the prefix cache "
+                            "(2,730 prompt tokens/s computed, 85 generated)"},
     "keys": [{"name": "alice", "since": "2026-11-28T09:12:00Z", "requests": 120, "input_tokens": 84500,
               "cached_tokens": 1150000, "output_tokens": 23456, "errors": 1, "busy_s": 1800.0, "cost": 0.345},
              {"name": "hmac:3f2a9c0d1e4b", "since": "2026-12-01T18:00:05Z", "requests": 3, "input_tokens": 900,
@@ -60,6 +65,12 @@ Traffic (last 5 min)
   TTFT p50          0.41 s    vLLM waiting  0
   TTFT p95          1.90 s    prefix cache  93.2% of 1,234,567 prompt tokens
 
+Capacity  prefill-bound: 12 requests re-reading 148.2k-token contexts, 93% from the prefix cache (2,730 prompt tokens/s computed, 85 generated)
+  KV cache             41%    prefill tok/s 2,730
+  running                5    decode tok/s  85.2
+  waiting                0    prefix cache  93%
+  preempted              0    rates over    last 60 s
+
 Keys
   KEY                  REQUESTS       INPUT      CACHED      OUTPUT      ERRORS        COST  SINCE
   alice                     120      84,500   1,150,000      23,456           1     $0.3450  2026-11-28T09:12:00Z
@@ -90,6 +101,7 @@ def test_a_starting_pod_shows_its_engine_log_without_terminal_controls():
         "image": None,
         "keys": [],
         "sessions": [],
+        "capacity": None,
         "gpus": [],
         "gpu_note": "no GPU on this machine (nvidia-smi not found)",
         "cost": {"per_hour": None, "so_far": None, "per_million_output_tokens": None},
@@ -100,6 +112,7 @@ def test_a_starting_pod_shows_its_engine_log_without_terminal_controls():
         "Model   not known yet\nEngine  starting\nUp      0h 00m 12s\nImage   not prebaked (installed at start)\n\n"
         "Engine log (last lines)\n  Loading weights 40%\n  done\n\nTraffic (last 5 min)\n"
     )
+    assert "\n\nCapacity\n  no engine metrics yet\n\n" in text
     assert text.endswith(
         "Keys\n  no request yet\n\n"
         "Claude Code sessions\n  none yet (Claude Code names them in x-claude-code-session-id)\n\n"

@@ -144,10 +144,11 @@ def create_app(bridge: Bridge) -> Starlette:
         sampler = asyncio.create_task(bridge.telemetry.run())  # the one task that asks nvidia-smi
         heartbeat = asyncio.create_task(bridge.activity.keep_fresh()) if bridge.activity else None
         writer = asyncio.create_task(bridge.ledger.keep_writing()) if bridge.ledger else None
+        capacity = asyncio.create_task(bridge.capacity.keep_sampling(bridge.upstream, ENGINE_METRICS_S))
         try:
             yield
         finally:
-            for task in (watcher, sampler, heartbeat, writer):
+            for task in (watcher, sampler, heartbeat, writer, capacity):
                 if task is not None:
                     task.cancel()
             if writer is not None:

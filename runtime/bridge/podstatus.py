@@ -17,7 +17,6 @@ from typing import Any
 
 from runtime.bridge.engines import EngineView, engine_view
 from runtime.bridge.state import Bridge
-from runtime.bridge.upstream import Upstream
 from runtime.logfiles import tail
 from runtime.redact import Redactor
 
@@ -26,9 +25,11 @@ SESSIONS_SHOWN = 8  # the console's and `runtime status`'s: the sessions seen la
 QUEUE_TIMEOUT_S = 2.0  # an engine that cannot say its queue in that time is busy enough to show "unknown"
 
 
-async def engine_views(upstream: Upstream, timeout_s: float = QUEUE_TIMEOUT_S) -> list[EngineView]:
-    """Each engine's state from its `/metrics`."""
-    return [engine_view(answer) for answer in await upstream.fetch_each("/metrics", timeout_s)]
+async def engine_views(bridge: Bridge, timeout_s: float = QUEUE_TIMEOUT_S) -> list[EngineView]:
+    """Each engine's state from its `/metrics`, which the capacity panel samples too."""
+    answers = await bridge.upstream.fetch_each("/metrics", timeout_s)
+    bridge.capacity.add([body for _, body in answers])
+    return [engine_view(answer) for answer in answers]
 
 
 def engine_state(model_known: bool, engines: list[EngineView]) -> str:
@@ -73,7 +74,7 @@ def cost(per_hour: float | None, uptime_s: float, output_tokens_per_s: float) ->
 
 async def pod_status(bridge: Bridge) -> dict[str, Any]:
     """The whole status object (its contract: the README's "Watch the pod" and runtime/status.py)."""
-    engines = await engine_views(bridge.upstream)
+    engines = await engine_views(bridge)
     model = bridge.catalog.model
     state = engine_state(model is not None, engines)
     boot_log = [] if state == "healthy" else await asyncio.to_thread(engine_log_tail, bridge.engine_log)
@@ -93,6 +94,7 @@ async def pod_status(bridge: Bridge) -> dict[str, Any]:
             "waiting": total(engine.waiting for engine in engines),
             **traffic,
         },
+        "capacity": bridge.capacity.view(),
         "keys": bridge.usage.per_key(bridge.cost_per_hour),
         "sessions": bridge.sessions.recent(SESSIONS_SHOWN, bridge.cost_per_hour),
         "gpus": gpus,

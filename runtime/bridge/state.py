@@ -11,6 +11,7 @@ from pathlib import Path
 
 from runtime.activity import Activity
 from runtime.bridge.auth import AllowedHosts, ApiKeys, accepted_keys
+from runtime.bridge.capacity import CapacityWatch
 from runtime.bridge.ledger import Ledger
 from runtime.bridge.metrics import Metrics
 from runtime.bridge.models import Catalog
@@ -53,6 +54,7 @@ class Bridge:
         totals = self.ledger.load() if self.ledger is not None else {}
         self.usage = Usage(totals=totals, record=self.ledger.record if self.ledger is not None else None)
         self.sessions = Sessions()
+        self.capacity = CapacityWatch()  # sampled by create_app's lifespan and each status call
         self.telemetry = GpuTelemetry(on_sample=self.metrics.show_gpus)  # sampling: create_app's lifespan
         self.state_dir = Path(settings.state_dir)
         # The console shows its tail while the engines start (the first one's, when there are several).
