@@ -8,6 +8,7 @@ JWTs, …), then the places a secret sits in (`Authorization:`, `?token=`, `"pas
 
 from __future__ import annotations
 
+import base64
 import re
 import threading
 from collections.abc import Iterable, Mapping
@@ -18,6 +19,7 @@ MARKER = "[redacted]"
 
 # Shorter values are not credible secrets, and masking `1` or `on` everywhere would wreck the log.
 MIN_SECRET_LENGTH = 6
+MIN_BASE64_CHARS = 8  # of a secret's base64 form: shorter pieces would mask ordinary words
 HARMLESS_VALUES = frozenset({"true", "false", "none", "null", "yes", "no", "on", "off"})
 
 # Where a token may start: not inside a word, but right after an escape (`\n` in JSON-quoted prompts).
@@ -31,7 +33,7 @@ SECRET_FIELD = (
 )
 SECRET_PARAMETER = (
     r"(?:[A-Za-z0-9]+[_.-])*(?:token|api[_-]?key|apikey|key|secret|password|passwd|sig|signature"
-    r"|credential)"
+    r"|credential|auth)"
 )
 
 
@@ -53,7 +55,11 @@ def quoted_field(quote: str) -> tuple[re.Pattern[str], str]:
 
 SECRET_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     # The whole block, log prefixes and escaped newlines included; to the end of the text when cut off.
-    shape(r"(?s)-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----.*?(?:-----END (?:[A-Z0-9]+ )*PRIVATE KEY-----|\Z)"),
+    shape(
+        r"(?s)-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----.*?"
+        r"(?:-----END (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----|\Z)"
+    ),  # PEM, and PGP's private key blocks
+    shape(r"(?s)Private-Lines: \d+.*?(?:Private-MAC: [0-9a-fA-F]+|\Z)"),  # a PuTTY .ppk's private part
     shape(rf"{START}hf_[A-Za-z0-9]{{20,}}"),  # Hugging Face tokens
     shape(rf"{START}sk-[A-Za-z0-9_-]{{16,}}"),  # OpenAI / Anthropic keys (sk-ant-…)
     shape(rf"{START}gh[pousr]_[A-Za-z0-9]{{30,}}"),  # GitHub tokens
@@ -61,7 +67,15 @@ SECRET_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     shape(rf"{START}rpa_[A-Za-z0-9]{{20,}}"),  # RunPod API keys
     shape(rf"{START}[sr]k_(?:live|test)_[A-Za-z0-9]{{16,}}"),  # Stripe secret and restricted keys (not pk_: public)
     shape(rf"{START}AIza[0-9A-Za-z_-]{{35}}"),  # Google API keys
-    shape(rf"{START}xox[abprs]-[A-Za-z0-9-]{{10,}}"),  # Slack tokens
+    shape(rf"{START}(?:xox[abprs]|xapp)-[A-Za-z0-9-]{{10,}}"),  # Slack tokens, and app-level ones
+    shape(rf"{START}glpat-[A-Za-z0-9_-]{{20,}}"),  # GitLab personal access tokens
+    shape(rf"{START}npm_[A-Za-z0-9]{{36}}"),  # npm tokens
+    shape(rf"{START}pypi-[A-Za-z0-9_-]{{50,}}"),  # PyPI upload tokens
+    shape(rf"{START}dckr_pat_[A-Za-z0-9_-]{{20,}}"),  # Docker Hub personal access tokens
+    shape(rf"{START}whsec_[A-Za-z0-9+/=]{{20,}}"),  # webhook signing secrets (Stripe, Svix)
+    shape(rf"{START}SG\.[A-Za-z0-9_-]{{16,}}\.[A-Za-z0-9_-]{{16,}}"),  # SendGrid API keys
+    shape(rf"{START}GOCSPX-[A-Za-z0-9_-]{{20,}}"),  # Google OAuth client secrets
+    shape(rf"{START}ya29\.[A-Za-z0-9_-]{{20,}}"),  # Google OAuth access tokens
     shape(rf"{START}(?:AKIA|ASIA)[0-9A-Z]{{16}}\b"),  # AWS access key ids
     shape(
         rf"{START}eyJ[A-Za-z0-9_-]{{8,}}\.eyJ[A-Za-z0-9_-]{{8,}}\.[A-Za-z0-9_-]*"
@@ -73,10 +87,18 @@ SECRET_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
         f"{MARKER}@",
     ),
     after(rf"[?&]{SECRET_PARAMETER}=", r"[^&#\s\"'<>]+"),  # `?token=…`, `&api_key=…`, `X-Amz-Signature=…`
+    after(r"hooks\.slack\.com/(?:services|workflows|triggers)/", r"[A-Za-z0-9/_-]+"),  # a webhook's path is its key
+    after(r"discord(?:app)?\.com/api/webhooks/", r"[A-Za-z0-9/_-]+"),
+    after(r"\b(?:Account|SharedAccess)Key=", r"[^;\s\"']+"),  # Azure connection strings
+    # A secret field as a line of YAML (`password: …`) or of an INI file (`aws_secret_access_key = …`).
+    after(rf"(?m:^)[ \t-]*{SECRET_FIELD}[ \t]*(?::[ \t]+|=[ \t]*)[\"']?", r"[^\s\"']{6,}"),  # not `=1`
+    after(r"(?:^|(?<=\s))(?:-u|--user)[ \t]+[^\s:]+:", r"\S+"),  # `curl -u user:password`
+    after(r"--(?:password|passwd|token|secret)(?:[ \t]+|=)"),  # `--password …` on a command line
     quoted_field('"'),
     quoted_field("'"),
     after(r"\b(?:set-)?cookie[\"']?\s*[:=]\s*[\"']?", r"[^\r\n\"']+"),  # every cookie of the header
     after(r"\bbearer\s+", r"[A-Za-z0-9._~+/=-]{8,}"),  # `Bearer …` anywhere, if token-long (not `a bearer of news`)
+    after(r"\bx-(?:auth|access)-token[\"']?\s*[:=]\s*[\"']?"),  # `X-Auth-Token: …`, however short
     # Any `Authorization:` header value (Basic, Token, …), however short; a scheme, once read, stays one.
     after(r"\bauthorization[\"']?\s*[:=]\s*[\"']?(?:[A-Za-z]+\s+)?+"),
     # `x-api-key: …`, `api_key=…` (`['…']` in vLLM's logged args), `--api-key …`, however short.
@@ -104,6 +126,22 @@ def secret_values(variables: Mapping[str, str]) -> set[str]:
     return {v for v in found if value_looks_secret(v)}
 
 
+def base64_forms(secret: str) -> set[str]:
+    """The parts of `secret`'s base64 (standard and URL-safe) that any text around it leaves unchanged,
+    at each of the three alignments it can have in a longer encoded text (`user:token` in a Basic
+    header, a Docker `auth`): a secret must not leave the pod merely encoded."""
+    raw = secret.encode()
+    forms: set[str] = set()
+    for offset in range(3):
+        encoded = base64.b64encode(b"\0" * offset + raw).decode()
+        first = -(-offset * 4 // 3)  # the characters that hold bits of what precedes it
+        last = len(encoded) - encoded.count("=") - (0 if (offset + len(raw)) % 3 == 0 else 1)
+        part = encoded[first:last]
+        if len(part) >= MIN_BASE64_CHARS:
+            forms.update({part, part.replace("+", "-").replace("/", "_")})
+    return forms
+
+
 def mask_secret_assignment(match: re.Match[str]) -> str:
     name, quote, value = match.groups()
     return f"{name}={quote}{MARKER}" if is_secret(name) and value_looks_secret(value) else match.group(0)
@@ -128,7 +166,9 @@ class Redactor:
 
     def add(self, secrets: Iterable[str]) -> None:
         with self._lock:
-            self._secrets.update(s for s in secrets if s)
+            known = {s for s in secrets if s}
+            self._secrets.update(known)
+            self._secrets.update(encoded for secret in known for encoded in base64_forms(secret))
             # Longest first, so that a secret containing another one is masked whole.
             ordered = sorted(self._secrets, key=len, reverse=True)
             self._pattern = re.compile("|".join(map(re.escape, ordered))) if ordered else None

@@ -335,6 +335,10 @@ class Supervisor:
         self.on_incident(message)
 
 
+MAX_LINE_BYTES = 8 * 2**10  # a log line longer than any the pod writes itself (vLLM's argument dump: ~3 KiB)
+LINE_CUT = b" [... line cut at 8 KiB]"
+
+
 class ChildLog:
     """A child's log file, rotated to `<path>.1` (replacing it) before a write would take it past `cap`
     bytes; it is cut after a line when it can be, so each file reads on its own."""
@@ -380,11 +384,36 @@ class ChildLog:
             self.file.close()
 
 
+class LineCap:
+    """Cuts each line of a stream after `cap` bytes, with a mark: one huge line (a client's 5 MiB value
+    reaching a log) would otherwise fill the Hub log's whole tail and erase the lines before it."""
+
+    def __init__(self, cap: int = MAX_LINE_BYTES) -> None:
+        self.cap = cap
+        self.length = 0  # of the line under way, as the child wrote it
+
+    def __call__(self, data: bytes) -> bytes:
+        kept: list[bytes] = []
+        for index, piece in enumerate(data.split(b"\n")):
+            if index:
+                kept.append(b"\n")
+                self.length = 0
+            room = self.cap - self.length
+            if room > 0:
+                kept.append(piece[:room])
+                if len(piece) > room:
+                    kept.append(LINE_CUT)
+            self.length += len(piece)
+        return b"".join(kept)
+
+
 class OutputPump(asyncio.Protocol):
-    """Copies a child's output pipe into its log; `finished` is done once every writer closed the pipe."""
+    """Copies a child's output pipe into its log, each line cut at MAX_LINE_BYTES; `finished` is done once
+    every writer closed the pipe."""
 
     def __init__(self, output: ChildLog) -> None:
         self.output = output
+        self.cap = LineCap()
         self.finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.transport: asyncio.BaseTransport | None = None
 
@@ -392,7 +421,7 @@ class OutputPump(asyncio.Protocol):
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:
-        self.output.write(data)
+        self.output.write(self.cap(data))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.output.close()

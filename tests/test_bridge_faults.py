@@ -30,6 +30,7 @@ from tests.support.bridge import (
     start_stand_in,
 )
 from tests.support.net import free_port
+from tests.support.polling import wait_until
 from tests.support.vllm_server import VllmServer
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
@@ -271,3 +272,25 @@ def test_a_bad_setting_stops_the_start_with_one_line() -> None:
     assert result.stderr.strip().splitlines() == [
         "VL_BRIDGE_PING_S='never' is not allowed: expected a number of seconds in 1..300"
     ]
+
+
+def test_a_finished_generation_is_never_aborted_when_its_body_ends_apart(tmp_path: Path) -> None:
+    """vLLM may write `[DONE]` and the end of the chunked body apart: the bridge, having read the last
+    event, reads the body's end too (the connection goes back to the pool) instead of closing an
+    answer that looks unfinished and aborting a generation that has ended (8 of 100 did, before)."""
+    with (
+        start_stand_in(tmp_path / "upstream.log", "--tokens", "3", "--end-apart-ms", "100") as upstream,
+        start_bridge(upstream.url, tmp_path / "bridge.log") as bridge,
+    ):
+        for stream in (False, True) * 5:
+            with httpx.stream("POST", f"{bridge.url}/v1/messages", json=VALID | {"stream": stream}) as response:
+                response.read()
+            assert response.status_code == 200
+        traces = wait_until(lambda: traced(bridge.log()) if len(traced(bridge.log())) == 10 else None, "ten traces", 30)
+        upstream_log = upstream.log()
+    assert "abort requested" not in upstream_log and "dropped by its client" not in upstream_log
+    assert [line.split(" stop=")[1].split()[0] for line in traces] == ["end_turn"] * 10
+
+
+def traced(log: str) -> list[str]:
+    return [line for line in log.splitlines() if " trace " in line and " POST /v1/messages " in line]

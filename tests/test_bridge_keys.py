@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
 
 import anthropic
@@ -87,3 +88,16 @@ def test_usage_is_counted_per_key_name_never_per_key(guarded: Process) -> None:
     for secret in (ALICE, ANONYMOUS):
         assert secret not in metrics and secret not in guarded.log()
     assert "API keys required (2 configured)" in guarded.log()
+
+
+def test_strangers_refused_in_a_burst_leave_one_trace_line(guarded: Process) -> None:
+    """A burst of unauthenticated requests (150 in 0.22 s filled the Hub log's bridge section) leaves
+    the first one's trace line; the rest are counted, and said in one line a minute at most."""
+    marker = f"burst-{time.monotonic_ns()}"
+    for n in range(40):
+        httpx.post(f"{guarded.url}/v1/messages", json=ASK, headers={"x-request-id": f"{marker}-{n}"})
+    ask = httpx.post(f"{guarded.url}/v1/messages", json=ASK, headers={"x-api-key": ALICE, "x-request-id": marker})
+    assert ask.status_code == 200
+    guarded.wait_for_log(f"client_id={marker}$")  # alice's request, after the burst: traced as always
+    traced = [line for line in guarded.log().splitlines() if f"client_id={marker}-" in line]
+    assert len(traced) <= 1  # the first of the burst, unless another test's refusal opened the minute

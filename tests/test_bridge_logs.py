@@ -4,7 +4,9 @@ every stream of a name on an abort, as vLLM 0.32 does."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import re
 import uuid
 from pathlib import Path
@@ -12,7 +14,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from runtime.bridge.accounting import Refusals
 from runtime.logsafe import CLIENT_VALUE_CHARS, PROMPT_CHARS
+from runtime.supervisor import until
 from tests.support.bridge import SLOW_WAIT_S, start_bridge, start_stand_in
 
 VALID = {"model": "claude-tiny", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
@@ -107,3 +111,23 @@ def trace_id(line: str) -> str:
     found = re.search(r"trace id=(\S+)", line)
     assert found, line
     return found[1]
+
+
+def test_refusals_of_an_interval_are_said_in_one_line(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, "runtime.bridge")
+
+    async def burst() -> None:
+        refusals = Refusals(every_s=0.05)
+        assert refusals.first(401, "authentication_error")  # the first is traced as any request is
+        for _ in range(149):
+            assert not refusals.first(401, "authentication_error")
+        assert not refusals.first(431, "request_too_large")
+        await until(lambda: "refused 150 more" in caplog.text)
+        assert refusals.first(401, "authentication_error")  # a new interval: traced again
+
+    asyncio.run(burst())
+    [line] = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert line == (
+        "refused 150 more requests without a valid key in 0.05 s: 149 x 401 authentication_error, "
+        "1 x 431 request_too_large"
+    )

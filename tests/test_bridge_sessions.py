@@ -186,3 +186,18 @@ def test_sessions_reach_the_status_the_metrics_and_the_trace_bounded(tmp_path: P
     assert "session=sess-1 agent=agent-2 class=subagent" in log
     assert f"session={'s' * MAX_ID_CHARS} agent=main class=other " in log
     assert "forged" not in log and "<script>" not in log
+
+
+def test_a_ledger_that_cannot_be_written_is_said_once_and_starts_nothing_wrong(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    ledger = Ledger(blocked / "usage-ledger.jsonl")  # its folder is a file: nothing can be made there
+    assert ledger.load() == {}
+    for _ in range(3):
+        ledger.record("alice", "2026-12-01T00:00:00Z", KeyUsage("alice", "2026-12-01T00:00:00Z", requests=1))
+        ledger.append(ledger.take())
+    said = [r.getMessage() for r in caplog.records]
+    assert sum("could not read the usage ledger" in line for line in said) == 1
+    assert sum("could not append to the usage ledger" in line for line in said) == 1

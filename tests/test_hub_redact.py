@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+
 import pytest
 
 from runtime.redact import MARKER, Redactor
@@ -119,6 +121,11 @@ JWT = (
 )
 GITHUB_PAT = "github_pat_11FAKE0TESTS0ONLY00000_abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ012345678"
 GHP = "ghp_FAKE0TEST0ONLY0abcdefghijklmnopqrstu"
+PGP = "-----BEGIN PGP PRIVATE KEY BLOCK-----\n\nlQOYBGFAKEFAKEFAKEtestsonly\n=AbCd\n-----END PGP PRIVATE KEY BLOCK-----"
+PPK = ("PuTTY-User-Key-File-3: ssh-ed25519\nEncryption: none\nComment: laptop\nPublic-Lines: 1\n"
+       "AAAAC3NzaC1lZDI1NTE5AAAAIPublicPublicPublic\nPrivate-Lines: 1\nAAAAIFAKEprivateFAKEprivateFAKE\n"
+       "Private-MAC: 0123456789abcdef0123456789abcdef")  # fmt: skip
+BASIC = base64.b64encode(b"alice:team-key-two").decode()  # a key of the pod's own, in a Basic credential
 SECRET_SHAPES = [
     ("name:key entry, bare key", "401 for key alice-key-0123 (label alice)", f"401 for key {MARKER} (label alice)"),
     ("PEM block", f"boot | key:\n{PEM}\nboot | sshd started", f"boot | key:\n{MARKER}\nboot | sshd started"),
@@ -169,6 +176,36 @@ SECRET_SHAPES = [
      f"curl -H 'Authorization: Bearer {MARKER}' http://127.0.0.1:8080/v1/models"),
     ("short x-api-key", "headers={'x-api-key': 'k-42', 'anthropic-version': '2023-06-01'}",
      f"headers={{'x-api-key': '{MARKER}', 'anthropic-version': '2023-06-01'}}"),
+    ("GitLab token", "git clone with glpat-FAKE0gitlab0TESTS0only0x ok", f"git clone with {MARKER} ok"),
+    ("npm token", "//npm.example.test/:_authToken=npm_FAKE0npm0token0TESTS0only0ABCDEFGHIJ x",
+     f"//npm.example.test/:_authToken={MARKER} x"),
+    ("PyPI token", "upload with pypi-AgEIcHlwaS5vcmcFAKE0pypi0token0FOR0TESTS0ONLY0abcdefghijkl done",
+     f"upload with {MARKER} done"),
+    ("Docker Hub token", "login: dckr_pat_FAKE0docker0TESTS0only0x", f"login: {MARKER}"),
+    ("webhook secret", "signing with whsec_FAKE0webhook0TESTS0only0xyz", f"signing with {MARKER}"),
+    ("SendGrid key", "mail via SG.FAKE0sendgrid0key.FAKE0TESTS0ONLY0abcdef sent", f"mail via {MARKER} sent"),
+    ("Slack app token", "socket mode xapp-1-FAKE0SLACK0APP0tests up", f"socket mode {MARKER} up"),
+    ("Google OAuth client secret", "client GOCSPX-FAKE0google0TESTS0only0x", f"client {MARKER}"),
+    ("Google OAuth access token", "token ya29.FAKE0google0access0TESTS0only end", f"token {MARKER} end"),
+    ("PGP private key block", f"gpg import:\n{PGP}\ndone", f"gpg import:\n{MARKER}\ndone"),
+    ("PuTTY private key", PPK, PPK.split("Private-Lines")[0] + MARKER),
+    ("AWS credentials file", "[default]\naws_access_key_id = AKIAFAKE0TESTS0ONLY\naws_secret_access_key = FAKE/secret+KEY0x",
+     f"[default]\naws_access_key_id = AKIAFAKE0TESTS0ONLY\naws_secret_access_key = {MARKER}"),
+    ("Azure connection string", "DefaultEndpointsProtocol=https;AccountName=app;AccountKey=FAKE0azure0key==;EndpointSuffix=x",
+     f"DefaultEndpointsProtocol=https;AccountName=app;AccountKey={MARKER};EndpointSuffix=x"),
+    ("Slack webhook", "POST https://hooks.slack.com/services/T0FAKE/B0FAKE/FAKE0tests0only 200",
+     f"POST https://hooks.slack.com/services/{MARKER} 200"),
+    ("Discord webhook", "POST https://discord.com/api/webhooks/123456/FAKE0tests0only-x 204",
+     f"POST https://discord.com/api/webhooks/{MARKER} 204"),
+    ("?auth= in a URL", "wss://example.test/feed?auth=FAKE0auth0value&v=2", f"wss://example.test/feed?auth={MARKER}&v=2"),
+    ("X-Auth-Token header", "curl -H 'X-Auth-Token: t0k' https://example.test/", f"curl -H 'X-Auth-Token: {MARKER}' https://example.test/"),
+    ("curl -u", "curl -u alice:FAKE0pass0word https://example.test/", f"curl -u alice:{MARKER} https://example.test/"),
+    ("--password on a command line", "mysql --password FAKE0pw0x -h db", f"mysql --password {MARKER} -h db"),
+    ("--password=", "tool --password=FAKE0pw0x --verbose", f"tool --password={MARKER} --verbose"),
+    ("YAML password", "db:\n  user: app\n  password: FAKE0yaml0pw\n  port: 5432",
+     f"db:\n  user: app\n  password: {MARKER}\n  port: 5432"),
+    ("the pod's key in base64", f"docker config: {{\"auth\": \"{BASIC}\"}}",
+     f"docker config: {{\"auth\": \"{BASIC[:8]}{MARKER}\"}}"),  # `alice:` encoded stays: it is no secret
 ]  # fmt: skip
 NOT_SECRETS = [
     ("PUBLIC_KEY is public by design", "PUBLIC_KEY=ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPublicPublicPublic user@laptop"),
@@ -185,6 +222,9 @@ NOT_SECRETS = [
     ("a plain URL", "Downloading https://huggingface.co/nvidia/model/resolve/main/config.json?download=true 200"),
     ("a port, then a scoped package", "GET https://registry.npmjs.org:443/@anthropic-ai/claude-code 200"),
     ("an e-mail address", "committed by alice@example.com"),
+    ("YAML that holds no secret", "model:\n  max_tokens: 4096\n  token_budget: 10\n  keys: 3"),
+    ("an INI line that holds no secret", "[engine]\nmax_model_len = 65536\ntokenizer = auto"),
+    ("a user option without a password", "ssh -u alice host; curl -u alice https://example.test/"),
 ]  # fmt: skip
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from runtime.logfiles import tail
-from runtime.supervisor import Backoff, ChildSpec, Supervisor
+from runtime.supervisor import LINE_CUT, MAX_LINE_BYTES, Backoff, ChildSpec, Supervisor
 
 pytestmark = pytest.mark.anyio
 
@@ -74,14 +74,31 @@ async def test_a_childs_log_is_rotated_before_it_passes_its_cap(tmp_path: Path) 
 
 async def test_a_line_longer_than_the_cap_is_cut_into_files_under_it(tmp_path: Path) -> None:
     said: list[str] = []
-    supervisor = Supervisor(tmp_path, on_incident=said.append, backoff=NEVER_AGAIN, log_cap_bytes=CAP)
-    supervisor.start(ChildSpec("engine", [sys.executable, "-c", f"print('y' * {3 * CAP}); print('after')"]))
+    small = MAX_LINE_BYTES // 2  # a file cap under the line cap: a line is cut across files
+    supervisor = Supervisor(tmp_path, on_incident=said.append, backoff=NEVER_AGAIN, log_cap_bytes=small)
+    supervisor.start(ChildSpec("engine", [sys.executable, "-c", f"print('y' * {MAX_LINE_BYTES}); print('after')"]))
     try:
         await eventually(lambda: said)
     finally:
         await supervisor.stop()
     assert ((tmp_path / "engine.log.1").read_text() + (tmp_path / "engine.log").read_text()).endswith("y\nafter\n")
-    assert all(path.stat().st_size <= CAP for path in tmp_path.glob("engine.log*"))
+    assert all(path.stat().st_size <= small for path in tmp_path.glob("engine.log*"))
+
+
+async def test_a_huge_line_is_cut_before_it_reaches_the_log(tmp_path: Path) -> None:
+    """One 5 MiB line (a stranger's value in a log) would fill the Hub log's tail: it is cut at 8 KiB,
+    marked, and the lines before and after it stay in the tail."""
+    said: list[str] = []
+    supervisor = Supervisor(tmp_path, on_incident=said.append, backoff=NEVER_AGAIN)
+    huge = "import sys; print('before'); sys.stdout.write('z' * (5 * 2**20)); print(); print('after')"
+    supervisor.start(ChildSpec("bridge", [sys.executable, "-c", huge]))
+    try:
+        await eventually(lambda: said)
+    finally:
+        await supervisor.stop()
+    lines = tail(tmp_path / "bridge.log")
+    cut = "z" * MAX_LINE_BYTES + LINE_CUT.decode()
+    assert lines[1:4] == ["before", cut, "after"]  # after the supervisor's line that names the command
 
 
 async def test_a_process_that_left_the_group_does_not_hold_up_the_death_report(tmp_path: Path) -> None:

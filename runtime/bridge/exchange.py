@@ -196,7 +196,8 @@ class MessagesExchange(WatchedAnswer):
                 for payload in parser.feed(data):
                     translator.feed(payload)
                 translator.report_usage()
-                if translator.done:
+                if translator.done:  # the generation has ended: what is left of the body is no reason to abort
+                    self.bridge.upstream.finish(response)
                     return
                 if writer is not None and sink is not None and sink.out:
                     await writer.write(sink.take())

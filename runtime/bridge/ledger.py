@@ -30,9 +30,18 @@ class Ledger:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.pending: dict[str, KeyUsage] = {}
+        self.failing = False  # a write failed: said once, not every FLUSH_EVERY_S
 
     def load(self) -> dict[str, KeyUsage]:
-        """The totals per key label, the file compacted to one line each; none when there is no file."""
+        """The totals per key label, the file compacted to one line each; none when there is no file, or
+        when it cannot be read (the bridge starts anyway: usage is counted, and saved once it can be)."""
+        try:
+            return self.read()
+        except OSError as error:
+            log.warning("could not read the usage ledger %s: %s; totals start again", self.path, error)
+            return {}
+
+    def read(self) -> dict[str, KeyUsage]:
         totals: dict[str, KeyUsage] = {}
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # a gateway pod has no cache of its own
         try:
@@ -83,7 +92,11 @@ class Ledger:
             finally:
                 os.close(descriptor)
         except OSError as error:  # a full or read-only volume: the console's totals go on, unsaved
-            log.warning("could not append to the usage ledger %s: %s", self.path, error)
+            if not self.failing:
+                log.warning("could not append to the usage ledger %s: %s (said once)", self.path, error)
+            self.failing = True
+        else:
+            self.failing = False
 
     async def keep_writing(self, every_s: float = FLUSH_EVERY_S) -> None:
         """Append what was counted, every `every_s` (runs until cancelled; then writes the rest)."""

@@ -10,6 +10,10 @@ chunk says `finish_reason: "abort"`). It prints each abort asked for, each strea
 stream its client dropped.
 
     python -m tests.support.upstream --port 0 [--tokens 200] [--pace-ms 0] [--first-token-delay-s 0] [--no-reasoning]
+        [--end-apart-ms 0]
+
+`--end-apart-ms` writes the chunked body's end that long after `[DONE]`, as vLLM's uvicorn may (two
+writes, two TCP segments): an answer whose last event is read is then not yet at its body's end.
 """
 
 from __future__ import annotations
@@ -66,13 +70,16 @@ def final_chunks(request_id: str, tokens: int, finish: str | None = None) -> byt
 class Upstream(asyncio.Protocol):
     """One client connection; requests on it are served one after the other (HTTP/1.1 keep-alive)."""
 
-    def __init__(self, tokens: int, pace_s: float, first_token_delay_s: float, reasoning: bool) -> None:
+    def __init__(
+        self, tokens: int, pace_s: float, first_token_delay_s: float, reasoning: bool, end_apart_s: float = 0.0
+    ) -> None:
         self.tokens, self.pace_s, self.first_token_delay_s, self.reasoning = (
             tokens,
             pace_s,
             first_token_delay_s,
             reasoning,
         )
+        self.end_apart_s = end_apart_s
         self.buffer = b""
         self.transport: asyncio.Transport | None = None
         self.streaming: asyncio.Task[None] | None = None
@@ -157,13 +164,21 @@ class Upstream(asyncio.Protocol):
             STREAMS[request_id].discard(self)
             if not STREAMS[request_id]:
                 del STREAMS[request_id]
-        transport.write(final_chunks(request_id, tokens))
+        ending = final_chunks(request_id, tokens)
+        if self.end_apart_s:
+            body_end = len(b"0\r\n\r\n")
+            transport.write(ending[:-body_end])
+            await asyncio.sleep(self.end_apart_s)
+            ending = ending[-body_end:]
+        transport.write(ending)
 
 
 async def serve(args: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
     server = await loop.create_server(
-        lambda: Upstream(args.tokens, args.pace_ms / 1000, args.first_token_delay_s, not args.no_reasoning),
+        lambda: Upstream(
+            args.tokens, args.pace_ms / 1000, args.first_token_delay_s, not args.no_reasoning, args.end_apart_ms / 1000
+        ),
         args.host, args.port, backlog=4096,
     )  # fmt: skip
     print(f"listening on http://{args.host}:{server.sockets[0].getsockname()[1]}", flush=True)
@@ -180,6 +195,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--first-token-delay-s", type=float, default=0.0, help="silence before the first token")
     parser.add_argument("--no-reasoning", action="store_true", help="refuse thinking_token_budget, as vLLM does "
                         "without a reasoning parser")  # fmt: skip
+    parser.add_argument("--end-apart-ms", type=float, default=0.0, help="time between [DONE] and the body's end")
     args = parser.parse_args(argv)
     try:
         import uvloop
