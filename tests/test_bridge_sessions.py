@@ -1,6 +1,6 @@
 """Who asked and what they spent: Claude Code's session and agent headers, bounded whatever a client
 sends; each request's share of the engine's busy time; each key's totals kept across a restart in the
-ledger (a real bridge, stopped and started again on the same file, in front of the stand-in upstream)."""
+ledger (a real bridge, stopped and started again on the same file, in front of the session's vLLM)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,16 @@ import pytest
 from runtime.bridge.ledger import Ledger
 from runtime.bridge.sessions import MAX_AGENTS, MAX_ID_CHARS, OTHERS, Asker, BusyTime, Sessions, client_id
 from runtime.bridge.usage import KeyUsage, Spent, Usage
-from tests.support.bridge import Process, pod_status, start_bridge, start_stand_in
+from runtime.engine import tinymodel as tiny
+from tests.support.bridge import Process, pod_status, start_bridge
+from tests.support.vllm_server import VllmServer
 
 KEY = "sk-sessions-0123456789"
-ASK = {"model": "fake", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+ASK = {
+    "model": "claude-tiny",
+    "max_tokens": 20,
+    "messages": [{"role": "user", "content": f"Say hello {tiny.MARK_TEXT}"}],
+}
 
 
 class Clock:
@@ -137,51 +143,50 @@ def test_usage_starts_from_the_ledger_totals() -> None:
 # --- a real bridge ---
 
 
-def ask(bridge: Process, headers: dict[str, str]) -> None:
-    response = httpx.post(f"{bridge.url}/v1/messages", json=ASK, headers={"x-api-key": KEY} | headers, timeout=30)
+def ask(bridge: Process, headers: dict[str, str]) -> int:
+    """One request with the key and `headers`; the output tokens its answer says it used."""
+    response = httpx.post(f"{bridge.url}/v1/messages", json=ASK, headers={"x-api-key": KEY} | headers, timeout=60)
     assert response.status_code == 200, response.text
+    return response.json()["usage"]["output_tokens"]
 
 
-def test_a_bridge_keeps_each_keys_totals_across_a_restart(tmp_path: Path) -> None:
+def test_a_bridge_keeps_each_keys_totals_across_a_restart(vllm_server: VllmServer, tmp_path: Path) -> None:
     ledger = tmp_path / "volume" / "usage-ledger.jsonl"
     settings = {"VL_API_KEYS": f"alice:{KEY}", "VL_STATE_DIR": str(tmp_path / "state")}
-    with start_stand_in(tmp_path / "upstream.log", "--tokens", "3") as upstream:
-        with start_bridge(upstream.url, tmp_path / "first.log", settings, "--ledger", str(ledger)) as first:
-            for _ in range(3):
-                ask(first, {})
-            before = pod_status(first.url, KEY)["keys"][0]
-        with start_bridge(upstream.url, tmp_path / "second.log", settings, "--ledger", str(ledger)) as second:
-            after = pod_status(second.url, KEY)["keys"][0]
-            ask(second, {})
-            grown = pod_status(second.url, KEY)["keys"][0]
+    with start_bridge(vllm_server.url, tmp_path / "first.log", settings, "--ledger", str(ledger)) as first:
+        for _ in range(3):
+            ask(first, {})
+        before = pod_status(first.url, KEY)["keys"][0]
+    with start_bridge(vllm_server.url, tmp_path / "second.log", settings, "--ledger", str(ledger)) as second:
+        after = pod_status(second.url, KEY)["keys"][0]
+        ask(second, {})
+        grown = pod_status(second.url, KEY)["keys"][0]
     assert before["requests"] == 3 and after == before  # stopped, started: the same totals, since the same date
     assert grown["requests"] == 4 and grown["since"] == before["since"]
     assert json.loads(ledger.read_text().splitlines()[0])["name"] == "alice"
 
 
-def test_sessions_reach_the_status_the_metrics_and_the_trace_bounded(tmp_path: Path) -> None:
+def test_sessions_reach_the_status_the_metrics_and_the_trace_bounded(vllm_server: VllmServer, tmp_path: Path) -> None:
     settings = {"VL_API_KEYS": f"alice:{KEY}", "VL_STATE_DIR": str(tmp_path / "state")}
     hostile = "s" * 5000 + " trace id=forged"
-    with (
-        start_stand_in(tmp_path / "upstream.log", "--tokens", "3") as upstream,
-        start_bridge(upstream.url, tmp_path / "bridge.log", settings) as bridge,
-    ):
-        ask(bridge, {"x-claude-code-session-id": "sess-1", "x-claude-code-request-class": "main"})
-        ask(bridge, {"x-claude-code-session-id": "sess-1", "x-claude-code-agent-id": "agent-2",
-                     "x-claude-code-request-class": "subagent"})  # fmt: skip
+    with start_bridge(vllm_server.url, tmp_path / "bridge.log", settings) as bridge:
+        main = ask(bridge, {"x-claude-code-session-id": "sess-1", "x-claude-code-request-class": "main"})
+        sub = ask(bridge, {"x-claude-code-session-id": "sess-1", "x-claude-code-agent-id": "agent-2",
+                           "x-claude-code-request-class": "subagent"})  # fmt: skip
         ask(bridge, {"x-claude-code-session-id": hostile, "x-claude-code-request-class": "<script>"})
         status = pod_status(bridge.url, KEY)
         metrics = httpx.get(f"{bridge.url}/metrics", headers={"x-api-key": KEY}).text
         log = bridge.log()
     sessions = {session["id"]: session for session in status["sessions"]}
     assert [(a["agent"], a["parent"], a["requests"], a["output_tokens"]) for a in sessions["sess-1"]["agents"]] == [
-        ("main", None, 1, 3), ("agent-2", "main", 1, 3)]  # fmt: skip
+        ("main", None, 1, main), ("agent-2", "main", 1, sub)]  # fmt: skip
+    assert main > 0 and sub > 0
     assert "s" * MAX_ID_CHARS in sessions and max(map(len, sessions)) == MAX_ID_CHARS
     for request_class in ("main", "subagent", "other"):
         assert re.search(
             rf'bridge_requests_by_class_total\{{key="alice",request_class="{request_class}"\}} 1\.0', metrics
         )
-    assert re.search(r'bridge_tokens_by_class_total\{kind="output",request_class="subagent"\} 3\.0', metrics)
+    assert re.search(rf'bridge_tokens_by_class_total\{{kind="output",request_class="subagent"\}} {sub}\.0', metrics)
     assert "sess-1" not in metrics  # sessions are never a label
     assert "session=sess-1 agent=agent-2 class=subagent" in log
     assert f"session={'s' * MAX_ID_CHARS} agent=main class=other " in log

@@ -82,7 +82,7 @@ class Api:
 
     async def prometheus(self, request: Request) -> Response:
         """The bridge's metrics, then each engine's (ours alone while none answers)."""
-        answers = await self.bridge.upstream.fetch_each("/metrics", ENGINE_METRICS_S)
+        answers = await self.bridge.capacity.sample(self.bridge.upstream, ENGINE_METRICS_S)  # a sample too
         theirs = merged_metrics([body for _, body in answers])
         return Response(self.bridge.metrics.render() + theirs, media_type=CONTENT_TYPE)
 

@@ -186,9 +186,14 @@ class CapacityWatch:
         preempted = grown(oldest, latest, "preemptions") if oldest is not latest else None
         return capacity(earlier[0] if earlier else None, latest, preempted)
 
+    async def sample(self, upstream: Upstream, timeout_s: float) -> list[tuple[bool, bytes | None]]:
+        """Each engine's `/metrics` answer (whether it answered, its body), added as a sample."""
+        answers = await upstream.fetch_each("/metrics", timeout_s)
+        self.add([body for _, body in answers])
+        return answers
+
     async def keep_sampling(self, upstream: Upstream, timeout_s: float) -> None:
         """Sample every SAMPLE_EVERY_S (runs until cancelled)."""
         while True:
-            answers = await upstream.fetch_each("/metrics", timeout_s)
-            self.add([body for _, body in answers])
+            await self.sample(upstream, timeout_s)
             await asyncio.sleep(SAMPLE_EVERY_S)

@@ -25,13 +25,6 @@ SESSIONS_SHOWN = 8  # the console's and `runtime status`'s: the sessions seen la
 QUEUE_TIMEOUT_S = 2.0  # an engine that cannot say its queue in that time is busy enough to show "unknown"
 
 
-async def engine_views(bridge: Bridge, timeout_s: float = QUEUE_TIMEOUT_S) -> list[EngineView]:
-    """Each engine's state from its `/metrics`, which the capacity panel samples too."""
-    answers = await bridge.upstream.fetch_each("/metrics", timeout_s)
-    bridge.capacity.add([body for _, body in answers])
-    return [engine_view(answer) for answer in answers]
-
-
 def engine_state(model_known: bool, engines: list[EngineView]) -> str:
     """The engines' state: "starting" until the bridge has learnt the model, then "healthy", "degraded"
     while some of several engines do not answer (the others serve), or "restarting" while none does
@@ -74,7 +67,8 @@ def cost(per_hour: float | None, uptime_s: float, output_tokens_per_s: float) ->
 
 async def pod_status(bridge: Bridge) -> dict[str, Any]:
     """The whole status object (its contract: the README's "Watch the pod" and runtime/status.py)."""
-    engines = await engine_views(bridge)
+    # One read of the engines' /metrics: their queues for the console, a sample for the capacity panel.
+    engines = [engine_view(answer) for answer in await bridge.capacity.sample(bridge.upstream, QUEUE_TIMEOUT_S)]
     model = bridge.catalog.model
     state = engine_state(model is not None, engines)
     boot_log = [] if state == "healthy" else await asyncio.to_thread(engine_log_tail, bridge.engine_log)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.bridge.affinity import AGENT_HEADER, SESSION_HEADER
-from runtime.bridge.usage import Spent
+from runtime.bridge.usage import Spent, cost_of
 
 PARENT_HEADER = "x-claude-code-parent-agent-id"
 CLASS_HEADER = "x-claude-code-request-class"
@@ -104,7 +104,7 @@ class AgentUsage:
             "prefix_cache_hit_rate": round(self.cached_tokens / prompt, 4) if prompt else None,
             "ttft_p50_s": round(statistics.median(self.ttfts), 4) if self.ttfts else None,
             "busy_s": round(self.busy_s, 3),
-            "cost": None if cost_per_hour is None else round(self.busy_s * cost_per_hour / 3600, 6),
+            "cost": cost_of(self.busy_s, cost_per_hour),
         }
 
 

@@ -58,6 +58,11 @@ COUNTS = tuple(f.name for f in fields(KeyUsage) if f.name not in ("name", "since
 Recorder = Callable[[str, str, KeyUsage], None]  # (key, since, one request's usage): the ledger's `record`
 
 
+def cost_of(busy_s: float, per_hour: float | None) -> float | None:
+    """What a share of the engine's busy time cost at VL_COST_PER_HOUR; None when no price is set."""
+    return None if per_hour is None else round(busy_s * per_hour / 3600, 6)
+
+
 def utc_now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -121,9 +126,7 @@ class Usage:
     def per_key(self, cost_per_hour: float | None = None) -> list[dict[str, Any]]:
         """Each key's totals, and what its share of the engine's busy time cost at `cost_per_hour`."""
         return [
-            asdict(usage)
-            | {"busy_s": round(usage.busy_s, 3)}
-            | {"cost": None if cost_per_hour is None else round(usage.busy_s * cost_per_hour / 3600, 6)}
+            asdict(usage) | {"busy_s": round(usage.busy_s, 3)} | {"cost": cost_of(usage.busy_s, cost_per_hour)}
             for _, usage in sorted(self.keys.items())
         ]
 
