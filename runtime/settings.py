@@ -86,6 +86,10 @@ REPO_FILE_SEGMENT = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.-]{0,254}")  # a file 
 # In a path on an sshd_config line, a space splits the argument and a newline starts a new directive.
 UNSAFE_IN_PATH = re.compile(r"[\s\x00-\x1f\x7f]")
 PATH_MAX = 4096  # Linux's limit on a path: a longer one fails every system call that takes it
+MAX_FILE_CHECKED = 1 << 20  # what is read of a file the runtime is about to write, to see whose it is
+# A key line of an authorized_keys file: its type, then base64 that starts with the type's length (AAAA).
+AUTHORIZED_KEY = re.compile(r"(?:^|\s)(?:ssh|ecdsa|sk)-[\w@.-]+\s+AAAA[A-Za-z0-9+/]+={0,3}(?:\s|$)")
+ENVIRONMENT_FILE_HEADER = "# The pod's environment for login shells, written by the runtime at each start.\n"
 # Every value is bounded before it is parsed: 40,000 aliases (269 KB) passed once, then the bridge's exec
 # failed with "Argument list too long" after the old bridge had stopped. Linux takes 128 KiB per variable.
 MAX_VALUE_CHARS = 4096
@@ -233,6 +237,8 @@ def runtime_flag(word: str) -> str | None:
 
 def engine_arguments(raw: str) -> str:
     """Extra vLLM arguments: shell-quoted, and none of the runtime's own flags (RUNTIME_FLAGS)."""
+    if any(not char.isprintable() and not char.isspace() for char in raw):
+        raise Disallowed("a control character (an escape code?) is no argument of vLLM's")
     try:
         arguments = shlex.split(raw)
     except ValueError as error:  # an unclosed quote
@@ -301,6 +307,35 @@ def local_path(raw: str) -> str:
 
 def optional_local_path(raw: str) -> str | None:
     return local_path(raw) if raw.strip() else None
+
+
+def file_to_write(looks_ours: Callable[[str], bool], what: str) -> Parser:
+    """An absolute path the runtime writes to: a file already there must look like `what`, so that a slip
+    (or `/etc/passwd`) never gets keys appended or the pod's environment written over it."""
+
+    def parse(raw: str) -> str:
+        path = Path(local_path(raw))
+        if path.is_symlink() or (path.exists() and not path.is_file()):
+            raise Disallowed(f"{path} is not a regular file")
+        if path.exists():
+            with open(path, "rb") as file:
+                head = file.read(MAX_FILE_CHECKED).decode(errors="replace")
+            if not looks_ours(head):
+                raise Disallowed(f"{path} exists and is not {what}")
+        return str(path)
+
+    return parse
+
+
+def is_authorized_keys(text: str) -> bool:
+    """Every line is blank, a comment or a public key (after sshd's options, if any)."""
+    lines = (line.strip() for line in text.splitlines())
+    return all(not line or line.startswith("#") or AUTHORIZED_KEY.search(line) for line in lines)
+
+
+def is_pod_environment(text: str) -> bool:
+    """Empty, or written by the runtime (runtime.sshd starts it with ENVIRONMENT_FILE_HEADER)."""
+    return not text.strip() or text.startswith(ENVIRONMENT_FILE_HEADER)
 
 
 def repo_file(raw: str) -> str:
@@ -545,11 +580,13 @@ VARIABLES: tuple[Variable, ...] = (
          "Address of the public servers (bridge, sshd, vLLM when VL_BRIDGE=off); tests use 127.0.0.1."),
     _var("VL_SSH_HOST_KEYS", "/etc/ssh", local_path, ABSOLUTE_DIRECTORY, P,
          "sshd's host keys, generated at start when missing (the image ships none: each pod gets its own)."),
-    _var("VL_SSH_AUTHORIZED_KEYS", "/root/.ssh/authorized_keys", local_path, ABSOLUTE_FILE, P,
+    _var("VL_SSH_AUTHORIZED_KEYS", "/root/.ssh/authorized_keys", file_to_write(is_authorized_keys, "an authorized_keys file"),
+         f"{ABSOLUTE_FILE}, absent or an authorized_keys file", P,
          "Where the key from PUBLIC_KEY or SSH_PUBLIC_KEY is added (keys already there are kept)."),
     _var("VL_SSH_STRICT_MODES", "on", switch, one_of("on", "off"), P,
          "sshd's StrictModes; off only when ~/.ssh sits on a volume with loose permissions (every key is refused)."),
-    _var("VL_SSH_ENV_FILE", "/etc/profile.d/pod-environment.sh", local_path, ABSOLUTE_FILE, P,
+    _var("VL_SSH_ENV_FILE", "/etc/profile.d/pod-environment.sh", file_to_write(is_pod_environment, "the runtime's"),
+         f"{ABSOLUTE_FILE}, absent, empty or written by the runtime", P,
          "The pod's environment as `export` lines for login shells (RunPod's equivalent: /etc/rp_environment)."),
     _var("VL_LOG_REPO", "", optional_hub_repo, HUB_REPO_ALLOWED, P,
          "Hub repo that receives `etat/<POD_ID>.log` while the pod is not healthy; empty = off."),

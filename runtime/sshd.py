@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from runtime.settings import ENVIRONMENT_FILE_HEADER
+
 KEY_VARIABLES = ("PUBLIC_KEY", "SSH_PUBLIC_KEY")  # RunPod documents both
 HOST_KEY_TYPES = ("ed25519", "ecdsa", "rsa")  # DSA is gone from current OpenSSH
 # Set per session by sshd or the login shell: copying the pod's values would be wrong.
@@ -105,7 +107,8 @@ def add_authorized_keys(path: Path, keys: list[str]) -> None:
 
 def environment_script(environment: Mapping[str, str]) -> str:
     """`export NAME='value'` lines; login shells source this after /etc/profile has reset PATH."""
-    return "".join(f"export {name}={shlex.quote(value)}\n" for name, value in sorted(environment.items()))
+    lines = (f"export {name}={shlex.quote(value)}\n" for name, value in sorted(environment.items()))
+    return ENVIRONMENT_FILE_HEADER + "".join(lines)
 
 
 def sshd_config(layout: SshdLayout, host_keys: list[Path], environment: Mapping[str, str]) -> str:

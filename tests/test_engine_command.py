@@ -1,6 +1,7 @@
 """Settings + recipe → the vLLM command: the seeds' retained Nemotron line, the lessons kept as
 defaults, and the one-line refusals when settings and recipe disagree."""
 
+import dataclasses
 import json
 import shlex
 import subprocess
@@ -79,6 +80,16 @@ def test_the_printed_command_pastes_back_to_the_same_argv_and_env():
     env = dict(word.split("=", 1) for word in words[1 : 1 + len(command.env)])
     assert env == dict(command.env)
     assert tuple(words[1 + len(command.env) :]) == command.argv
+
+
+def test_engine_args_writes_a_control_character_as_an_escape_that_pastes_back() -> None:
+    """A value from a recipe or the Hub never reaches the operator's terminal as an escape code."""
+    command = dataclasses.replace(command_for(), env={"VLLM_MARK": "a\x1b[2Jb\u202e'"})
+    shown = command.shell()
+    assert all(char.isprintable() or char in "\n" for char in shown)
+    assert "VLLM_MARK=a\\x1b[2Jb\\u202e" in shown
+    words = subprocess.run(["bash", "-c", "printf '%s\\0' " + shown], capture_output=True, text=True, check=True)
+    assert words.stdout.split("\0")[1] == "VLLM_MARK=a\x1b[2Jb\u202e'"
 
 
 def test_every_recipe_loads_with_its_bare_name_first_then_the_claude_form():

@@ -190,6 +190,7 @@ def hostile_values(variable: Variable) -> dict[str, str]:
         "traversal inside": valid + "/../../x",
         "flag": "-x",
         "long flag": "--help",
+        "escape code": valid + "\x1b]0;owned\x07\x1b[2J",  # retitles and clears the terminal that prints it
     }
     if is_numeric(variable):
         values |= NON_FINITE
@@ -267,6 +268,11 @@ def test_extra_engine_arguments_cannot_take_what_the_runtime_sets(arguments: str
         load_settings({"VL_EXTRA_ARGS": arguments})
 
 
+def test_extra_engine_arguments_with_an_escape_code_are_refused_at_validation() -> None:
+    with pytest.raises(SettingsError, match=r"a control character \(an escape code\?\) is no argument of vLLM's$"):
+        load_settings({"VL_EXTRA_ARGS": "--enforce-eager --seed \x1b[2J1"})
+
+
 @pytest.mark.parametrize("arguments", ["--enforce-eager", "--max-model-len 4096", "--config-format hf", "--seed -1",
                                        "--chat-template-content-format openai", "--hf-token abc"])  # fmt: skip
 def test_extra_engine_arguments_of_vllm_s_own_pass(arguments: str) -> None:
@@ -316,6 +322,44 @@ def test_vl_repo_takes_an_existing_directory_only(tmp_path: Path) -> None:
     assert load_settings({"VL_REPO": str(tmp_path)}).repo == str(tmp_path)
     with pytest.raises(SettingsError, match=r"^VL_REPO="):
         load_settings({"VL_REPO": str(tmp_path / "absent")})
+
+
+@pytest.mark.parametrize("variable", ["VL_SSH_AUTHORIZED_KEYS", "VL_SSH_ENV_FILE"])
+@pytest.mark.parametrize("path", ["/etc/passwd", "/etc/shadow", "/etc", "/dev/null"])
+def test_a_file_the_runtime_writes_is_never_a_system_file(variable: str, path: str) -> None:
+    """Keys are appended to the first and the pod's environment written over the second, as root."""
+    with pytest.raises(SettingsError, match=rf"^{variable}='{path}' is not allowed: .*; {path} (exists and )?is not"):
+        load_settings({variable: path})
+
+
+def test_an_authorized_keys_file_passes_with_keys_options_and_comments(tmp_path: Path) -> None:
+    keys = tmp_path / "authorized_keys"
+    keys.write_text(
+        "# team\n\nssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPxyz alice@laptop\n"
+        'from="10.0.0.0/8",no-pty ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQ== bob\n'
+        "sk-ssh-ed25519@openssh.com AAAAGnNrLXNzaC1lZDI1NTE5QG9wZW5zc2guY29t\n"
+    )
+    assert load_settings({"VL_SSH_AUTHORIZED_KEYS": str(keys)}).ssh_authorized_keys == str(keys)
+    assert load_settings({"VL_SSH_AUTHORIZED_KEYS": str(tmp_path / "absent")}).ssh_authorized_keys
+    keys.write_text(keys.read_text() + "root:x:0:0:root:/root:/bin/bash\n")
+    with pytest.raises(SettingsError, match=r"exists and is not an authorized_keys file$"):
+        load_settings({"VL_SSH_AUTHORIZED_KEYS": str(keys)})
+    keys.unlink()
+    keys.symlink_to("/etc/passwd")
+    with pytest.raises(SettingsError, match=r"is not a regular file$"):
+        load_settings({"VL_SSH_AUTHORIZED_KEYS": str(keys)})
+
+
+def test_the_environment_file_is_taken_only_when_the_runtime_wrote_it(tmp_path: Path) -> None:
+    from runtime.sshd import environment_script
+
+    script = tmp_path / "pod-environment.sh"
+    for content in ("", environment_script({"VL_MODEL": "tiny"})):
+        script.write_text(content)
+        assert load_settings({"VL_SSH_ENV_FILE": str(script)}).ssh_env_file == str(script)
+    script.write_text("export PATH=/usr/bin\n")  # someone's profile snippet: not ours to write over
+    with pytest.raises(SettingsError, match=r"exists and is not the runtime's$"):
+        load_settings({"VL_SSH_ENV_FILE": str(script)})
 
 
 def test_every_setting_is_a_typed_attribute_of_settings() -> None:

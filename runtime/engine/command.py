@@ -66,10 +66,20 @@ class EngineCommand:
         for word in self.argv:
             if not groups or word.startswith("--"):
                 groups.append([])
-            groups[-1].append(shlex.quote(word))
-        words = (f'{k}="${k}"' if k in SECRET_ENV else shlex.quote(f"{k}={v}") for k, v in self.env.items())
+            groups[-1].append(shell_word(word))
+        words = (f'{k}="${k}"' if k in SECRET_ENV else shell_word(f"{k}={v}") for k, v in self.env.items())
         env = [" ".join(["env", *words])] if self.env else []
         return " \\\n  ".join(env + [" ".join(group) for group in groups])
+
+
+def shell_word(word: str) -> str:
+    """`word` quoted for a shell, a control character written as bash's `$'\\xHH'`: a terminal shown the
+    command line never runs an escape code, and the pasted line still means the same word."""
+    if word.isprintable():
+        return shlex.quote(word)
+    escaped = (char if char.isprintable() and char not in "\\'" else ascii(char)[1:-1].replace("'", "\\'")
+               for char in word)  # fmt: skip
+    return "$'" + "".join(escaped) + "'"
 
 
 def engine_command(
