@@ -99,6 +99,7 @@ MAX_KEY_CHARS = 256
 MAX_REPLICAS = 8  # engines in one pod: RunPod's largest machines have 8 GPUs
 MIN_PING_S = 1.0  # no proxy cuts a connection silent for less; below it pings only burn CPU (1e-300 s: 134,585/s)
 # `name:key` in VL_API_KEYS: the name labels the key's usage in traces and metrics.
+ADMIN_SUFFIX = ":admin"  # a named entry's role
 NAMED_KEY = re.compile(r"([A-Za-z0-9_.-]{1,64}):(.+)")
 # What an HTTP header carries byte for byte: visible ASCII (no space, control or non-ASCII character).
 HEADER_TOKEN = re.compile(r"[\x21-\x7e]+")
@@ -141,17 +142,22 @@ class ApiKey:
 
     name: str | None
     key: str = field(repr=False)  # a repr may reach a log: the key never does
+    admin: bool = False  # `name:key:admin`: sees every key's usage and /metrics (runtime.bridge.auth)
 
     @property
     def entry(self) -> str:
-        """The entry as written in VL_API_KEYS: `name:key`, or the bare key."""
-        return f"{self.name}:{self.key}" if self.name else self.key
+        """The entry as written in VL_API_KEYS: `name:key[:admin]`, or the bare key."""
+        return f"{self.name}:{self.key}{ADMIN_SUFFIX if self.admin else ''}" if self.name else self.key
 
 
 def key_entry(entry: str) -> ApiKey:
-    """An entry of VL_API_KEYS: `name:key`, or a bare key (no name)."""
+    """An entry of VL_API_KEYS: `name:key`, `name:key:admin`, or a bare key (no name, no role)."""
     named = NAMED_KEY.fullmatch(entry)
-    return ApiKey(named.group(1), named.group(2)) if named else ApiKey(None, entry)
+    if not named:
+        return ApiKey(None, entry)
+    name, key = named.groups()
+    admin = key.endswith(ADMIN_SUFFIX) and len(key) > len(ADMIN_SUFFIX)
+    return ApiKey(name, key.removesuffix(ADMIN_SUFFIX) if admin else key, admin)
 
 
 def key_entries(raw: str) -> tuple[ApiKey, ...]:
@@ -466,6 +472,7 @@ HUB_REPO_ALLOWED = "a Hub repo id (owner/name, datasets/owner/name or spaces/own
 SPEC_MODES = ("auto", "off", "ngram", "mtp")
 ROUTINGS = ("affinity", "round-robin")
 ROLES = ("pod", "gateway")
+PREFIX_CACHES = ("per-key", "shared")
 RECIPES = recipe_names()
 
 # A table, one variable to a few lines, read down its columns: the formatter leaves it as written.
@@ -529,11 +536,16 @@ VARIABLES: tuple[Variable, ...] = (
     _var("VL_BRIDGE_PING_S", "15", decimal(MIN_PING_S, 300.0), "a number of seconds in 1..300", B,
          "SSE `ping` interval while the engine is silent (RunPod's proxy cuts after ~100-125 s)."),
     _var("VL_API_KEYS", "", api_keys,
-         f"at most {MAX_KEYS} keys (`key` or `name:key`) separated by commas, each key {MIN_KEY_CHARS} to "
-         f"{MAX_KEY_CHARS} visible ASCII characters, or empty", B,
+         f"at most {MAX_KEYS} keys (`key`, `name:key` or `name:key:admin`) separated by commas, each key "
+         f"{MIN_KEY_CHARS} to {MAX_KEY_CHARS} visible ASCII characters, or empty", B,
          "Keys accepted by the bridge (Bearer or x-api-key), or by vLLM itself when VL_BRIDGE=off; empty = open, "
-         "with a loud warning. A key without a name is labelled in traces and metrics by a salted hash "
-         "(the salt: `key-label.salt` in VL_STATE_DIR).", secret=True, max_chars=MAX_KEYS * (MAX_KEY_CHARS + 66)),
+         "with a loud warning. An admin key sees every key's usage and /metrics, the others their own; with none "
+         "marked `:admin`, the first entry is the admin. A key without a name is labelled in traces and metrics "
+         "by a salted hash (the salt: `key-label.salt` in VL_STATE_DIR).",
+         secret=True, max_chars=MAX_KEYS * (MAX_KEY_CHARS + 72)),
+    _var("VL_PREFIX_CACHE", "per-key", choice(*PREFIX_CACHES), one_of(*PREFIX_CACHES), B,
+         "With several keys, each key's prompts are cached apart (vLLM's `cache_salt`), so that no key learns "
+         "another's prompts from its cache hits or timing; `shared` lets a team's keys share a prefix."),
     _var("VL_ALLOWED_HOSTS", "", host_names, f"at most {MAX_NAMES} host names separated by commas or spaces, or empty", B,
          "Without keys: names the bridge answers to in `Host`, besides IP addresses, `localhost` and RunPod's "
          "`<pod>-<port>.proxy.runpod.net` (any other is refused with a 403, against DNS rebinding)."),
@@ -654,6 +666,7 @@ class Settings:
     bridge: bool
     bridge_ping_s: float
     api_keys: tuple[ApiKey, ...]
+    prefix_cache: str
     allowed_hosts: tuple[str, ...]
     log_prompts: bool
     max_body_mb: int

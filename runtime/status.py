@@ -76,7 +76,7 @@ def fetch(client: httpx.Client) -> tuple[dict[str, Any] | None, str]:
 def render(state: Mapping[str, Any]) -> str:
     """The status as text: sections for the engine, traffic, keys, GPUs and cost. Every value the bridge
     sent is stripped of terminal controls (the boot log is a process's output)."""
-    sections = [overview(state), traffic(state["traffic"]), capacity(state.get("capacity")), keys(state["keys"]),
+    sections = [overview(state), traffic(state["traffic"]), capacity(state.get("capacity")), keys(state["keys"], state.get("you")),
                 sessions(state.get("sessions", [])), gpus(state), cost(state["cost"])]  # fmt: skip
     if len(state.get("engines", [])) > 1:
         sections.insert(1, engines(state["engines"]))
@@ -153,9 +153,11 @@ def capacity(panel: Mapping[str, Any] | None) -> str:
     return "\n".join(lines)
 
 
-def keys(rows: Sequence[Mapping[str, Any]]) -> str:
+def keys(rows: Sequence[Mapping[str, Any]], you: Mapping[str, Any] | None = None) -> str:
+    """Every key's usage for an admin key; an ordinary key's own, said so in the title."""
+    title = f"Keys (yours, {you['key']}: an admin key sees every key's)" if you and not you["admin"] else "Keys"
     if not rows:
-        return "Keys\n  no request yet"
+        return f"{title}\n  no request yet"
     columns = ("requests", "input_tokens", "cached_tokens", "output_tokens", "errors")
     width = max(12, *(len(row["name"]) for row in rows))
     head = (
@@ -168,7 +170,7 @@ def keys(rows: Sequence[Mapping[str, Any]]) -> str:
         + f"{dollars(row.get('cost')):>12}  {row.get('since', '-')}"
         for row in rows
     ]  # fmt: skip
-    return "\n".join(["Keys", head, *body])
+    return "\n".join([title, head, *body])
 
 
 def sessions(shown: Sequence[Mapping[str, Any]]) -> str:

@@ -10,8 +10,9 @@ import anthropic
 import httpx
 import pytest
 
-from runtime.bridge.auth import SALT_FILE, label_of
+from runtime.bridge.auth import SALT_FILE, ApiKeys, label_of
 from runtime.engine import tinymodel as tiny
+from runtime.settings import load_settings
 from tests.support.bridge import Process, start_bridge
 from tests.support.vllm_server import VllmServer
 
@@ -101,3 +102,19 @@ def test_strangers_refused_in_a_burst_leave_one_trace_line(guarded: Process) -> 
     guarded.wait_for_log(f"client_id={marker}$")  # alice's request, after the burst: traced as always
     traced = [line for line in guarded.log().splitlines() if f"client_id={marker}-" in line]
     assert len(traced) <= 1  # the first of the burst, unless another test's refusal opened the minute
+
+
+def test_roles_an_admin_marked_anywhere_else_the_first_entry_and_never_the_gateway() -> None:
+    """`name:key:admin` makes that key the admin (and only it); entries without roles make the first one
+    the admin (a pod's owner writes their key first); a worker's gateway key is never one."""
+
+    def admins(keys: str, gateway: str | None = None) -> list[str]:
+        entries = load_settings({"VL_API_KEYS": keys}).api_keys
+        return [caller.label for caller, _ in ApiKeys(entries, b"secret", gateway).keys if caller.admin]
+
+    assert admins(f"alice:{ALICE},ops:{ANONYMOUS}:admin") == ["ops"]
+    assert admins(f"alice:{ALICE},ops:{ANONYMOUS}") == ["alice"]
+    assert admins(f"alice:{ALICE}:admin,ops:{ANONYMOUS}:admin") == ["alice", "ops"]
+    assert admins("", "sk-gateway-0123456789") == []
+    entry = load_settings({"VL_API_KEYS": f"ops:{ANONYMOUS}:admin"}).api_keys[0]
+    assert (entry.name, entry.key, entry.admin, entry.entry) == ("ops", ANONYMOUS, True, f"ops:{ANONYMOUS}:admin")

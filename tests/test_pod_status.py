@@ -16,6 +16,7 @@ import anthropic
 import httpx
 import pytest
 
+from runtime.bridge.affinity import SESSION_HEADER
 from runtime.bridge.auth import SALT_FILE, label_of
 from runtime.bridge.engines import EngineView, engine_view
 from runtime.engine import tinymodel as tiny
@@ -141,6 +142,31 @@ def test_usage_grows_per_key_as_the_clients_were_told(pod: Process):
         0.69 / (traffic["output_tokens_per_s"] * 3600) * 1e6, rel=1e-3
     )
     assert "-" not in by_name(after) and all(row["name"] not in PLANTED for row in after["keys"])
+
+
+def test_an_ordinary_key_sees_its_own_usage_and_the_pod_s_health_the_admin_sees_all(pod: Process):
+    """alice, the first of entries without roles, is the admin; bob sees his usage, his sessions (even one
+    that reuses the id of alice's) and the pod's health, never another key's; /metrics is the admin's."""
+    session = {SESSION_HEADER: "shared-session-id"}
+    for key in (ALICE, BOB):
+        anthropic.Anthropic(base_url=pod.url, api_key=key, max_retries=0, default_headers=session).messages.create(
+            model="claude-tiny", max_tokens=4, messages=[{"role": "user", "content": tiny.MARK_TEXT}]
+        )
+    bob, alice = pod_status(pod.url, BOB), pod_status(pod.url, ALICE)
+    assert (bob["you"], alice["you"]) == ({"key": "bob", "admin": False}, {"key": "alice", "admin": True})
+    assert [row["name"] for row in bob["keys"]] == ["bob"]
+    assert {"alice", "bob"} <= set(by_name(alice))
+
+    def owners(state: dict) -> list[set[str]]:
+        return [{agent["key"] for agent in s["agents"]} for s in state["sessions"] if s["id"] == "shared-session-id"]
+
+    assert owners(bob) == [{"bob"}] and sorted(map(sorted, owners(alice))) == [["alice"], ["bob"]]
+    assert bob["engine"]["state"] == "healthy" and bob["model"] and bob["capacity"] and "traffic" in bob
+    refused = httpx.get(f"{pod.url}/metrics", headers={"authorization": f"Bearer {BOB}"}, timeout=30)
+    assert refused.status_code == 403 and refused.json()["error"]["type"] == "permission_error"
+    assert "bob" not in refused.text and "alice" not in refused.text
+    shown = httpx.get(f"{pod.url}/metrics", headers={"authorization": f"Bearer {ALICE}"}, timeout=30)
+    assert shown.status_code == 200 and 'key="bob"' in shown.text
 
 
 def test_no_key_or_token_anywhere_in_the_body(pod: Process):

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from runtime.bridge.affinity import conversation, routing_key
-from runtime.bridge.auth import accepted_keys
+from runtime.bridge.auth import ApiKeys
 from runtime.bridge.engines import engine_view, merged_metrics
 from runtime.engine.command import engine_command
 from runtime.enginehealth import pod_condition, read_engine_health, write_engine_health
@@ -179,12 +179,16 @@ def test_a_gateway_without_workers_or_workers_without_a_gateway_are_refused(env:
     check_roles(load_settings({"VL_ROLE": "gateway", "VL_WORKERS": "http://10.0.0.9:9000/abc-8080"}))  # by path
 
 
-def test_a_worker_accepts_its_gateway_s_key_as_one_more_labelled_gateway() -> None:
+def test_a_worker_accepts_its_gateway_s_key_as_one_more_labelled_gateway(tmp_path: Path) -> None:
     team = {"VL_API_KEYS": "alice:sk-alice-0123456789abcdef", "VL_WORKER_KEY": "sk-gateway-to-workers-0123456789"}
-    labels = [(key.name, key.key) for key in accepted_keys(load_settings(team))]
-    assert labels == [("alice", "sk-alice-0123456789abcdef"), ("gateway", "sk-gateway-to-workers-0123456789")]
+    worker = load_settings(team | {"VL_STATE_DIR": str(tmp_path)})
+    labels = [(caller.label, caller.admin, key) for caller, key in ApiKeys.for_pod(worker).keys]
+    assert labels == [
+        ("alice", True, b"sk-alice-0123456789abcdef"),
+        ("gateway", False, b"sk-gateway-to-workers-0123456789"),
+    ]
     gateway = load_settings(team | {"VL_ROLE": "gateway", "VL_WORKERS": "http://10.0.0.2:8080"})
-    assert accepted_keys(gateway) == gateway.api_keys  # a gateway presents that key, its clients do not
+    assert ApiKeys.for_pod(gateway).labels == {"alice"}  # a gateway presents that key, its clients do not
 
 
 @pytest.mark.parametrize("workers", ["ftp://10.0.0.2", "http://user:secret@10.0.0.2", "http://10.0.0.2:99999",

@@ -37,6 +37,7 @@ from runtime.enginehealth import pod_condition, read_engine_health
 from runtime.logsafe import loggable
 
 log = logging.getLogger("runtime.bridge")
+GENERATIONS = frozenset({"/v1/chat/completions", "/v1/completions"})  # what reads vLLM's prefix cache
 ENGINE_METRICS_S = 10.0  # a scrape waits this long for a busy engine's metrics, then goes without them
 
 
@@ -53,7 +54,8 @@ class Api:
         parsed = decode(body, MessagesRequest)
         user_id = parsed.metadata.user_id if parsed.metadata else None
         routing = {ROUTING_KEY: routing_key(request.headers, user_id, request.state.key)}
-        return MessagesExchange(self.bridge, parsed, len(body), request.state.trace, routing)
+        salt = request.state.caller.cache_salt
+        return MessagesExchange(self.bridge, parsed, len(body), request.state.trace, routing, salt)
 
     async def count_tokens(self, request: Request) -> Response:
         parsed = decode(await read_body(request, self.bridge.max_body), CountTokensRequest)
@@ -77,11 +79,14 @@ class Api:
     # --- OpenAI and vLLM, relayed ---
 
     async def relay(self, request: Request) -> Relay:
-        body, stream = rewrite_model(self.bridge, await read_body(request, self.bridge.max_body))
+        salt = request.state.caller.cache_salt if request.url.path in GENERATIONS else None
+        body, stream = rewrite_model(self.bridge, await read_body(request, self.bridge.max_body), salt)
         return Relay(self.bridge, request, body, stream)
 
     async def prometheus(self, request: Request) -> Response:
-        """The bridge's metrics, then each engine's (ours alone while none answers)."""
+        """The bridge's metrics, then each engine's (ours alone while none answers): an admin's to read."""
+        if not request.state.caller.admin:
+            raise BridgeError(403, "/metrics shows every key's traffic: it takes an admin key (name:key:admin)")
         answers = await self.bridge.capacity.sample(self.bridge.upstream, ENGINE_METRICS_S)  # a sample too
         theirs = merged_metrics([body for _, body in answers])
         return Response(self.bridge.metrics.render() + theirs, media_type=CONTENT_TYPE)
@@ -96,7 +101,7 @@ class Api:
         return JSONResponse(answer | ({"engines": engines} if engines else {}))
 
     async def status(self, request: Request) -> Response:
-        return JSONResponse(await pod_status(self.bridge))
+        return JSONResponse(await pod_status(self.bridge, request.state.caller))
 
     async def hello(self, request: Request) -> Response:
         return Response(b"", 200)  # Claude Code's connection probes, before any key is read: HEAD / and /api/hello

@@ -1,7 +1,8 @@
 """Who may call the public port: API keys (VL_API_KEYS), or, with none, only what no web page can send.
 
-An entry is `key` or `name:key`; metrics and logs show the name, or a hash of the key salted with a
-secret of the pod's, never the key. Keys arrive as `Authorization: Bearer` (ANTHROPIC_AUTH_TOKEN) or
+An entry is `key`, `name:key` or `name:key:admin`; metrics and logs show the name, or a hash of the key
+salted with a secret of the pod's, never the key. An admin sees the whole pod, the others their own usage;
+with several keys, each key's prompts are cached under its own salt (VL_PREFIX_CACHE). Keys arrive as `Authorization: Bearer` (ANTHROPIC_AUTH_TOKEN) or
 `x-api-key` (ANTHROPIC_API_KEY); both present and different is refused rather than guessed. Without
 keys (open), a POST must be `application/json` (a cross-site page cannot send that without a CORS
 preflight, which is never granted) and `Host` a name of the pod's (a rebound DNS name is not).
@@ -15,6 +16,7 @@ import logging
 import os
 import secrets
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -69,33 +71,64 @@ def label_of(key: str, salt: bytes) -> str:
     return "hmac:" + hmac.new(salt, key.encode(), "sha256").hexdigest()[:LABEL_HEX]
 
 
-def accepted_keys(settings: Settings) -> tuple[ApiKey, ...]:
-    """The keys a pod's bridge accepts: VL_API_KEYS, and on a worker pod its gateway's VL_WORKER_KEY."""
-    if settings.role == "gateway" or not settings.worker_key:
-        return settings.api_keys
-    return (*settings.api_keys, ApiKey(GATEWAY_LABEL, settings.worker_key))
+def cache_salt_of(key: str, secret: bytes) -> str:
+    """A key's `cache_salt`: vLLM caches prompts under different salts apart, and the pod's secret keeps a
+    key from computing another's (and so from reading its cache)."""
+    return hmac.new(secret, b"cache_salt\0" + key.encode(), "sha256").hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who sent a request: its key's label, whether it sees the whole pod (every key's usage, /metrics),
+    and the salt set on its generations (None: the body's own is left, one tenant or the gateway's)."""
+
+    label: str
+    admin: bool = False
+    cache_salt: str | None = None
+
+
+OPEN_CALLER = Caller(OPEN_LABEL, admin=True)  # no keys: whoever may reach the bridge owns the pod
+UNGUARDED_CALLER = Caller(OPEN_LABEL)  # on a path that reads nothing of anyone's
 
 
 class ApiKeys:
-    """The accepted keys and their labels; empty means the bridge is open."""
+    """The accepted keys and who each is; empty means the bridge is open. A worker pod accepts its
+    gateway's key (VL_WORKER_KEY) too, labelled `gateway`: the team's traffic, salted by the gateway."""
 
-    def __init__(self, entries: Sequence[ApiKey], salt: bytes) -> None:
-        self.keys = [(entry.name or label_of(entry.key, salt), entry.key.encode()) for entry in entries]
+    def __init__(self, entries: Sequence[ApiKey], secret: bytes, gateway_key: str | None = None,
+                 per_key_cache: bool = True) -> None:  # fmt: skip
+        marked = any(entry.admin for entry in entries)
+        salted = per_key_cache and len(entries) + bool(gateway_key) > 1  # one tenant has no one to hide from
+        self.keys: list[tuple[Caller, bytes]] = []
+        for position, entry in enumerate(entries):
+            label = entry.name or label_of(entry.key, secret)
+            admin = entry.admin or (not marked and position == 0)  # entries without roles: the first is the owner
+            salt = cache_salt_of(entry.key, secret) if salted else None
+            self.keys.append((Caller(label, admin, salt), entry.key.encode()))
+        if gateway_key:
+            self.keys.append((Caller(GATEWAY_LABEL), gateway_key.encode()))
 
     @classmethod
-    def for_pod(cls, entries: Sequence[ApiKey], state_dir: Path) -> ApiKeys:
-        """The keys, labelled with the salt kept in `state_dir` (read only when a key has no name)."""
-        unnamed = any(entry.name is None for entry in entries)
-        return cls(entries, label_salt(state_dir) if unnamed else b"")
+    def for_pod(cls, settings: Settings) -> ApiKeys:
+        """The pod's keys, labelled and salted with the secret kept in VL_STATE_DIR (read only when used)."""
+        gateway_key = settings.worker_key if settings.role != "gateway" else None  # a gateway presents it
+        keys = settings.api_keys
+        needs_secret = any(entry.name is None for entry in keys) or len(keys) + bool(gateway_key) > 1
+        secret = label_salt(Path(settings.state_dir)) if needs_secret else b""
+        return cls(keys, secret, gateway_key, settings.prefix_cache == "per-key")
+
+    @property
+    def labels(self) -> set[str]:
+        return {caller.label for caller, _ in self.keys}
 
     @property
     def open(self) -> bool:
         return not self.keys
 
-    def identify(self, authorization: str | None, api_key: str | None) -> str:
-        """The label of the key presented; BridgeError(401) when none, a wrong one, or two that differ."""
+    def identify(self, authorization: str | None, api_key: str | None) -> Caller:
+        """Who the key presented is; BridgeError(401) when none, a wrong one, or two that differ."""
         if self.open:
-            return OPEN_LABEL
+            return OPEN_CALLER
         bearer = authorization[7:].strip() if authorization and authorization[:7].lower() == "bearer " else None
         if bearer is not None and api_key is not None and not hmac.compare_digest(bearer.encode(), api_key.encode()):
             raise BridgeError(401, "Authorization and x-api-key carry different keys; send one of them")
@@ -103,9 +136,9 @@ class ApiKeys:
         if not presented:
             raise BridgeError(401, "an API key is required: send Authorization: Bearer <key> or x-api-key: <key>")
         found = None
-        for label, key in self.keys:  # compare against every key: the time taken says nothing about which
+        for caller, key in self.keys:  # compare against every key: the time taken says nothing about which
             if hmac.compare_digest(presented.encode(), key):
-                found = label
+                found = caller
         if found is None:
             raise BridgeError(401, "invalid API key")
         return found
@@ -155,7 +188,8 @@ def media_type(content_type: bytes | None) -> str:
 
 class RequireKey:
     """ASGI middleware: admits every request to a path outside UNGUARDED, by its key, or when the
-    bridge is open by its `Host` and body type; puts the key's label in `scope["state"]["key"]`."""
+    bridge is open by its `Host` and body type; puts the `Caller` in `scope["state"]["caller"]`, its
+    label in `scope["state"]["key"]`."""
 
     def __init__(self, app: ASGIApp, keys: ApiKeys, hosts: AllowedHosts, unguarded: frozenset[str] = UNGUARDED) -> None:
         self.app = app
@@ -166,17 +200,17 @@ class RequireKey:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] in ("http", "websocket"):  # vLLM serves its realtime API over a WebSocket
             try:
-                label = self.admit(scope)
+                caller = self.admit(scope)
             except BridgeError as error:
                 await refuse(error, scope, receive, send)
                 return
-            scope.setdefault("state", {})["key"] = label
+            scope.setdefault("state", {}).update(key=caller.label, caller=caller)
         await self.app(scope, receive, send)
 
-    def admit(self, scope: Scope) -> str:
-        """The caller's label; BridgeError: 401 (key), or when open 403 (`Host`) and 415 (body type)."""
+    def admit(self, scope: Scope) -> Caller:
+        """The caller; BridgeError: 401 (key), or when open 403 (`Host`) and 415 (body type)."""
         if scope["path"] in self.unguarded:
-            return OPEN_LABEL
+            return UNGUARDED_CALLER
         headers = dict(scope["headers"])
         if not self.keys.open:
             authorization, api_key = headers.get(b"authorization"), headers.get(b"x-api-key")
@@ -188,7 +222,7 @@ class RequireKey:
                                    "add this one to VL_ALLOWED_HOSTS, or configure keys")  # fmt: skip
         if scope.get("method") == "POST" and media_type(headers.get(b"content-type")) != JSON:
             raise BridgeError(415, f"the body must be sent as Content-Type: {JSON}")
-        return OPEN_LABEL
+        return OPEN_CALLER
 
 
 async def refuse(error: BridgeError, scope: Scope, receive: Receive, send: Send) -> None:
@@ -207,4 +241,4 @@ class EngineKeys(RequireKey):
     def __init__(self, app: ASGIApp) -> None:
         entries = parse_value(BY_ENV["VL_API_KEYS"], os.environ.get("VL_API_KEYS", ""))
         labels = secrets.token_bytes(SALT_BYTES)  # vLLM shows no label: a salt of its own will do
-        super().__init__(app, ApiKeys(entries, labels), AllowedHosts(()), ENGINE_UNGUARDED)
+        super().__init__(app, ApiKeys(entries, labels, per_key_cache=False), AllowedHosts(()), ENGINE_UNGUARDED)

@@ -76,9 +76,11 @@ class MessagesExchange(WatchedAnswer):
         body_size: int,
         trace: dict[str, Any],
         routing: dict[str, str] | None = None,
+        cache_salt: str | None = None,
     ) -> None:
         self.bridge, self.stall_s = bridge, bridge.stall_s
         self.routing = routing or {}  # this conversation's key for the router (runtime.bridge.affinity)
+        self.cache_salt = cache_salt  # the key's, so that no other key reads its prompts in the cache
         self.request = request
         self.body_size = body_size
         self.trace = trace
@@ -110,6 +112,8 @@ class MessagesExchange(WatchedAnswer):
         )
         if self.bridge.log_prompts:
             self.trace["prompt"] = last_user_text(translation.payload["messages"])
+        if self.cache_salt is not None:
+            translation.payload["cache_salt"] = self.cache_salt
         return translation
 
     async def guard_window(self, translation: Translation) -> int:

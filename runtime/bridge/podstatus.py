@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from runtime.bridge.auth import Caller
 from runtime.bridge.engines import EngineView, engine_view
 from runtime.bridge.state import Bridge
 from runtime.logfiles import tail
@@ -65,8 +66,9 @@ def cost(per_hour: float | None, uptime_s: float, output_tokens_per_s: float) ->
     }
 
 
-async def pod_status(bridge: Bridge) -> dict[str, Any]:
-    """The whole status object (its contract: the README's "Watch the pod" and runtime/status.py)."""
+async def pod_status(bridge: Bridge, caller: Caller) -> dict[str, Any]:
+    """The status object (its contract: the README's "Watch the pod" and runtime/status.py): the pod's
+    health for every key, and the keys' usage and sessions, all of them for an admin, else the caller's."""
     # One read of the engines' /metrics: their queues for the console, a sample for the capacity panel.
     engines = [engine_view(answer) for answer in await bridge.capacity.sample(bridge.upstream, QUEUE_TIMEOUT_S)]
     model = bridge.catalog.model
@@ -89,8 +91,15 @@ async def pod_status(bridge: Bridge) -> dict[str, Any]:
             **traffic,
         },
         "capacity": bridge.capacity.view(),
-        "keys": bridge.usage.per_key(bridge.cost_per_hour),
-        "sessions": bridge.sessions.recent(SESSIONS_SHOWN, bridge.cost_per_hour),
+        "you": {"key": caller.label, "admin": caller.admin},
+        "keys": [
+            usage
+            for usage in bridge.usage.per_key(bridge.cost_per_hour)
+            if caller.admin or usage["name"] == caller.label
+        ],
+        "sessions": bridge.sessions.recent(
+            SESSIONS_SHOWN, bridge.cost_per_hour, None if caller.admin else caller.label
+        ),
         "gpus": gpus,
         "gpu_note": gpu_note,
         "cost": cost(bridge.cost_per_hour, uptime_s, traffic["output_tokens_per_s"]),

@@ -29,9 +29,10 @@ if TYPE_CHECKING:
 PASSED_HEADERS = (b"content-type", b"cache-control")
 
 
-def rewrite_model(bridge: Bridge, body: bytes) -> tuple[bytes, bool]:
+def rewrite_model(bridge: Bridge, body: bytes, cache_salt: str | None = None) -> tuple[bytes, bool]:
     """The body with the served model's own name as its `model` once the bridge knows it (the router
-    routes by it), before that without a `model` (vLLM takes its own); and whether it streams."""
+    routes by it), before that without a `model` (vLLM takes its own), and the caller's `cache_salt`
+    in place of any it sent; and whether it streams."""
     refuse_deep_nesting(body)
     try:
         payload = msgspec.json.decode(body)
@@ -43,6 +44,8 @@ def rewrite_model(bridge: Bridge, body: bytes) -> tuple[bytes, bool]:
         payload["model"] = served
     else:
         payload.pop("model", None)
+    if cache_salt is not None:
+        payload["cache_salt"] = cache_salt
     return msgspec.json.encode(payload), payload.get("stream") is True
 
 

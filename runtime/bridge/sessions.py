@@ -111,6 +111,7 @@ class AgentUsage:
 @dataclass
 class Session:
     id: str
+    key: str  # whose: a session id is the client's to choose, so two keys' same id are two sessions
     last_seen: float
     agents: dict[str, AgentUsage] = field(default_factory=dict)
 
@@ -129,23 +130,24 @@ class Sessions:
     def __init__(self, max_sessions: int = MAX_SESSIONS, clock: Callable[[], float] = time.monotonic) -> None:
         self.max_sessions = max_sessions
         self.clock = clock
-        self.sessions: OrderedDict[str, Session] = OrderedDict()
+        self.sessions: OrderedDict[tuple[str, str], Session] = OrderedDict()
 
     def count(self, asker: Asker, spent: Spent) -> None:
         if asker.session is None:
             return
-        now = self.clock()
-        session = self.sessions.pop(asker.session, None) or Session(asker.session, now)
+        now, known = self.clock(), (asker.key, asker.session)
+        session = self.sessions.pop(known, None) or Session(asker.session, asker.key, now)
         session.last_seen = now
-        self.sessions[asker.session] = session  # the most recent last
+        self.sessions[known] = session  # the most recent last
         while len(self.sessions) > self.max_sessions:
             self.sessions.popitem(last=False)
         session.agent(asker).add(asker, spent)
 
-    def recent(self, limit: int, cost_per_hour: float | None) -> list[dict[str, Any]]:
-        """The `limit` sessions seen last, most recent first, each with its agents in the order they came."""
+    def recent(self, limit: int, cost_per_hour: float | None, key: str | None = None) -> list[dict[str, Any]]:
+        """The `limit` sessions seen last (of `key` alone, when given), most recent first, each with its
+        agents in the order they came."""
         now = self.clock()
-        shown = list(self.sessions.values())[-limit:][::-1]
+        shown = [session for session in self.sessions.values() if key is None or session.key == key][-limit:][::-1]
         return [
             {
                 "id": session.id,

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from runtime.activity import Activity
-from runtime.bridge.auth import AllowedHosts, ApiKeys, accepted_keys
+from runtime.bridge.auth import AllowedHosts, ApiKeys
 from runtime.bridge.capacity import CapacityWatch
 from runtime.bridge.ledger import Ledger
 from runtime.bridge.metrics import Metrics
@@ -41,13 +41,12 @@ class Bridge:
         self.upstream = Upstream(upstream_url, max_connections, pool_timeout, engines, gateway_key)
         self.catalog = Catalog(settings.aliases)
         self.metrics = Metrics(lambda: self.upstream.in_use)
-        self.keys = ApiKeys.for_pod(accepted_keys(settings), Path(settings.state_dir))
+        self.keys = ApiKeys.for_pod(settings)
         self.hosts = AllowedHosts.for_pod(settings.allowed_hosts, os.environ)
         self.ping_s: float = settings.bridge_ping_s
         self.log_prompts: bool = settings.log_prompts
         self.max_body: int = settings.max_body_mb * 2**20
-        labels = {label for label, _ in self.keys.keys}  # none when open
-        self.key_concurrency: int | None = key_cap(max_connections, len(labels), settings.key_concurrency)
+        self.key_concurrency: int | None = key_cap(max_connections, len(self.keys.labels), settings.key_concurrency)
         self.stall_s: float = settings.client_stall_s
         # Each key's totals across restarts, when the pod gives a ledger (on its volume).
         self.ledger = Ledger(ledger) if ledger is not None else None
