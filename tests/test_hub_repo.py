@@ -11,6 +11,7 @@ import pytest
 from huggingface_hub.utils import get_session
 
 from runtime.hub.repo import HUB_TIMEOUT_S, HubRepo, pod_id
+from tests.support.hub_lies import HostileHub, Lies
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -80,3 +81,18 @@ def test_hub_requests_have_a_timeout() -> None:
     assert api.endpoint
     assert get_session().timeout.read == HUB_TIMEOUT_S
     assert get_session().timeout.connect == HUB_TIMEOUT_S
+
+
+def test_a_file_version_at_a_revision_that_is_not_a_commit_id_is_refused() -> None:
+    """`read_text` downloads at `version.commit` into a throwaway cache, where huggingface_hub writes
+    `refs/<revision>`: a Hub that answered `../../…` there, then the true commit, wrote outside that cache."""
+    repo_id, forged = "pod-owner/pod-config", "../../../../escaped"
+    with HostileHub(Lies(repo_id, sha=forged)) as hub:
+        hub.create_repo(repo_id)
+        hub.put_file(repo_id, "pod.toml", "[settings]\n")
+        repo = HubRepo(repo_id, endpoint=hub.endpoint, token=hub.read_token)
+        with pytest.raises(ConnectionError) as refused:
+            repo.version("pod.toml")
+    assert str(refused.value) == (
+        f"{hub.endpoint} answered {repo_id}'s revision as '{forged}', not a 40-hex commit id (for pod.toml)"
+    )

@@ -6,6 +6,7 @@ volume when one is mounted, read from /proc/self/mountinfo."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -16,9 +17,11 @@ import pytest
 
 from runtime.engine.tinymodel import write_tiny_model
 from runtime.engine.volume import cache_env, cache_root, is_mount_point, make_cache_dirs
-from runtime.engine.weights import is_complete, repo_folder
+from runtime.engine.weights import COMPLETE, is_complete, repo_folder
 from runtime.settings import load_settings
+from runtime.units import human_bytes
 from tests.support.environ import outer_environ
+from tests.support.hub_lies import HostileHub, Lies
 from tests.support.hub_server import HubServer
 from tests.support.polling import wait_for_log_line, wait_until
 
@@ -123,6 +126,7 @@ def test_a_first_fetch_downloads_the_repo_and_a_second_asks_the_hub_nothing(
     assert [(r.method, r.status) for r in lfs] == [("GET", 200)]  # the safetensors, from the object store
     assert "authorization" not in lfs[0].headers  # the token stays with the Hub
     assert is_complete(tmp_path / "cache" / "huggingface" / "hub", REPO)
+    assert snapshot(tmp_path / "cache").name == hub.commits(REPO)[-1].oid  # main: the commit the Hub listed
     asked = len(hub.received)
     second = subprocess.run(
         [sys.executable, "-m", "runtime", "weights"], cwd=REPO_ROOT, env=env, capture_output=True, text=True
@@ -185,3 +189,66 @@ def test_a_generated_model_needs_no_download(hub: HubServer, tmp_path: Path) -> 
         [sys.executable, "-m", "runtime", "weights"], cwd=REPO_ROOT, env=env, capture_output=True, text=True
     )
     assert result.returncode == 0 and "nothing to download" in result.stderr and hub.received == []
+
+
+# --- a hostile Hub: what it answers is checked before anything is written after it ---
+
+# From the repo's cache folder (huggingface_hub writes `trees/<sha>.json`) up past VL_CACHE_DIR, into tmp_path.
+FORGED_SHA = "../../../../../escaped"
+
+
+def weights(env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "runtime", "weights"], cwd=REPO_ROOT, env=env, capture_output=True, text=True
+    )
+
+
+def test_a_revision_that_is_not_a_commit_id_is_refused_before_anything_is_written(model: Path, tmp_path: Path) -> None:
+    cache, state = tmp_path / "cache", tmp_path / "state"
+    with HostileHub(Lies(REPO, sha=FORGED_SHA)) as hub:
+        hub.create_repo(REPO)
+        hub.put_folder(REPO, model)
+        result = weights(weights_env(hub, cache))
+        asked = [(r.method, r.path) for r in hub.received if REPO in r.path]
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"the Hub answered {REPO}'s revision as '{FORGED_SHA}', not a 40-hex commit id: nothing was downloaded "
+        "(check HF_ENDPOINT)"
+    )
+    assert "Traceback" not in result.stderr
+    outside = [p for p in tmp_path.rglob("*") if not (p.is_relative_to(cache) or p.is_relative_to(state))]
+    assert outside == [] and not (tmp_path / "escaped.json").exists()
+    assert not repo_folder(cache / "huggingface" / "hub", REPO).exists()  # nothing named after it, inside either
+    assert asked == [("GET", f"/api/models/{REPO}")]  # the listing only: no tree, no file
+
+
+def test_a_file_served_smaller_than_listed_leaves_the_repo_incomplete_and_is_fetched_again(
+    model: Path, tmp_path: Path
+) -> None:
+    cache, listed, served = tmp_path / "cache", 1000 * 10**12, (model / WEIGHTS).stat().st_size
+    hub_cache = cache / "huggingface" / "hub"
+    with HostileHub(Lies(REPO, sizes={WEIGHTS: listed})) as hub:
+        hub.create_repo(REPO)
+        hub.put_folder(REPO, model)
+        first = weights(weights_env(hub, cache))
+        assert first.returncode == 2, first.stderr
+        assert first.stderr.strip().splitlines()[-1] == (
+            f"downloading {REPO}: {WEIGHTS} is listed at 1000.0 TB ({listed} bytes) but {human_bytes(served)} "
+            f"({served} bytes) were served: removed, the next start downloads it again"
+        )
+        assert not is_complete(hub_cache, REPO) and not (repo_folder(hub_cache, REPO) / COMPLETE).exists()
+        asked = len(hub.received)
+        second = weights(weights_env(hub, cache))
+        again = [r.method for r in hub.received[asked:] if r.path.startswith("/lfs-objects/")]
+    assert second.returncode == 2 and again == ["GET"], second.stderr  # downloaded again, and refused again
+    assert not is_complete(hub_cache, REPO)
+
+
+def test_a_complete_record_with_a_revision_that_is_not_a_commit_id_is_not_complete(tmp_path: Path) -> None:
+    """A record written before the Hub's answers were checked (or by hand) could send vLLM's offline start
+    to a folder outside the cache: `snapshots/<revision>`."""
+    folder = repo_folder(tmp_path / "hub", REPO)
+    (folder / "refs").mkdir(parents=True)
+    (folder / "refs" / "main").write_text(FORGED_SHA)
+    (folder / COMPLETE).write_text(json.dumps({"revision": FORGED_SHA, "files": []}))
+    assert not is_complete(tmp_path / "hub", REPO)

@@ -16,9 +16,10 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeGuard
 
 from runtime.units import human_bytes
 
@@ -28,6 +29,9 @@ REPORT_EVERY_S = 5.0  # a progress line in the boot log (and so in the Hub log) 
 COMPLETE = "vllm-pod-complete.json"  # in a repo's cache folder: the revision and files known complete
 # vLLM loads safetensors when a repo has them: other weight formats and the originals are never read.
 SKIPPED_WITH_SAFETENSORS = re.compile(r"(?:^|/)original/|\.(?:bin|pt|pth|gguf|onnx|h5|msgpack|ckpt)$")
+# huggingface_hub names cache files after the revision the Hub answers (`trees/<sha>.json`, `snapshots/<sha>/`)
+# without checking it: `../../…` would write outside the cache. A git commit id is the only revision taken.
+COMMIT_ID = re.compile(r"[0-9a-f]{40}")
 
 
 class WeightsError(RuntimeError):
@@ -36,11 +40,13 @@ class WeightsError(RuntimeError):
 
 @dataclass(frozen=True)
 class Listing:
-    """What a repo holds at its current revision: the files vLLM reads and their total size."""
+    """What a repo holds at its current revision (a commit id): the files vLLM reads, the sizes the Hub lists
+    for them, and their total size."""
 
     revision: str
     files: tuple[str, ...]
     size: int
+    sizes: Mapping[str, int]
 
 
 def repo_folder(cache: Path, repo: str) -> Path:
@@ -49,21 +55,29 @@ def repo_folder(cache: Path, repo: str) -> Path:
 
 
 def is_complete(cache: Path, repo: str) -> bool:
-    """Whether a download of `repo` finished, its revision is still the one `main` points to in the cache,
-    and every file it listed is there: then nothing needs the Hub, and vLLM may start offline."""
+    """Whether a download of `repo` finished, its revision (a commit id) is still the one `main` points to in the
+    cache, and every file it listed is there: then nothing needs the Hub, and vLLM may start offline."""
     folder = repo_folder(cache, repo)
     try:
         record = json.loads((folder / COMPLETE).read_text())
         main = (folder / "refs" / "main").read_text().strip()
     except (OSError, ValueError):
         return False
+    if not is_commit_id(main):  # `snapshots/<main>` would be a folder anywhere: vLLM's offline start reads it
+        return False
     snapshot = folder / "snapshots" / main
     return record.get("revision") == main and all((snapshot / name).is_file() for name in record.get("files", []))
 
 
+def is_commit_id(revision: object) -> TypeGuard[str]:
+    """Whether `revision` is a full git commit id, the only revision the cache's folder names may take."""
+    return isinstance(revision, str) and COMMIT_ID.fullmatch(revision) is not None
+
+
 def ensure_weights(repos: Iterable[str], cache: Path) -> None:
     """Download every repo not complete in `cache` (keeping the files a stopped start finished); WeightsError
-    when the Hub refuses. Reads HF_ENDPOINT and HF_TOKEN from the environment, like vLLM."""
+    when the Hub refuses, or answers what cannot be so (a revision that is not a commit id, a file not the size
+    listed). Reads HF_ENDPOINT and HF_TOKEN from the environment, like vLLM."""
     for repo in repos:
         if is_complete(cache, repo):
             log.info("weights of %s: complete in %s, nothing to download (vLLM starts offline)", repo, cache)
@@ -85,8 +99,12 @@ def download(repo: str, cache: Path) -> None:
         log.info("downloading %s (revision %s): %d files, %s, into %s", repo, listing.revision[:12],
                  len(listing.files), human_bytes(listing.size), cache)  # fmt: skip
         started = time.monotonic()
+        patterns = [glob_literal(name) for name in listing.files]
         with Progress(repo, repo_folder(cache, repo), listing.size):
-            snapshot_download(repo, allow_patterns=[glob_literal(name) for name in listing.files], cache_dir=cache)
+            # At the commit listed: huggingface_hub asks for no other, and writes no ref (done below, once checked).
+            snapshot_download(repo, revision=listing.revision, allow_patterns=patterns, cache_dir=cache)
+    except WeightsError:
+        raise
     except (RepositoryNotFoundError, GatedRepoError) as error:
         raise WeightsError(f"the Hub has no model repo {repo} that HF_TOKEN may read "
                            f"(check VL_REPO, the token, and the model's terms): {type(error).__name__}") from None  # fmt: skip
@@ -94,10 +112,53 @@ def download(repo: str, cache: Path) -> None:
         raise WeightsError(f"downloading {repo} failed: {one_line(error)}; the next start takes it up again") from None
     seconds = time.monotonic() - started
     folder = repo_folder(cache, repo)
-    revision = (folder / "refs" / "main").read_text().strip()
-    (folder / COMPLETE).write_text(json.dumps({"revision": revision, "files": list(listing.files)}) + "\n")
+    refuse_wrong_sizes(repo, folder, listing)
+    write_atomically(folder / "refs" / "main", listing.revision)  # what vLLM's offline start resolves `main` by
+    (folder / COMPLETE).write_text(json.dumps({"revision": listing.revision, "files": list(listing.files)}) + "\n")
     log.info("downloaded %s: %s in %.1f s (%s/s)", repo, human_bytes(listing.size), seconds,
              human_bytes(listing.size / max(seconds, 1e-3)))  # fmt: skip
+
+
+def refuse_wrong_sizes(repo: str, folder: Path, listing: Listing) -> None:
+    """WeightsError when a file on disk is not the size the Hub listed (truncated, or not the file listed), after
+    removing it, blob and all: huggingface_hub checks what was served only against the serving answer's headers,
+    so a file listed at 1000 TB and served as 300 MiB would be kept, and marked complete."""
+    snapshot = folder / "snapshots" / listing.revision
+    wrong = {
+        name: served for name, listed in listing.sizes.items() if (served := size_on_disk(snapshot / name)) != listed
+    }
+    for name in wrong:
+        drop_file(folder, snapshot / name)
+    if wrong:
+        name, served = next(iter(wrong.items()))
+        listed, more = exact_bytes(listing.sizes[name]), f" (and {len(wrong) - 1} more)" if len(wrong) > 1 else ""
+        raise WeightsError(f"downloading {repo}: {name} is listed at {listed} but {exact_bytes(served)} were "
+                           f"served{more}: removed, the next start downloads it again")  # fmt: skip
+
+
+def size_on_disk(path: Path) -> int:
+    """A snapshot file's size (its blob's); 0 when absent, as when the Hub answered another commit for it."""
+    return path.stat().st_size if path.is_file() else 0
+
+
+def drop_file(folder: Path, pointer: Path) -> None:
+    """Remove a snapshot's file and the blob it points to (only one inside the repo's `blobs`)."""
+    blob = pointer.resolve()
+    pointer.unlink(missing_ok=True)
+    if blob.is_relative_to((folder / "blobs").resolve()):
+        blob.unlink(missing_ok=True)
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write `path` through a temporary file and a rename: a reader never sees it half written."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    partial.write_text(text)
+    partial.replace(path)
+
+
+def exact_bytes(count: int) -> str:
+    return f"{human_bytes(count)} ({count} bytes)"
 
 
 def drop_partial_files(folder: Path) -> None:
@@ -113,14 +174,19 @@ def drop_partial_files(folder: Path) -> None:
 
 
 def list_repo(repo: str) -> Listing:
-    """The files vLLM reads from `repo` (not the originals or other formats beside safetensors), with sizes."""
+    """The files vLLM reads from `repo` (not the originals or other formats beside safetensors), with sizes;
+    WeightsError, before anything is written, when the Hub's revision is not a commit id (see COMMIT_ID)."""
     from huggingface_hub import HfApi
 
     info = HfApi().model_info(repo, files_metadata=True)
+    if not is_commit_id(info.sha):
+        raise WeightsError(f"the Hub answered {repo}'s revision as {ascii(info.sha)[:100]}, not a 40-hex commit id: "
+                           "nothing was downloaded (check HF_ENDPOINT)")  # fmt: skip
     siblings = info.siblings or []
     has_safetensors = any(s.rfilename.endswith(".safetensors") for s in siblings)
     kept = [s for s in siblings if not (has_safetensors and SKIPPED_WITH_SAFETENSORS.search(s.rfilename))]
-    return Listing(info.sha or "main", tuple(s.rfilename for s in kept), sum(s.size or 0 for s in kept))
+    sizes = {s.rfilename: s.size for s in kept if s.size is not None}
+    return Listing(info.sha, tuple(s.rfilename for s in kept), sum(sizes.values()), sizes)
 
 
 def glob_literal(name: str) -> str:

@@ -34,6 +34,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import ASGIApp
 
 from tests.support.hub_commits import CommitRoutes
 from tests.support.hub_files import FileRoutes
@@ -167,7 +168,7 @@ class HubServer:
     async def _serve(self, front_sock: socket.socket, app_sock: socket.socket, ready: threading.Event) -> None:
         self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
         self._front = Front(app_sock.getsockname()[1])
-        app = DateHeader(Recorder(self.app.asgi(), self.state.received, self.state.lock))
+        app = DateHeader(Recorder(self.asgi(), self.state.received, self.state.lock))
         config = uvicorn.Config(
             app, log_level="warning", lifespan="off", date_header=False, timeout_graceful_shutdown=5
         )
@@ -182,6 +183,10 @@ class HubServer:
         front.close()
         server.should_exit = True
         await serving
+
+    def asgi(self) -> ASGIApp:
+        """The app behind the recorder: the honest Hub (hub_lies.HostileHub puts a liar in front of it)."""
+        return self.app.asgi()
 
     def _call(self, fn: Callable[..., T], *args: object) -> T:
         """Runs `fn` in the server's loop (where the outage state lives) and returns its result."""
