@@ -7,6 +7,7 @@ The real CLI's side of it (model discovery, a session with a subagent) is in tes
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Iterator
 
 import anthropic
@@ -59,6 +60,10 @@ def test_connection_probes_are_answered_without_a_key_or_a_body(guarded: Process
     probe = httpx.head(guarded.url + path)
     assert probe.status_code == 200 and probe.content == b""
     assert httpx.get(guarded.url + path).content == b""  # nothing to read there either
+    marker = f"after-probe-{path.strip('/').replace('/', '-') or 'root'}"  # a traced request, written after
+    assert httpx.get(guarded.url + "/v1/no-such-route", headers=AUTH | {"x-request-id": marker}).status_code == 404
+    guarded.wait_for_log(rf"trace id=\S+ GET other 404 key=team .*client_id={marker}")
+    assert not re.search(rf"trace id=\S+ (HEAD|GET) {re.escape(path)} ", guarded.log()), "anyone may probe: not traced"
 
 
 def test_inference_is_matched_on_the_path_not_the_url(guarded: Process) -> None:

@@ -23,7 +23,7 @@ from tests.support.bridge import SLOW_WAIT_S, Process, start_bridge, start_stand
 from tests.support.polling import wait_until
 
 KEY_A, KEY_B = "a" * 24, "b" * 24
-KEYS = f"alice:{KEY_A} bob:{KEY_B}"
+KEYS = f"alice:{KEY_A} bob:{KEY_B}:admin"  # bob reads /metrics while alice holds all her share
 POOL = 4  # the bridge's upstream pool (--max-connections) in these tests: two keys, a fair share of 2
 USER = {"role": "user", "content": "hi"}
 ENDLESS = {  # streams of a million tokens at the stand-in's pace: they outlast the test

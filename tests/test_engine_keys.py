@@ -28,6 +28,7 @@ from runtime.settings import Scope, Settings, load_settings
 from tests.support.net import free_port
 from tests.support.polling import wait_until
 from tests.support.vllm_server import START_TIMEOUT_S, stop
+from tests.support.websocket import refused_upgrade
 
 KEY, OTHER = "sk-engine-key-0123456789abcdef", "sk-other-key-9876543210fedcba"
 KEYS = f"ci:{KEY}, {OTHER}"
@@ -168,3 +169,15 @@ def test_a_websocket_needs_a_key_too(monkeypatch: pytest.MonkeyPatch) -> None:
     with client.websocket_connect("/v1/realtime", headers={"authorization": f"Bearer {OTHER}"}) as websocket:
         websocket.send_text("hello")
         assert websocket.receive_text() == "hello"
+
+
+@pytest.mark.parametrize("headers", [{}, {"x-api-key": "sk-wrong-0123456789abcdef"}, {"authorization": f"Bearer {KEY}"}],
+                         ids=["none", "wrong-key", "key"])  # fmt: skip
+def test_a_real_websocket_client_opens_nothing_on_a_text_model(engine: Engine, headers: dict[str, str]) -> None:
+    """vLLM's own server speaks WebSocket. Without a valid key the middleware refuses the upgrade before
+    its handshake (403); with one, a text model has no WebSocket route (/v1/realtime is for speech
+    models), so vLLM's router refuses it too (403). No traceback, and HTTP is served on."""
+    for path in ("/v1/realtime", "/v1/models", "/health", "/"):
+        assert refused_upgrade(engine.url, path, headers).status_code == 403, path
+    assert httpx.get(f"{engine.url}/v1/models", headers={"authorization": f"Bearer {KEY}"}).status_code == 200
+    assert "Traceback" not in engine.log()

@@ -22,8 +22,8 @@ from runtime.logsafe import PROMPT_CHARS, loggable
 
 log = logging.getLogger("runtime.bridge")
 
-# Polled often: no trace line, and not the traffic the console counts.
-QUIET_ROUTES = frozenset({"/health", "/metrics", "/", "/console", "/v1/pod/status"})
+# Polled often, or probes anyone may send (Claude Code's /, /api/hello): no trace line, not the traffic counted.
+QUIET_ROUTES = frozenset({"/health", "/metrics", "/", "/api/hello", "/console", "/v1/pod/status"})
 UNIDENTIFIED = "-"  # the label of a request refused before its key was known
 CLIENT_GONE = 499  # nginx's status for a client that left before any answer
 REFUSALS_EVERY_S = 60.0  # one line a minute at most, whatever strangers send

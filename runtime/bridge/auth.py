@@ -198,7 +198,8 @@ class RequireKey:
         self.unguarded = unguarded
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] in ("http", "websocket"):  # vLLM serves its realtime API over a WebSocket
+        # A WebSocket scope reaches only EngineKeys, in vLLM's server (its realtime API): the bridge has none.
+        if scope["type"] in ("http", "websocket"):
             try:
                 caller = self.admit(scope)
             except BridgeError as error:

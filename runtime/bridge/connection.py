@@ -72,7 +72,7 @@ class GuardedHttp(HttpToolsProtocol):
         self.timer: asyncio.TimerHandle | None = None
         self.head_bytes = 0
         self.head_began_in_read = False  # a pipelined head began after a body in the read being parsed
-        self.refused = False  # answered by this protocol: nothing more is read
+        self.refused = False  # answered by this protocol, or past an upgrade not performed: nothing more is read
 
     # --- connections: a cap, and idle ones make room ---
 
@@ -115,9 +115,16 @@ class GuardedHttp(HttpToolsProtocol):
             log.warning("%d client connections open, the most allowed: closing the idle ones, longest idle first "
                         "(this warning at most once a minute)", self.limits.max_connections)  # fmt: skip
 
-    def handle_websocket_upgrade(self) -> None:
-        self.stop_clock()  # the connection is the WebSocket protocol's from here
-        super().handle_websocket_upgrade()
+    def _unsupported_upgrade_warning(self) -> None:
+        """uvicorn's call for a request asking for an upgrade it does not perform (the bridge performs none:
+        a WebSocket, h2c): that request is answered as plain HTTP (RFC 9110 allows it) and traced like any
+        other, then the connection closes. The parser takes all that follows its head for the other
+        protocol's bytes, a body included: read on, that body would be parsed as a request of its own, and a
+        proxy's connection shared by several clients would be out of step. No warning: it was a line per
+        request, anyone's to send."""
+        self.refused = True
+        if self.cycle is not None:
+            self.cycle.keep_alive = False  # `connection: close` on its answer, and the close after it
 
     def on_response_complete(self) -> None:
         super().on_response_complete()

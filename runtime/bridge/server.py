@@ -4,7 +4,10 @@ Settings come from the VL_* environment (`runtime.settings`); a bad one stops th
 line. `--port 0` picks a free port and logs it (tests run many bridges side by side).
 
 The HTTP implementation is pinned: `GuardedHttp`, uvicorn's httptools protocol with bounds on
-reading a request (runtime.bridge.connection), never left to uvicorn's "auto".
+reading a request (runtime.bridge.connection), never left to uvicorn's "auto". So is the WebSocket
+one: none. The bridge relays no WebSocket, so an upgrade is answered as the plain GET it also is (401
+without a valid key), traced and counted like any request, and its connection closed; with "auto" it
+went to the `websockets` library that vLLM brings (403, and two log lines per stranger, never summarised).
 """
 
 from __future__ import annotations
@@ -87,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
         create_app(bridge), host=args.host, port=args.port, access_log=False, log_level="info",
         timeout_graceful_shutdown=5, timeout_keep_alive=args.keep_alive_s,
         http=functools.partial(GuardedHttp, limits=limits),  # type: ignore[arg-type]  # uvicorn calls it as a class
+        ws="none",  # an upgrade is served as HTTP: no WebSocket code is reachable from the public port
     )  # fmt: skip
     server = uvicorn.Server(config)
     server.run()
