@@ -1,11 +1,12 @@
 """Who may call the public port: API keys (VL_API_KEYS), or, with none, only what no web page can send.
 
 An entry is `key`, `name:key` or `name:key:admin`; metrics and logs show the name, or a hash of the key
-salted with a secret of the pod's, never the key. An admin sees the whole pod, the others their own usage;
-with several keys, each key's prompts are cached under its own salt (VL_PREFIX_CACHE). Keys arrive as `Authorization: Bearer` (ANTHROPIC_AUTH_TOKEN) or
-`x-api-key` (ANTHROPIC_API_KEY); both present and different is refused rather than guessed. Without
-keys (open), a POST must be `application/json` (a cross-site page cannot send that without a CORS
-preflight, which is never granted) and `Host` a name of the pod's (a rebound DNS name is not).
+salted with a secret of the pod's, never the key. An admin sees the whole pod, the others their own
+usage; with several keys, each key's prompts are cached under its own salt (VL_PREFIX_CACHE). Keys
+arrive as `Authorization: Bearer` (ANTHROPIC_AUTH_TOKEN) or `x-api-key` (ANTHROPIC_API_KEY); both
+present and different is refused rather than guessed. Without keys (open), a POST must be
+`application/json` (a cross-site page cannot send that without a CORS preflight, which is never
+granted) and `Host` a name of the pod's (a rebound DNS name is not).
 """
 
 from __future__ import annotations
