@@ -321,13 +321,16 @@ def file_to_write(looks_ours: Callable[[str], bool], what: str) -> Parser:
 
     def parse(raw: str) -> str:
         path = Path(local_path(raw))
-        if path.is_symlink() or (path.exists() and not path.is_file()):
-            raise Disallowed(f"{path} is not a regular file")
-        if path.exists():
-            with open(path, "rb") as file:
-                head = file.read(MAX_FILE_CHECKED).decode(errors="replace")
-            if not looks_ours(head):
-                raise Disallowed(f"{path} exists and is not {what}")
+        try:
+            if path.is_symlink() or (path.exists() and not path.is_file()):
+                raise Disallowed(f"{path} is not a regular file")
+            if path.exists():
+                with open(path, "rb") as file:
+                    head = file.read(MAX_FILE_CHECKED).decode(errors="replace")
+                if not looks_ours(head):
+                    raise Disallowed(f"{path} exists and is not {what}")
+        except PermissionError:  # not ours to look at, so not ours to write either (a Space runs as uid 1000)
+            pass
         return str(path)
 
     return parse
