@@ -18,7 +18,7 @@ import urllib.parse
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 RECIPES_DIR = Path(__file__).resolve().parent / "engine" / "recipes"
 
@@ -270,6 +270,14 @@ def matching(pattern: re.Pattern[str], optional: bool = False) -> Parser:
 
 
 REPO_TYPES = {"models": "model", "datasets": "dataset", "spaces": "space"}
+# huggingface_hub names cache files after the revision the Hub answers (`trees/<sha>.json`, `snapshots/<sha>/`,
+# `refs/<revision>`) without checking it: `../../…` would write outside the cache. A commit id is the only one taken.
+COMMIT_ID = re.compile(r"[0-9a-f]{40}")
+
+
+def is_commit_id(revision: object) -> TypeGuard[str]:
+    """Whether `revision` is a full git commit id, the only revision the cache's folder names may take."""
+    return isinstance(revision, str) and COMMIT_ID.fullmatch(revision) is not None
 
 
 def hub_repo(spec: str) -> tuple[str, str]:

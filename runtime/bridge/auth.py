@@ -97,9 +97,8 @@ class ApiKeys:
     gateway's key (VL_WORKER_KEY) too, labelled `gateway`: the team's traffic, salted by the gateway."""
 
     def __init__(self, entries: Sequence[ApiKey], secret: bytes, gateway_key: str | None = None,
-                 per_key_cache: bool = True) -> None:  # fmt: skip
+                 salted: bool = False) -> None:  # fmt: skip
         marked = any(entry.admin for entry in entries)
-        salted = per_key_cache and len(entries) + bool(gateway_key) > 1  # one tenant has no one to hide from
         self.keys: list[tuple[Caller, bytes]] = []
         for position, entry in enumerate(entries):
             label = entry.name or label_of(entry.key, secret)
@@ -114,9 +113,10 @@ class ApiKeys:
         """The pod's keys, labelled and salted with the secret kept in VL_STATE_DIR (read only when used)."""
         gateway_key = settings.worker_key if settings.role != "gateway" else None  # a gateway presents it
         keys = settings.api_keys
-        needs_secret = any(entry.name is None for entry in keys) or len(keys) + bool(gateway_key) > 1
-        secret = label_salt(Path(settings.state_dir)) if needs_secret else b""
-        return cls(keys, secret, gateway_key, settings.prefix_cache == "per-key")
+        several = len(keys) + bool(gateway_key) > 1  # one tenant has no one to hide its prompts from
+        salted = several and settings.prefix_cache == "per-key"
+        needs_secret = salted or any(entry.name is None for entry in keys)
+        return cls(keys, label_salt(Path(settings.state_dir)) if needs_secret else b"", gateway_key, salted)
 
     @property
     def labels(self) -> set[str]:
@@ -243,4 +243,4 @@ class EngineKeys(RequireKey):
     def __init__(self, app: ASGIApp) -> None:
         entries = parse_value(BY_ENV["VL_API_KEYS"], os.environ.get("VL_API_KEYS", ""))
         labels = secrets.token_bytes(SALT_BYTES)  # vLLM shows no label: a salt of its own will do
-        super().__init__(app, ApiKeys(entries, labels, per_key_cache=False), AllowedHosts(()), ENGINE_UNGUARDED)
+        super().__init__(app, ApiKeys(entries, labels), AllowedHosts(()), ENGINE_UNGUARDED)

@@ -19,8 +19,8 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeGuard
 
+from runtime.settings import is_commit_id
 from runtime.units import human_bytes
 
 log = logging.getLogger(__name__)
@@ -29,9 +29,6 @@ REPORT_EVERY_S = 5.0  # a progress line in the boot log (and so in the Hub log) 
 COMPLETE = "vllm-pod-complete.json"  # in a repo's cache folder: the revision and files known complete
 # vLLM loads safetensors when a repo has them: other weight formats and the originals are never read.
 SKIPPED_WITH_SAFETENSORS = re.compile(r"(?:^|/)original/|\.(?:bin|pt|pth|gguf|onnx|h5|msgpack|ckpt)$")
-# huggingface_hub names cache files after the revision the Hub answers (`trees/<sha>.json`, `snapshots/<sha>/`)
-# without checking it: `../../…` would write outside the cache. A git commit id is the only revision taken.
-COMMIT_ID = re.compile(r"[0-9a-f]{40}")
 
 
 class WeightsError(RuntimeError):
@@ -67,11 +64,6 @@ def is_complete(cache: Path, repo: str) -> bool:
         return False
     snapshot = folder / "snapshots" / main
     return record.get("revision") == main and all((snapshot / name).is_file() for name in record.get("files", []))
-
-
-def is_commit_id(revision: object) -> TypeGuard[str]:
-    """Whether `revision` is a full git commit id, the only revision the cache's folder names may take."""
-    return isinstance(revision, str) and COMMIT_ID.fullmatch(revision) is not None
 
 
 def ensure_weights(repos: Iterable[str], cache: Path) -> None:
@@ -175,7 +167,7 @@ def drop_partial_files(folder: Path) -> None:
 
 def list_repo(repo: str) -> Listing:
     """The files vLLM reads from `repo` (not the originals or other formats beside safetensors), with sizes;
-    WeightsError, before anything is written, when the Hub's revision is not a commit id (see COMMIT_ID)."""
+    WeightsError, before anything is written, when the Hub's revision is not a commit id (see settings.COMMIT_ID)."""
     from huggingface_hub import HfApi
 
     info = HfApi().model_info(repo, files_metadata=True)

@@ -20,16 +20,13 @@ from huggingface_hub.errors import RemoteEntryNotFoundError, RepositoryNotFoundE
 from huggingface_hub.utils import disable_progress_bars
 from huggingface_hub.utils._http import default_client_factory
 
-from runtime.settings import hub_repo
+from runtime.settings import hub_repo, is_commit_id
 
 # huggingface_hub's shared HTTP client waits forever by default: one hung connection would freeze the
 # log publisher's thread for good. Every request (connect, each read, each write) gets this bound.
 # (That client is shared by all threads, and huggingface_hub closes it after a connection error, which
 # fails the other threads' requests in flight: the publisher and the watcher count it as one more failure.)
 HUB_TIMEOUT_S = 20.0
-# huggingface_hub names files after the revision it downloads at (`refs/<revision>` in `read_text`'s cache)
-# without checking it: `../../…` would write outside that cache. A git commit id is the only revision taken.
-COMMIT_ID = re.compile(r"[0-9a-f]{40}")
 _setup_lock = threading.Lock()
 _bounded = False
 
@@ -113,7 +110,7 @@ class HubRepo:
         metadata = api.get_hf_file_metadata(url=url, timeout=HUB_TIMEOUT_S)
         if metadata.etag is None or metadata.commit_hash is None:
             raise ConnectionError(f"{api.endpoint} did not answer like a Hub (no ETag or commit for {path})")
-        if not COMMIT_ID.fullmatch(metadata.commit_hash):  # `read_text` hands it on: see COMMIT_ID
+        if not is_commit_id(metadata.commit_hash):  # `read_text` hands it on (settings.COMMIT_ID says why)
             shown = ascii(metadata.commit_hash)[:100]
             raise ConnectionError(
                 f"{api.endpoint} answered {self.repo_id}'s revision as {shown}, not a 40-hex commit id (for {path})"
