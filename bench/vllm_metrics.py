@@ -7,7 +7,7 @@ requests fills it. For each state, two texts `<state>-0.txt` and `<state>-1.txt`
 apart while the load runs (the panel reads rates from two samples): `idle` (no request), `decode`
 (two long answers to short prompts), `prefill` (many long prompts of distinct text, a token each),
 `kv-full` (more long answers to long prompts than the cache holds: waiting and preempted requests).
-tests/test_capacity.py reads them; run this again to follow a new vLLM.
+tests/bridge/test_capacity.py reads them; run this again to follow a new vLLM.
 """
 
 from __future__ import annotations

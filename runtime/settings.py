@@ -649,7 +649,7 @@ BY_ENV: dict[str, Variable] = {v.env: v for v in VARIABLES}
 
 class Settings:
     """The effective settings: one typed attribute per variable (`VL_CTX` → `.ctx`), plus where each
-    came from (`sources`). The annotations are checked against VARIABLES (tests/test_settings.py)."""
+    came from (`sources`). The annotations are checked against VARIABLES (tests/pod/test_settings.py)."""
 
     # the engine
     model: str

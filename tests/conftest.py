@@ -1,4 +1,12 @@
-"""Shared pytest setup: fixtures live in tests/support/ and are registered here as plugins."""
+"""Shared pytest setup: fixtures live in tests/support/ and are registered here as plugins.
+
+A test that uses the session's vLLM (directly or through a fixture built on it) is marked `vllm` here;
+a test that starts engines of its own says so itself. `scripts/test --quick` runs the rest.
+"""
+
+from __future__ import annotations
+
+import pytest
 
 pytest_plugins = [
     "tests.support.vllm_server",  # `vllm_server`: one real vLLM serving the tiny scripted model per session
@@ -8,3 +16,9 @@ pytest_plugins = [
     "tests.support.runpod_server",  # `runpod_server`: RunPod's REST API v2, checked against its OpenAPI file
     "tests.support.bridge",  # `bridge`: the bridge in front of that vLLM; `start_bridge` for special ones
 ]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "vllm_server" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.vllm)

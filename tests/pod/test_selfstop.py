@@ -26,7 +26,7 @@ from tests.support.hub_server import HubServer
 from tests.support.runpod_server import RunPodServer
 from tests.support.vllm_server import VllmServer
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 KEY = "sk-selfstop-0123456789abcdef"
 LOGS = f"{HubServer.owner}/pod-logs"
 

@@ -15,7 +15,7 @@ from tests.support.hub_server import HubServer
 from tests.support.polling import wait_until
 from tests.support.signals import ctrl_c_as_at_a_terminal
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 REPO = "pod-owner/pod-logs"
 FIRST = "# vllm-pod pod-1 · not healthy since 2026-08-23T10:00:00Z\nboot   | runtime: starting\nengine | INFO line 1\n"
 

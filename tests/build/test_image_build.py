@@ -2,7 +2,7 @@
 
 Then the image is checked from the inside: its build facts, vLLM importing, the baked tiny model, our
 code, its config, what no layer may keep, and that a change to our code rebuilds only the last, tiny
-layers. The image serving as a pod: tests/test_image_pod.py.
+layers. The image serving as a pod: tests/build/test_image_pod.py.
 Slow (a cold build takes minutes): marked `docker`, and run as its own step of .ci/run.
 """
 

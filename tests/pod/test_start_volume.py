@@ -24,7 +24,7 @@ from tests.support.hub_server import HubServer
 from tests.support.net import free_port
 from tests.support.polling import wait_until
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 REPO = f"{HubServer.owner}/tiny-weights"
 ENGINE_START_S = 600.0  # ~30 s alone; far more while other tests share the two cores
 API_KEY = "sk-volume-test-0123456789"

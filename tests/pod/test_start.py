@@ -34,7 +34,7 @@ from tests.support.net import free_port
 from tests.support.polling import wait_until
 from tests.support.ssh import ssh_argv
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 POD_ID = "e2e-pod"
 LOG_REPO, CONFIG_REPO = POD_LOG_REPO, POD_CONFIG_REPO  # the `hub` fixture (tests/support/hub_server.py) makes them
 HUB_LOG = f"etat/{POD_ID}.log"

@@ -22,7 +22,7 @@ from runtime.telemetry import NO_GPU, QUERY, GpuReading, GpuTelemetry, Sample, p
 from tests.support.bridge import pod_status, start_bridge, start_stand_in
 from tests.support.polling import wait_until
 
-DATA = Path(__file__).parent / "data" / "gpu"
+DATA = Path(__file__).parents[1] / "data" / "gpu"
 L4 = DATA / "query-555.42.06-2xl4.csv"
 RTX5090 = DATA / "query-610.57.04-2xrtx5090.csv"
 MIG = DATA / "query-535.183.01-a100-mig.csv"

@@ -15,7 +15,7 @@ import pytest
 from space import BuildError, deps
 from space.targets import load_targets, load_versions
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -223,7 +223,7 @@ def test_writing_the_model_is_deterministic(tmp_path):
     write_elsewhere = (
         "import sys, pathlib, runtime.engine.tinymodel as m; m.write_tiny_model(pathlib.Path(sys.argv[1]))"
     )
-    repository = Path(__file__).parents[1]
+    repository = Path(__file__).parents[2]
     subprocess.run([sys.executable, "-c", write_elsewhere, tmp_path / "there"], check=True, cwd=repository)
     assert digests(first) == digests(tmp_path / "there")
     assert set(digests(first)) >= {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json"}

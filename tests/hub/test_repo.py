@@ -13,7 +13,7 @@ from huggingface_hub.utils import get_session
 from runtime.hub.repo import HUB_TIMEOUT_S, HubRepo, pod_id
 from tests.support.hub_lies import HostileHub, Lies
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,7 @@
 """Several engines in one pod, decided before anything starts: how many (VL_REPLICAS, `auto`), on which
 GPUs or cores and ports, which combinations are refused in one line; the router's command and its
 pinned version; the conversation key each request gives the router; each engine's metrics under one
-`/metrics`. The pod that runs them is tests/test_replicas.py's.
+`/metrics`. The pod that runs them is tests/pod/test_replicas.py's.
 """
 
 from __future__ import annotations

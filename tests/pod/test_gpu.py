@@ -8,7 +8,7 @@ import pytest
 from runtime.gpu import GpuError, decide, inspect_gpu, read_host
 from runtime.settings import load_settings
 
-DATA = Path(__file__).parent / "data" / "gpu"
+DATA = Path(__file__).parents[1] / "data" / "gpu"
 
 
 @pytest.fixture

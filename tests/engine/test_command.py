@@ -17,7 +17,7 @@ from runtime.engine.recipes import Recipe, load_recipe, recipe_names
 from runtime.packages import read_versions
 from runtime.settings import BY_ENV, SettingsError, load_settings
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 # The seeds' "Configuration retenue" (23/08), word for word.
 RETAINED_NEMOTRON = """vllm serve nvidia/NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4 \

@@ -17,7 +17,7 @@ from runtime.settingsfile import SettingsFile
 from runtime.start import Pod, PodHub, bridge_argv, starting_settings
 from tests.support.hub_server import HubServer
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CONFIG, LOGS = "pod-owner/pod-config", "pod-owner/pod-logs"
 
 
@@ -59,7 +59,7 @@ def test_the_path_to_the_engine_launch_imports_nothing_heavy() -> None:
         capture_output=True,
         text=True,
         check=True,
-        cwd=Path(__file__).resolve().parent.parent,
+        cwd=Path(__file__).resolve().parents[2],
     )
     assert result.stdout.strip() == "[]"
 

@@ -9,7 +9,7 @@ import pytest
 
 from runtime.bridge.capacity import RATE_WINDOW_S, WINDOW_S, CapacityWatch, Sample, capacity
 
-RECORDED = Path(__file__).parent / "data" / "vllm-metrics"
+RECORDED = Path(__file__).parents[1] / "data" / "vllm-metrics"
 GAP_S = 5.0  # between the two samples of a state, as recorded
 
 

@@ -14,7 +14,7 @@ from runtime.settings import BY_ENV
 from tests.support.environ import outer_environ
 from tests.support.hub_server import HubServer
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 BAD_VALUES = [
     ("VL_MODEL", "gpt-5"),
     ("VL_CTX", "lots"),

@@ -22,7 +22,7 @@ from runtime.settings import (
     unknown_settings,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 BAD_VALUES = [
     (

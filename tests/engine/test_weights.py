@@ -25,7 +25,7 @@ from tests.support.hub_lies import HostileHub, Lies
 from tests.support.hub_server import HubServer
 from tests.support.polling import wait_for_log_line, wait_until
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 REPO = f"{HubServer.owner}/tiny-weights"
 WEIGHTS = "model.safetensors"
 # A line of /proc/self/mountinfo per mount: a RunPod volume, a Docker bind mount (same filesystem as its

@@ -19,7 +19,7 @@ from runtime.redact import MARKER, Redactor
 from tests.support.hub_server import HubServer
 from tests.support.polling import wait_until
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 REPO = "pod-owner/pod-logs"
 # Anything a terminal acts on: C0 but tab and newline, DEL, C1 (U+0080..U+009F: xterm reads U+009B as CSI).
 CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")

