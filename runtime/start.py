@@ -87,9 +87,9 @@ def start(environ: Mapping[str, str]) -> int:
         publish_refusal(str(error), environ)
         return REFUSED
     if environ.get("SPACE_ID"):  # the Hugging Face builder runs the image on a CPU: say what it is
-        from runtime.space_status import serve_space_status
+        from runtime.builder_page import serve_builder_page
 
-        return serve_space_status(settings, environ)
+        return serve_builder_page(settings, environ)
     log_to(Path(settings.state_dir))
     for line in unknown:
         log.warning("%s", line)

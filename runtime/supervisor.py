@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from runtime.logfiles import log_file, rotated
+from runtime.logfiles import ChildLog, OutputPump, log_file
 
 log = logging.getLogger(__name__)
 
@@ -333,105 +333,6 @@ class Supervisor:
         """A death or a restart: in the boot log, and published to the Hub at once."""
         log.log(level, message)
         self.on_incident(message)
-
-
-MAX_LINE_BYTES = 8 * 2**10  # a log line longer than any the pod writes itself (vLLM's argument dump: ~3 KiB)
-LINE_CUT = b" [... line cut at 8 KiB]"
-
-
-class ChildLog:
-    """A child's log file, rotated to `<path>.1` (replacing it) before a write would take it past `cap`
-    bytes; it is cut after a line when it can be, so each file reads on its own."""
-
-    def __init__(self, path: Path, cap: int) -> None:
-        self.path, self.cap = path, cap
-        self.file = path.open("ab")
-        self.size = self.file.tell()
-        self.failing = False  # said once: on a full disk, every line would say it again
-
-    def write(self, data: bytes) -> None:
-        """Append `data`; never raises: on a write error (a full disk) the data is lost, and the child
-        lives on (a supervisor that stopped reading would kill it through its closed pipe)."""
-        try:
-            self._write(data)
-        except OSError as error:
-            if not self.failing:
-                log.error("cannot write to %s (%s): output lost until it can", self.path, error)
-            self.failing = True
-        else:
-            self.failing = False
-
-    def _write(self, data: bytes) -> None:
-        while len(data) > (room := max(0, self.cap - self.size)):
-            cut = data.rfind(b"\n", 0, room) + 1 or (room if self.size == 0 else 0)  # a line longer than cap: cut
-            self._append(data[:cut])
-            self.rotate()
-            data = data[cut:]
-        self._append(data)
-
-    def _append(self, data: bytes) -> None:
-        self.file.write(data)
-        self.file.flush()  # readers (the Hub log's tail) see each piece at once
-        self.size += len(data)
-
-    def rotate(self) -> None:
-        self.path.replace(rotated(self.path))
-        old, self.file, self.size = self.file, self.path.open("ab"), 0  # opened first: a failure leaves one
-        old.close()
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):  # a last flush to a full disk: that output is lost
-            self.file.close()
-
-
-class LineCap:
-    """Cuts each line of a stream after `cap` bytes, with a mark: one huge line (a client's 5 MiB value
-    reaching a log) would otherwise fill the Hub log's whole tail and erase the lines before it."""
-
-    def __init__(self, cap: int = MAX_LINE_BYTES) -> None:
-        self.cap = cap
-        self.length = 0  # of the line under way, as the child wrote it
-
-    def __call__(self, data: bytes) -> bytes:
-        kept: list[bytes] = []
-        for index, piece in enumerate(data.split(b"\n")):
-            if index:
-                kept.append(b"\n")
-                self.length = 0
-            room = self.cap - self.length
-            if room > 0:
-                kept.append(piece[:room])
-                if len(piece) > room:
-                    kept.append(LINE_CUT)
-            self.length += len(piece)
-        return b"".join(kept)
-
-
-class OutputPump(asyncio.Protocol):
-    """Copies a child's output pipe into its log, each line cut at MAX_LINE_BYTES; `finished` is done once
-    every writer closed the pipe."""
-
-    def __init__(self, output: ChildLog) -> None:
-        self.output = output
-        self.cap = LineCap()
-        self.finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.transport: asyncio.BaseTransport | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport
-
-    def data_received(self, data: bytes) -> None:
-        self.output.write(self.cap(data))
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.output.close()
-        if not self.finished.done():
-            self.finished.set_result(None)
-
-    def close(self) -> None:
-        """Stop reading (what is still written to the pipe is lost); the log is closed once the pipe is."""
-        if self.transport is not None:
-            self.transport.close()
 
 
 async def probe_within(health: Health) -> tuple[bool, str]:

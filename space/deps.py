@@ -1,5 +1,6 @@
 """`python build.py --arch sm89 --verify-deps`: a GPU image's pip layers resolved, and its engine's native
-code checked, without building it (no GPU here, and PyTorch's CUDA index may be out of reach).
+code checked, without building it (no GPU here, and PyTorch's CUDA index may be out of reach: torch then
+comes from the index this machine's pip is configured with, another build of the same version).
 
 What breaks a CUDA image before it ever runs: pins that conflict (pip's own resolver says so, layer by
 layer as the Dockerfile installs them), an engine library linked against another CUDA runtime than the
@@ -28,16 +29,16 @@ from typing import Any
 
 from runtime.units import human_bytes
 from space import BuildError
+from space.pip_index import configured_index
 from space.targets import ROOT, Target, target_packages
 
 CACHE = ROOT / ".cache" / "verify-deps"
-PYPI = "https://pypi.org/simple"
-# Engine wheels with compiled code, and torch when its CUDA index is reachable (PyPI's is another build).
+# Engine wheels with compiled code, and torch when its CUDA index is reachable (pip's index has another build).
 NATIVE = ("vllm", "flashinfer-python", "fastokens")
 LEGACY_MANYLINUX = {"2_17": "manylinux2014", "2_12": "manylinux2010", "2_5": "manylinux1"}
 CUDART = re.compile(r"libcudart\.so\.(\d+)")
 GLIBC = re.compile(r"GLIBC_(\d+)\.(\d+)")
-RESOLUTION_TTL_S = 24 * 3600  # PyPI moves: a cached resolution serves a day at most
+RESOLUTION_TTL_S = 24 * 3600  # an index moves: a cached resolution serves a day at most
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,22 +63,26 @@ def verify(target: Target, versions: dict[str, Any], say: Callable[[str], None])
         raise BuildError(f"--verify-deps checks the GPU images; {target.name} is built and tested on this machine")
     packages = target_packages(target, versions)
     platform = platform_args(versions["glibc"][target.kind], versions["python"][target.kind])
-    torch, index = list(packages.torch), packages.torch_index
-    if not reachable(index):
-        torch, index = [pin.split("+", 1)[0] for pin in torch], PYPI
+    index = configured_index()
+    torch_index = packages.torch_index if reachable(packages.torch_index) else None
+    torch = list(packages.torch) if torch_index else [pin.split("+", 1)[0] for pin in packages.torch]
+    if torch_index is None:
+        variant = packages.torch[0].split("+", 1)[1]
         say(
             f"{target.name}: PyTorch's index {packages.torch_index} is unreachable from here: torch is resolved "
-            "from PyPI (its own CUDA build), not the image's +" + packages.torch[0].split("+", 1)[1] + " wheels"
+            f"from pip's index {index} (its own CUDA build), not the image's +{variant} wheels"
         )
+    # The later layers come from pip's index; PyTorch's stays an extra one, where the torch pins they carry
+    # (installed already in the image) are found.
+    the_rest = [index, *([torch_index] if torch_index else [])]
     layers = (
-        ("torch", torch, index),
-        ("engine", list(packages.engine), None),
-        ("runtime", list(packages.runtime), None),
+        ("torch", torch, [torch_index or index]),
+        ("engine", list(packages.engine), the_rest),
+        ("runtime", list(packages.runtime), the_rest),
     )
     pinned: list[str] = []  # the layers' own pins stay as they are; what they pulled in may move, as pip moves it
     installed: dict[str, Wheel] = {}
-    for name, requirements, layer_index in layers:
-        indexes = [layer_index] if layer_index else [PYPI] + ([index] if index != PYPI else [])
+    for name, requirements, indexes in layers:
         wheels = {w.name: w for w in resolve(pinned + requirements, indexes, platform)}
         added = [w for w in wheels.values() if w.name not in installed or installed[w.name].version != w.version]
         moved = [
@@ -93,7 +98,7 @@ def verify(target: Target, versions: dict[str, Any], say: Callable[[str], None])
         pinned += requirements
     cuda_major = versions["cuda"]["version"].split(".")[0]
     problems = []
-    for name in NATIVE + (("torch",) if index != PYPI else ()):
+    for name in NATIVE + (("torch",) if torch_index else ()):
         wheel = installed[name]
         if wheel.filename.endswith("-none-any.whl"):  # its tags say so: nothing compiled, nothing to download
             say(f"{target.name}: {wheel.pin}: {Libraries().summary()}")
@@ -129,8 +134,9 @@ def reachable(index: str) -> bool:
 
 def resolve(requirements: list[str], indexes: list[str], platform: list[str]) -> list[Wheel]:
     """What pip would install for `requirements` from `indexes` (the first is the index, the others
-    extra ones), for the image's platform: its real resolver, dry-run, with no configuration of this
-    machine (`--isolated`); BuildError with pip's message on a conflict."""
+    extra ones), for the image's platform: its real resolver, dry-run, with nothing else of this machine's
+    configuration (`--isolated`: its constraints or find-links are not the image's); BuildError with pip's
+    message on a conflict."""
     args = [
         "--index-url",
         indexes[0],

@@ -140,7 +140,7 @@ def tiny_recipe() -> dict[str, Any]:
 
 
 def baked_models(target: Target) -> list[dict[str, Any]]:
-    """The models made at build time: the cpu image's tiny one (runtime/engine/tinymodel.py needs nothing else)."""
+    """The models made at build time: the cpu image's tiny one (the runtime/engine/tinymodel package needs nothing else)."""
     if target.kind == "gpu":
         return []  # real weights come from the Hub at start, onto the pod's disk
     directory = tiny_recipe()["repo"]
@@ -148,7 +148,7 @@ def baked_models(target: Target) -> list[dict[str, Any]]:
     return [
         {
             "name": "tiny demo",
-            "sources": ["runtime/__init__.py", "runtime/engine/__init__.py", "runtime/engine/tinymodel.py"],
+            "sources": ["runtime/__init__.py", "runtime/engine/__init__.py", "runtime/engine/tinymodel"],
             "command": command,
         }
     ]

@@ -21,6 +21,7 @@ from starlette.routing import Route
 
 from runtime.bridge.accounting import Accounting
 from runtime.bridge.affinity import ROUTING_KEY, routing_key
+from runtime.bridge.answer import Serving
 from runtime.bridge.auth import RequireKey
 from runtime.bridge.connection import read_body
 from runtime.bridge.console import console
@@ -30,9 +31,10 @@ from runtime.bridge.exchange import MessagesExchange, count_prompt
 from runtime.bridge.metrics import CONTENT_TYPE
 from runtime.bridge.podstatus import pod_status
 from runtime.bridge.relay import Relay, rewrite_model
-from runtime.bridge.requests import CountTokensRequest, MessagesRequest, Translator, decode
+from runtime.bridge.schema import CountTokensRequest, MessagesRequest, decode
 from runtime.bridge.sharing import KeyShare
 from runtime.bridge.state import Bridge
+from runtime.bridge.translate import Translator
 from runtime.enginehealth import pod_condition, read_engine_health
 from runtime.logsafe import loggable
 
@@ -46,6 +48,8 @@ class Api:
 
     def __init__(self, bridge: Bridge) -> None:
         self.bridge = bridge
+        self.serving = Serving(bridge.upstream, bridge.catalog, bridge.metrics.open_streams, bridge.ping_s,
+                               bridge.stall_s, bridge.log_prompts)  # fmt: skip
 
     # --- Anthropic ---
 
@@ -55,20 +59,20 @@ class Api:
         user_id = parsed.metadata.user_id if parsed.metadata else None
         routing = {ROUTING_KEY: routing_key(request.headers, user_id, request.state.key)}
         salt = request.state.caller.cache_salt
-        return MessagesExchange(self.bridge, parsed, len(body), request.state.trace, routing, salt)
+        return MessagesExchange(self.serving, parsed, len(body), request.state.trace, routing, salt)
 
     async def count_tokens(self, request: Request) -> Response:
         parsed = decode(await read_body(request, self.bridge.max_body), CountTokensRequest)
         catalog = self.bridge.catalog
         await catalog.current(self.bridge.upstream)
-        translation = Translator(catalog.inline_system, catalog.thinks_unasked).translate(parsed, catalog.upstream_name)
-        count, _ = await count_prompt(self.bridge, translation)
+        translation = Translator(catalog.traits).translate(parsed, catalog.upstream_name)
+        count, _ = await count_prompt(self.bridge.upstream, translation)
         return JSONResponse({"input_tokens": count})
 
     async def models(self, request: Request) -> Any:
         """Anthropic's shape (with the context window) for Anthropic clients, vLLM's own otherwise."""
         if "anthropic-version" not in request.headers:
-            return Relay(self.bridge, request)
+            return Relay(self.serving, request)
         await self.bridge.catalog.current(self.bridge.upstream)
         return JSONResponse(self.bridge.catalog.anthropic_listing())
 
@@ -80,8 +84,9 @@ class Api:
 
     async def relay(self, request: Request) -> Relay:
         salt = request.state.caller.cache_salt if request.url.path in GENERATIONS else None
-        body, stream = rewrite_model(self.bridge, await read_body(request, self.bridge.max_body), salt)
-        return Relay(self.bridge, request, body, stream)
+        body = await read_body(request, self.bridge.max_body)
+        body, stream = rewrite_model(body, self.bridge.catalog.upstream_name, salt)
+        return Relay(self.serving, request, body, stream)
 
     async def prometheus(self, request: Request) -> Response:
         """The bridge's metrics, then each engine's (ours alone while none answers): an admin's to read."""
@@ -107,17 +112,18 @@ class Api:
         return Response(b"", 200)  # Claude Code's connection probes, before any key is read: HEAD / and /api/hello
 
     def routes(self) -> list[Route]:
+        """Matched in order, one pattern at a time: the generations first, they are the traffic."""
         return [
+            Route("/v1/messages", self.messages, methods=["POST"]),
+            Route("/v1/chat/completions", self.relay, methods=["POST"]),
+            Route("/v1/completions", self.relay, methods=["POST"]),
+            Route("/v1/messages/count_tokens", self.count_tokens, methods=["POST"]),
             Route("/", self.hello, methods=["GET", "HEAD"]),
             Route("/api/hello", self.hello, methods=["GET", "HEAD"]),
             Route("/health", self.health, methods=["GET", "HEAD"]),
             Route("/console", console, methods=["GET", "HEAD"]),
-            Route("/v1/messages", self.messages, methods=["POST"]),
-            Route("/v1/messages/count_tokens", self.count_tokens, methods=["POST"]),
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/v1/models/{model_id:path}", self.model, methods=["GET"]),
-            Route("/v1/chat/completions", self.relay, methods=["POST"]),
-            Route("/v1/completions", self.relay, methods=["POST"]),
             Route("/tokenize", self.relay, methods=["POST"]),
             Route("/detokenize", self.relay, methods=["POST"]),
             Route("/metrics", self.prometheus, methods=["GET"]),
@@ -161,20 +167,13 @@ def create_app(bridge: Bridge) -> Starlette:
             await bridge.upstream.aclose()
 
     routes = Api(bridge).routes()
+    accounting = Middleware(Accounting, metrics=bridge.metrics, usage=bridge.usage, sessions=bridge.sessions,
+                            routes=frozenset(route.path for route in routes), activity=bridge.activity)  # fmt: skip
+    # Without a cap (one key or none), no KeyShare: it would only pass every request on.
+    sharing = [Middleware(KeyShare, cap=bridge.key_concurrency)] if bridge.key_concurrency is not None else []
     return Starlette(
         routes=routes,
-        middleware=[
-            Middleware(
-                Accounting,
-                metrics=bridge.metrics,
-                usage=bridge.usage,
-                sessions=bridge.sessions,
-                routes=frozenset(route.path for route in routes),
-                activity=bridge.activity,
-            ),
-            Middleware(RequireKey, keys=bridge.keys, hosts=bridge.hosts),
-            Middleware(KeyShare, cap=bridge.key_concurrency),
-        ],
+        middleware=[accounting, Middleware(RequireKey, keys=bridge.keys, hosts=bridge.hosts), *sharing],
         exception_handlers={BridgeError: bridge_error, HTTPException: http_error, Exception: internal_error},
         lifespan=lifespan,
     )

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from runtime.bridge.errors import BridgeError
+from runtime.bridge.errors import JSON_CONTENT_TYPE, BridgeError
 from runtime.settings import BY_ENV, ApiKey, Settings, parse_value
 
 log = logging.getLogger("runtime.bridge")
@@ -37,7 +37,7 @@ SALT_BYTES = 32  # 256 bits: a label cannot be tested against guessed keys witho
 LABEL_HEX = 12  # 48 bits of the HMAC: enough to tell a pod's keys apart, all a label needs
 LOOPBACK_NAMES = frozenset({"localhost"})  # names a browser resolves to this machine only
 RUNPOD_PROXY = ".proxy.runpod.net"  # RunPod's HTTP proxy: `<pod>-<port>.proxy.runpod.net` reaches this pod's port
-JSON = "application/json"  # the only body type a cross-site page cannot POST without a preflight
+HOSTS_REMEMBERED = 256  # `Host` values whose verdict is kept: the pod's few names, many times over
 POLICY_VIOLATION = 1008  # a WebSocket refused before its handshake completes: the server answers 403
 
 
@@ -152,6 +152,7 @@ class AllowedHosts:
     def __init__(self, names: Iterable[str], pod_id: str | None = None) -> None:
         self.names = frozenset(LOOPBACK_NAMES | set(names))
         self.pod_id = pod_id.lower() if pod_id else None
+        self.verdicts: dict[str, bool] = {}  # by `Host` value: a client sends the same one on every request
 
     @classmethod
     def for_pod(cls, extra: Iterable[str], environ: Mapping[str, str]) -> AllowedHosts:
@@ -163,6 +164,15 @@ class AllowedHosts:
         return ", ".join(["an IP address", *sorted(self.names), *proxy])
 
     def admits(self, header: str) -> bool:
+        """Whether `Host: header` names this pod; judged once per value (the first HOSTS_REMEMBERED values)."""
+        verdict = self.verdicts.get(header)
+        if verdict is None:
+            verdict = self.judge(header)
+            if len(self.verdicts) < HOSTS_REMEMBERED:  # a stranger may send any: the memory stays bounded
+                self.verdicts[header] = verdict
+        return verdict
+
+    def judge(self, header: str) -> bool:
         name = host_name(header)
         try:
             ipaddress.ip_address(name)
@@ -222,8 +232,9 @@ class RequireKey:
         if host is not None and not self.hosts.admits(host.decode("latin-1")):
             raise BridgeError(403, "the bridge is open (no VL_API_KEYS), so it answers only to its own names in Host: "
                                    "add this one to VL_ALLOWED_HOSTS, or configure keys")  # fmt: skip
-        if scope.get("method") == "POST" and media_type(headers.get(b"content-type")) != JSON:
-            raise BridgeError(415, f"the body must be sent as Content-Type: {JSON}")
+        # JSON: the only body type a cross-site page cannot POST without a preflight.
+        if scope.get("method") == "POST" and media_type(headers.get(b"content-type")) != JSON_CONTENT_TYPE:
+            raise BridgeError(415, f"the body must be sent as Content-Type: {JSON_CONTENT_TYPE}")
         return OPEN_CALLER
 
 

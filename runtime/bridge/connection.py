@@ -1,11 +1,9 @@
-"""The client's side of a request: its head and body under limits of size and time, a cap on open
-connections, noticing at once when a client leaves, and keeping a silent stream alive.
+"""The client's side of a request: its head and body under limits of size and time, and a cap on open
+connections (an answer's own life, leaving a client that left or stalled, is `answer`'s).
 
 The port is public: `GuardedHttp` bounds what uvicorn does not (a 256 MiB header cost 82 s of CPU,
 idle connections stayed open by thousands). Only reading a request is bounded, never an answer:
-Claude Code's streams last minutes. Leaving matters: Claude Code re-sends a request after ~300 s
-without a byte while the first one is still being served, and the seeds' first bridge kept
-generating for nobody until its pool filled.
+Claude Code's streams last minutes.
 """
 
 from __future__ import annotations
@@ -16,29 +14,25 @@ import logging
 import math
 import socket
 import struct
-import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from itertools import chain
+from typing import Any, Literal
 
 from starlette.requests import ClientDisconnect, Request
-from starlette.types import Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from runtime.bridge.errors import BridgeError, envelope
 
 log = logging.getLogger("runtime.bridge")
 
-T = TypeVar("T")
-
 MAX_HEAD_BYTES = 64 * 2**10  # request line and headers: Claude Code sends ~2 KiB, nginx refuses beyond 32 KiB
 MAX_HEADERS = 100  # Apache's default; Claude Code sends ~20
 BODY_MIN_RATE = 8 * 2**10  # bytes/s a body must average after its grace: one byte every few seconds is cut off
 LINGER_S = 2.0  # after a refusal, for the answer to reach a client still sending (closing sooner resets it)
 WARN_EVERY_S = 60.0  # the full-house warning, at most this often: a flood must not flood the log
-# In `scope["extensions"]`, a dict as ASGI has them: its "drop" closes the connection now, for a client
-# that stopped reading.
-DROP = "vlpod.drop"
+# In `scope["extensions"]`, a dict as ASGI has them, what an answer needs to leave its client: "gone", a
+# future done once the client left (or the answer is refused), and "drop", which resets the connection now.
+CONNECTION = "vlpod.connection"
 RESET_ON_CLOSE = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends a reset and discards what is unsent
 
 
@@ -73,6 +67,8 @@ class GuardedHttp(HttpToolsProtocol):
         self.head_bytes = 0
         self.head_began_in_read = False  # a pipelined head began after a body in the read being parsed
         self.refused = False  # answered by this protocol, or past an upgrade not performed: nothing more is read
+        self.gone: asyncio.Future[None] = self.loop.create_future()  # what an answer watches, without a task
+        self.extension: dict[object, object] = {"gone": self.gone, "drop": self.drop}  # CONNECTION's
 
     # --- connections: a cap, and idle ones make room ---
 
@@ -87,7 +83,16 @@ class GuardedHttp(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.stop_clock()
         self.limits.idle.pop(self, None)
+        self.client_left()
         super().connection_lost(exc)
+        # The extension's `drop` is this protocol's: left there, it keeps every connection's objects in a
+        # cycle (protocol, scope, extension), for the cycle collector to find (~30 objects, ~30 µs a request).
+        self.extension["drop"] = already_closed
+
+    def client_left(self) -> None:
+        """Tell the answer under way, if any, that its client is gone (`gone` in the extension)."""
+        if not self.gone.done():
+            self.gone.set_result(None)
 
     def become_idle(self) -> None:
         """Count this connection among the idle ones, the last to make room; not while it serves a request."""
@@ -151,7 +156,7 @@ class GuardedHttp(HttpToolsProtocol):
         if self.refused:
             return
         super().on_message_begin()
-        self.scope.setdefault("extensions", {})[DROP] = {"drop": self.drop}
+        self.scope.setdefault("extensions", {})[CONNECTION] = self.extension
         if self.reading is None:  # a pipelined request, begun in the read that ended the one before
             self.start_clock("head", self.limits.head_timeout_s)
             self.head_began_in_read = True
@@ -162,10 +167,10 @@ class GuardedHttp(HttpToolsProtocol):
         if len(self.headers) > MAX_HEADERS:
             self.refuse(431, f"the request has more than {MAX_HEADERS} headers, the bridge's limit")
             return
-        if len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers) > MAX_HEAD_BYTES:
+        if len(self.url) + sum(map(len, chain.from_iterable(self.headers))) + 4 * len(self.headers) > MAX_HEAD_BYTES:
             self.refuse(431, f"the request's head exceeds the bridge's limit of {MAX_HEAD_BYTES // 2**10} KiB")
             return
-        codings = b",".join(value for name, value in self.headers if name.lower() == b"transfer-encoding")
+        codings = b",".join(value for name, value in self.headers if name == b"transfer-encoding")  # names: lower case
         if codings and [c.strip().lower() for c in codings.split(b",")] != [b"chunked"]:
             # The parser would read `gzip, chunked` as chunked and hand on a body still compressed.
             self.refuse(501, "the only transfer coding the bridge reads is `chunked`, alone")
@@ -187,15 +192,21 @@ class GuardedHttp(HttpToolsProtocol):
         super().on_message_complete()
 
     def start_clock(self, part: Literal["head", "body"], timeout_s: float) -> None:
-        """Give the client `timeout_s` to send this part of its request (a body earns more as it comes)."""
-        self.stop_clock()
+        """Give the client `timeout_s` to send this part of its request (a body earns more as it comes). A timer
+        due sooner stays (`time_up` waits on to the deadline): the body's clock takes over the head's."""
         self.reading, self.deadline, self.head_bytes = part, self.loop.time() + timeout_s, 0
-        self.timer = self.loop.call_at(self.deadline, self.time_up)
+        if self.timer is None or self.timer.when() > self.deadline:
+            self.stop_timer()
+            self.timer = self.loop.call_at(self.deadline, self.time_up)
 
     def stop_clock(self) -> None:
+        self.stop_timer()
+        self.reading = None
+
+    def stop_timer(self) -> None:
         if self.timer is not None:
             self.timer.cancel()
-        self.reading, self.timer = None, None
+            self.timer = None
 
     def time_up(self) -> None:
         """A slow head is closed; a slow body gets a 408, unless the app has answered already. Never
@@ -218,6 +229,7 @@ class GuardedHttp(HttpToolsProtocol):
         its client had left (no error logged)."""
         if self.cycle is not None:
             self.cycle.disconnected = True
+        self.client_left()
         self.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, RESET_ON_CLOSE)
         self.transport.abort()
 
@@ -229,6 +241,7 @@ class GuardedHttp(HttpToolsProtocol):
         if self.cycle is not None and not self.cycle.response_complete:
             self.cycle.disconnected = True  # the app stops reading, and nothing it sends goes out
             self.cycle.message_event.set()
+            self.client_left()
         body = envelope(status, message)
         head = [STATUS_LINE[status], *(name + b": " + value + b"\r\n" for name, value in self.server_state.default_headers),
                 b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n" % len(body)]  # fmt: skip
@@ -238,6 +251,10 @@ class GuardedHttp(HttpToolsProtocol):
             self.transport.write_eof()
         self.loop.call_later(LINGER_S, self.transport.close)
         log.info("refused a request from %s: %d %s", self.client[0] if self.client else "?", status, message)
+
+
+def already_closed() -> None:
+    """The `drop` of a connection that is gone: nothing left to reset."""
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -260,89 +277,3 @@ async def read_body(request: Request, limit: int) -> bytes:
             408, "the request body did not arrive in full: the client stopped sending it, or left"
         ) from None
     return b"".join(chunks)
-
-
-async def wait_for_disconnect(receive: Receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
-
-
-class ClientGone(Exception):
-    """The client closed its connection before the answer was complete."""
-
-
-async def unless_client_leaves(receive: Receive, work: Awaitable[T]) -> T:
-    """Run `work`; cancel it the moment the client disconnects (then raise ClientGone).
-
-    Cancelling closes the upstream response inside `work`, and vLLM aborts the request.
-    """
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(wait_for_disconnect(receive))
-    try:
-        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        if not task.done():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-            watcher.cancel()
-            raise ClientGone
-        watcher.cancel()
-    return task.result()
-
-
-class LeavableAnswer:
-    """An ASGI response whose `serve` stops the moment its client leaves (the trace says `client_gone`)."""
-
-    trace: dict[str, Any]
-
-    async def serve(self, send: Send) -> None:
-        raise NotImplementedError
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await unless_client_leaves(receive, self.serve(send))
-        except ClientGone:
-            self.trace["stop"] = "client_gone"
-
-
-class Writer:
-    """Writes body chunks to the client; a keepalive task writes `ping` after `interval` of silence.
-
-    Silence is measured from the last write, so a busy stream never pays for a timer per token.
-    """
-
-    def __init__(
-        self, send: Send, ping: bytes, interval: float, before_ping: Callable[[], Awaitable[bytes]] | None = None
-    ) -> None:
-        self.send = send
-        self.ping = ping
-        self.interval = interval
-        self.before_ping = before_ping  # what must precede a ping (a message_start not said yet)
-        self.last_write = time.monotonic()
-        self.keepalive: asyncio.Task[None] | None = None
-
-    async def start(self, status: int, headers: list[tuple[bytes, bytes]], first: bytes = b"") -> None:
-        await self.send({"type": "http.response.start", "status": status, "headers": headers})
-        if first:
-            await self.write(first)
-        self.keepalive = asyncio.ensure_future(self.keep_alive())
-
-    async def write(self, data: bytes) -> None:
-        self.last_write = time.monotonic()
-        await self.send({"type": "http.response.body", "body": data, "more_body": True})
-
-    async def keep_alive(self) -> None:
-        while True:
-            await asyncio.sleep(self.last_write + self.interval - time.monotonic())
-            if time.monotonic() - self.last_write >= self.interval:
-                first = await self.before_ping() if self.before_ping is not None else b""
-                await self.write(first + self.ping)
-
-    async def end(self, data: bytes = b"") -> None:
-        self.stop()
-        await self.send({"type": "http.response.body", "body": data, "more_body": False})
-
-    def stop(self) -> None:
-        if self.keepalive is not None:
-            self.keepalive.cancel()
-            self.keepalive = None

@@ -10,6 +10,9 @@ import msgspec
 from starlette.responses import Response
 from starlette.types import Send
 
+JSON_CONTENT_TYPE = "application/json"  # the media type of every JSON body, answered or sent upstream
+JSON_RESPONSE_HEADERS = [(b"content-type", JSON_CONTENT_TYPE.encode())]  # an ASGI response head's, for a JSON body
+
 ERROR_TYPES: dict[int, str] = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -56,12 +59,11 @@ class BridgeError(Exception):
 
     def response(self, headers: dict[str, str] | None = None) -> Response:
         headers = self.headers() | (headers or {})
-        return Response(envelope(self.status, self.message), self.status, headers, "application/json")
+        return Response(envelope(self.status, self.message), self.status, headers, JSON_CONTENT_TYPE)
 
     async def send(self, send: Send) -> None:
         """Answer with this error through a raw ASGI `send` (from inside a streaming response)."""
-        headers = [(b"content-type", b"application/json")]
-        headers += [(name.encode(), value.encode()) for name, value in self.headers().items()]
+        headers = JSON_RESPONSE_HEADERS + [(name.encode(), value.encode()) for name, value in self.headers().items()]
         await send({"type": "http.response.start", "status": self.status, "headers": headers})
         await send({"type": "http.response.body", "body": envelope(self.status, self.message)})
 

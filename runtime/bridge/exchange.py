@@ -15,28 +15,23 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aiohttp
 import msgspec
-from starlette.types import Send
 
-from runtime.bridge.connection import Writer
-from runtime.bridge.errors import BridgeError, from_upstream, internal_failure
-from runtime.bridge.requests import MessagesRequest, Translation, Translator
-from runtime.bridge.sharing import WatchedAnswer
+from runtime.bridge.answer import Answer, Outbox, Serving
+from runtime.bridge.errors import JSON_RESPONSE_HEADERS, BridgeError, from_upstream, internal_failure
+from runtime.bridge.schema import MessagesRequest
 from runtime.bridge.sse import PING, AnthropicSse, SseParser
 from runtime.bridge.stream import MessageAssembler, StreamTranslator
-from runtime.bridge.upstream import BROKEN
-
-if TYPE_CHECKING:
-    from runtime.bridge.state import Bridge
+from runtime.bridge.translate import Translation, Translator
+from runtime.bridge.upstream import BROKEN, JSON_HEADERS, Upstream
 
 log = logging.getLogger("runtime.bridge")
 
 SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
                (b"x-accel-buffering", b"no")]  # fmt: skip
-JSON_HEADERS = [(b"content-type", b"application/json")]
 # A prompt whose upper bound of tokens (one per byte, doubled for the template) fits the window with
 # this margin cannot be too long: the /tokenize round trip is skipped (images are always counted).
 TEMPLATE_MARGIN_TOKENS = 16384
@@ -56,29 +51,29 @@ def upstream_refusal(error: BridgeError) -> BridgeError:
     return error
 
 
-async def count_prompt(bridge: Bridge, translation: Translation) -> tuple[int, int]:
+async def count_prompt(upstream: Upstream, translation: Translation) -> tuple[int, int]:
     """(tokens, window) of the exact prompt vLLM would build, through its /tokenize in chat form."""
     body = msgspec.json.encode(translation.tokenize_payload())
-    status, content, _ = await bridge.upstream.fetch("POST", "/tokenize", body, {"content-type": "application/json"})
+    status, content, _ = await upstream.fetch("POST", "/tokenize", body, JSON_HEADERS)
     if status != 200:
         raise from_upstream(status, content)
     answer = msgspec.json.decode(content)
     return int(answer["count"]), int(answer["max_model_len"])
 
 
-class MessagesExchange(WatchedAnswer):
+class MessagesExchange(Answer):
     """The ASGI response for one `/v1/messages` request; records its outcome in `trace`."""
 
     def __init__(
         self,
-        bridge: Bridge,
+        serving: Serving,
         request: MessagesRequest,
         body_size: int,
         trace: dict[str, Any],
         routing: dict[str, str] | None = None,
         cache_salt: str | None = None,
     ) -> None:
-        self.bridge, self.stall_s = bridge, bridge.stall_s
+        self.serving = serving
         self.routing = routing or {}  # this conversation's key for the router (runtime.bridge.affinity)
         self.cache_salt = cache_salt  # the key's, so that no other key reads its prompts in the cache
         self.request = request
@@ -89,28 +84,25 @@ class MessagesExchange(WatchedAnswer):
         self.window = 0  # the served model's context window, once known
         trace.update(id=self.id, model=request.model, stream=request.stream)
 
-    async def serve(self, send: Send) -> None:
+    async def serve(self, out: Outbox) -> None:
         """Errors up to the upstream's acceptance are HTTP errors; `stream` handles the later ones."""
         try:
             translation = await self.translate()
             input_tokens = await self.guard_window(translation)
             async with self.open_chat(translation) as response:
                 if self.request.stream:
-                    await self.stream(response, send, translation, input_tokens)
+                    await self.stream(response, out, translation, input_tokens)
                 else:
-                    await self.answer(response, send, input_tokens)
+                    await self.answer(response, out, input_tokens)
         except BridgeError as error:
             self.trace["error_type"] = error.type
-            await error.send(send)
+            await error.send(out.send)
 
     async def translate(self) -> Translation:
-        bridge = self.bridge
-        self.window = (await bridge.catalog.current(bridge.upstream)).context_window
-        translator = Translator(bridge.catalog.inline_system, bridge.catalog.thinks_unasked)
-        translation = translator.translate(
-            self.request, bridge.catalog.upstream_name, bridge.catalog.accepts_thinking_budget
-        )
-        if self.bridge.log_prompts:
+        catalog = self.serving.catalog
+        self.window = (await catalog.current(self.serving.upstream)).context_window
+        translation = Translator(catalog.traits).translate(self.request, catalog.upstream_name)
+        if self.serving.log_prompts:
             self.trace["prompt"] = last_user_text(translation.payload["messages"])
         if self.cache_salt is not None:
             translation.payload["cache_salt"] = self.cache_salt
@@ -120,7 +112,7 @@ class MessagesExchange(WatchedAnswer):
         """Refuse a prompt that cannot fit before the engine sees it; the count when it was needed."""
         if self.window and not translation.has_images and 2 * self.body_size + TEMPLATE_MARGIN_TOKENS < self.window:
             return 0
-        count, window = await count_prompt(self.bridge, translation)
+        count, window = await count_prompt(self.serving.upstream, translation)
         if count >= window:
             raise too_long(count, window)
         return count
@@ -128,24 +120,23 @@ class MessagesExchange(WatchedAnswer):
     @asynccontextmanager
     async def open_chat(self, translation: Translation) -> AsyncIterator[aiohttp.ClientResponse]:
         """The upstream's streamed answer, once it accepted the request; its refusal as a BridgeError."""
-        payload, catalog = translation.payload, self.bridge.catalog
-        headers = {"content-type": "application/json", "x-request-id": self.id, **self.routing}
+        payload = translation.payload
+        headers = {**JSON_HEADERS, "x-request-id": self.id, **self.routing}
         while True:
             body = msgspec.json.encode(payload)
-            async with self.bridge.upstream.open("POST", "/v1/chat/completions", body, headers) as response:
+            async with self.serving.upstream.open("POST", "/v1/chat/completions", body, headers) as response:
                 if response.status == 200:
                     yield response
                     return
                 error = from_upstream(response.status, await response.read())
             if "thinking_token_budget" in payload and "thinking_token_budget" in error.message:
-                # This engine has no reasoning parser: forget the budget for this model and retry.
-                catalog.accepts_thinking_budget = False
+                self.serving.catalog.refused_thinking_budget()  # no reasoning parser: retried without
                 del payload["thinking_token_budget"]
                 continue
             raise upstream_refusal(error)
 
     async def stream(
-        self, response: aiohttp.ClientResponse, send: Send, translation: Translation, input_tokens: int
+        self, response: aiohttp.ClientResponse, out: Outbox, translation: Translation, input_tokens: int
     ) -> None:
         sink = AnthropicSse()
         translator = StreamTranslator(sink, self.id, self.request.model, input_tokens)
@@ -155,30 +146,29 @@ class MessagesExchange(WatchedAnswer):
             prefill, a queue): the prompt counted now, unless the window guard counted it already."""
             if not translator.started and not translator.input_tokens:
                 with contextlib.suppress(BridgeError):
-                    translator.input_tokens, _ = await count_prompt(self.bridge, translation)
+                    translator.input_tokens, _ = await count_prompt(self.serving.upstream, translation)
             translator.begin()
             return sink.take()
 
-        writer = Writer(send, PING, self.bridge.ping_s, announce)
-        await writer.start(200, SSE_HEADERS)
-        self.bridge.metrics.open_streams.inc()
+        await out.start(200, SSE_HEADERS, PING, self.serving.ping_s, announce)
+        self.serving.open_streams.inc()
         try:
-            await self.pump(response, translator, sink, writer)
+            await self.pump(response, translator, sink, out)
         except BridgeError as error:  # after the stream began: an `event: error`
             self.trace["error_type"] = error.type
-            await writer.end(sink.take() + error.event())
+            await out.end(sink.take() + error.event())
         except Exception:
             log.exception("internal error in stream %s", self.id)
             self.trace["error_type"] = "api_error"
-            await writer.end(sink.take() + internal_failure().event())
+            await out.end(sink.take() + internal_failure().event())
         else:
-            await writer.end(sink.take())
+            await out.end(sink.take())
         finally:
-            writer.stop()
-            self.bridge.metrics.open_streams.dec()
+            out.stop()
+            self.serving.open_streams.dec()
             self.record(translator)
 
-    async def answer(self, response: aiohttp.ClientResponse, send: Send, input_tokens: int) -> None:
+    async def answer(self, response: aiohttp.ClientResponse, out: Outbox, input_tokens: int) -> None:
         sink = MessageAssembler()
         translator = StreamTranslator(sink, self.id, self.request.model, input_tokens)
         try:
@@ -186,12 +176,12 @@ class MessagesExchange(WatchedAnswer):
         finally:
             self.record(translator)
         body = msgspec.json.encode(sink.message)
-        await send({"type": "http.response.start", "status": 200, "headers": JSON_HEADERS})
-        await send({"type": "http.response.body", "body": body})
+        await out.send({"type": "http.response.start", "status": 200, "headers": JSON_RESPONSE_HEADERS})
+        await out.send({"type": "http.response.body", "body": body})
 
     async def pump(
         self, response: aiohttp.ClientResponse, translator: StreamTranslator,
-        sink: AnthropicSse | None = None, writer: Writer | None = None,
+        sink: AnthropicSse | None = None, out: Outbox | None = None,
     ) -> None:  # fmt: skip
         """Upstream bytes → translator; when streaming, one write per network read (many events, one write)."""
         parser, read = SseParser(), response.content.readany
@@ -201,10 +191,10 @@ class MessagesExchange(WatchedAnswer):
                     translator.feed(payload)
                 translator.report_usage()
                 if translator.done:  # the generation has ended: what is left of the body is no reason to abort
-                    self.bridge.upstream.finish(response)
+                    self.serving.upstream.finish(response)
                     return
-                if writer is not None and sink is not None and sink.out:
-                    await writer.write(sink.take())
+                if out is not None and sink is not None and sink.out:
+                    await out.write(sink.take())
         except BROKEN as error:
             raise BridgeError(500, f"the model server broke the stream off ({type(error).__name__})") from None
         raise BridgeError(500, "the model server ended the stream before its end")

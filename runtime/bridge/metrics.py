@@ -1,12 +1,14 @@
 """The bridge's Prometheus metrics; `/metrics` serves them followed by vLLM's own.
 
 Usage is counted per key label (a name or a hash, see `auth`), never per key. Counters move once
-per request, not per token: the hot path stays free of locks.
+per request, not per token: the hot path stays free of locks. Each series is looked up once
+(`prometheus_client`'s `labels` validates and locks on every call).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -52,18 +54,34 @@ class Metrics:
                                      gpu, registry=self.registry)  # fmt: skip
         self.gpu_power = Gauge("vlpod_gpu_power_watts", "GPU power draw, where reported.", gpu, registry=self.registry)
 
+        # The counters' series by labels, as `labels` made them: as many as the labels' bounded values.
+        self.series: dict[tuple[Counter, tuple[str, ...]], Any] = {}
+
+    def counter(self, metric: Counter, *labels: str) -> Any:
+        """`metric`'s series for these labels, made on first use."""
+        found = self.series.get((metric, labels))
+        if found is None:
+            found = self.series[(metric, labels)] = metric.labels(*labels)
+        return found
+
     def count_request(self, route: str, status: int, error_type: str, key: str) -> None:
-        self.requests.labels(route, str(status), error_type, key).inc()
+        self.counter(self.requests, route, str(status), error_type, key).inc()
 
     def count_tokens(self, key: str, input_tokens: int, cached_tokens: int, output_tokens: int) -> None:
-        add_tokens(self.tokens, key, (input_tokens, cached_tokens, output_tokens))
+        self.add_tokens(self.tokens, key, (input_tokens, cached_tokens, output_tokens))
 
     def count_class(
         self, request_class: str, key: str, input_tokens: int, cached_tokens: int, output_tokens: int
     ) -> None:
         """One generation of `request_class` (one of sessions.REQUEST_CLASSES, `other` or `none`: bounded)."""
-        self.by_class.labels(request_class, key).inc()
-        add_tokens(self.tokens_by_class, request_class, (input_tokens, cached_tokens, output_tokens))
+        self.counter(self.by_class, request_class, key).inc()
+        self.add_tokens(self.tokens_by_class, request_class, (input_tokens, cached_tokens, output_tokens))
+
+    def add_tokens(self, counter: Counter, label: str, tokens: tuple[int, int, int]) -> None:
+        """Input, cached and output tokens onto `counter`'s (label, kind) series; none for a zero."""
+        for kind, value in zip(("input", "cached", "output"), tokens, strict=True):
+            if value:
+                self.counter(counter, label, kind).inc(value)
 
     def show_gpus(self, gpus: Sequence[GpuReading]) -> None:
         """The GPU gauges hold the latest sample only: a GPU no longer read has no series any more."""
@@ -89,10 +107,3 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
-
-
-def add_tokens(counter: Counter, label: str, tokens: tuple[int, int, int]) -> None:
-    """Input, cached and output tokens onto `counter`'s (label, kind) series; none for a zero."""
-    for kind, value in zip(("input", "cached", "output"), tokens, strict=True):
-        if value:
-            counter.labels(label, kind).inc(value)

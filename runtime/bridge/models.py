@@ -1,4 +1,5 @@
-"""The served model as the bridge knows it: its names, its context window, and the names it answers to.
+"""The served model as the bridge knows it: its names, its context window, the names it answers to, and
+its traits (what the translation must know of it).
 
 Learnt from the upstream's `/v1/models` (vLLM reports `max_model_len` there), polled until the
 engine answers and then now and again, because an engine restart may bring another model while the
@@ -12,13 +13,14 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 import msgspec
 
 from runtime.bridge.errors import BridgeError
-from runtime.bridge.upstream import JSON, Upstream
+from runtime.bridge.translate import Traits
+from runtime.bridge.upstream import JSON_HEADERS, Upstream
 
 log = logging.getLogger("runtime.bridge")
 
@@ -34,17 +36,17 @@ class ServedModel:
 
 
 class Catalog:
-    """The served model, once known, and the public names derived from it and from VL_ALIASES."""
+    """The served model, once known, its traits, and the public names derived from it and from VL_ALIASES."""
 
-    def __init__(self, aliases: Sequence[str] = ()) -> None:
+    def __init__(self, aliases: Sequence[str] = (), thinks_unasked: bool = False) -> None:
         self.aliases = tuple(aliases)
         self.model: ServedModel | None = None
-        # vLLM refuses `thinking_token_budget` without a reasoning parser; learnt on the first refusal.
-        self.accepts_thinking_budget = True
-        # Some chat templates (Qwen3.5's) refuse a system message after the first; probed per model.
-        self.inline_system = True
-        # The recipe's `thinks_unasked` (`--thinks-unasked`): its template's default, not Anthropic's.
-        self.thinks_unasked = False
+        self.traits = Traits(thinks_unasked=thinks_unasked)
+
+    def refused_thinking_budget(self) -> None:
+        """vLLM refused `thinking_token_budget`: this engine runs without a reasoning parser, so no request
+        sends one again until the model changes (a restart may bring a parser)."""
+        self.traits = replace(self.traits, thinking_budget=False)
 
     def learn(self, listing: bytes) -> bool:
         """Read an OpenAI `/v1/models` body; True when the model changed. ValueError when it lists none."""
@@ -61,7 +63,7 @@ class Catalog:
         if model == self.model:
             return False
         log.info("serving model %r, context window %d tokens", model.name, model.context_window)
-        self.model, self.accepts_thinking_budget = model, True
+        self.model, self.traits = model, replace(self.traits, thinking_budget=True)
         return True
 
     async def refresh(self, upstream: Upstream) -> ServedModel:
@@ -81,9 +83,9 @@ class Catalog:
     async def probe_inline_system(self, upstream: Upstream) -> None:
         """Render [system, user, system, user] through /tokenize: does the template take it?"""
         turns = [{"role": role, "content": "x"} for role in ("system", "user", "system", "user")]
-        status, _, _ = await upstream.fetch("POST", "/tokenize", msgspec.json.encode({"messages": turns}), JSON)
-        self.inline_system = status == 200
-        if not self.inline_system:
+        status, _, _ = await upstream.fetch("POST", "/tokenize", msgspec.json.encode({"messages": turns}), JSON_HEADERS)
+        self.traits = replace(self.traits, inline_system=status == 200)
+        if status != 200:
             log.info("the chat template refuses inline system messages: they are sent as user messages")
 
     async def current(self, upstream: Upstream) -> ServedModel:

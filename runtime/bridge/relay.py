@@ -8,29 +8,23 @@ upstream when the client leaves, and per-key usage from the response's `usage`.
 from __future__ import annotations
 
 import uuid
-from typing import TYPE_CHECKING
 
 import aiohttp
 import msgspec
 from starlette.requests import Request
-from starlette.types import Send
 
 from runtime.bridge.affinity import ROUTING_KEY, routing_key
-from runtime.bridge.connection import Writer
+from runtime.bridge.answer import Answer, Outbox, Serving
 from runtime.bridge.errors import BridgeError
 from runtime.bridge.nesting import refuse_deep_nesting
-from runtime.bridge.sharing import WatchedAnswer
 from runtime.bridge.sse import COMMENT_PING, SseParser
-from runtime.bridge.upstream import BROKEN
-
-if TYPE_CHECKING:
-    from runtime.bridge.state import Bridge
+from runtime.bridge.upstream import BROKEN, JSON_HEADERS
 
 PASSED_HEADERS = (b"content-type", b"cache-control")
 
 
-def rewrite_model(bridge: Bridge, body: bytes, cache_salt: str | None = None) -> tuple[bytes, bool]:
-    """The body with the served model's own name as its `model` once the bridge knows it (the router
+def rewrite_model(body: bytes, served: str | None, cache_salt: str | None = None) -> tuple[bytes, bool]:
+    """The body with the `served` model's own name as its `model` once the bridge knows it (the router
     routes by it), before that without a `model` (vLLM takes its own), and the caller's `cache_salt`
     in place of any it sent; and whether it streams."""
     refuse_deep_nesting(body)
@@ -40,7 +34,7 @@ def rewrite_model(bridge: Bridge, body: bytes, cache_salt: str | None = None) ->
         raise BridgeError(400, f"the request body is not valid JSON: {error}") from None
     if not isinstance(payload, dict):
         raise BridgeError(400, "the request body must be a JSON object")
-    if (served := bridge.catalog.upstream_name) is not None:
+    if served is not None:
         payload["model"] = served
     else:
         payload.pop("model", None)
@@ -49,25 +43,25 @@ def rewrite_model(bridge: Bridge, body: bytes, cache_salt: str | None = None) ->
     return msgspec.json.encode(payload), payload.get("stream") is True
 
 
-class Relay(WatchedAnswer):
+class Relay(Answer):
     """The ASGI response relaying one request to `path` upstream; records usage in `trace`."""
 
-    def __init__(self, bridge: Bridge, request: Request, body: bytes | None = None, stream: bool = False) -> None:
-        self.bridge, self.body, self.stream, self.stall_s = bridge, body, stream, bridge.stall_s
+    def __init__(self, serving: Serving, request: Request, body: bytes | None = None, stream: bool = False) -> None:
+        self.serving, self.body, self.stream = serving, body, stream
         self.method, self.path, self.trace = request.method, request.url.path, request.state.trace
-        self.headers = {"content-type": "application/json"} if body is not None else {}
+        self.headers = dict(JSON_HEADERS) if body is not None else {}
         # vLLM names the generation after it, and the bridge aborts it by that name. Never the client's
         # id: vLLM aborts every generation under an id, so a reused one would abort another client's
         # (the trace line logs the client's beside this one).
         self.headers["x-request-id"] = self.trace["id"] = f"relay_{uuid.uuid4().hex[:24]}"
         self.headers[ROUTING_KEY] = routing_key(request.headers, None, request.state.key)
 
-    async def serve(self, send: Send) -> None:
+    async def serve(self, out: Outbox) -> None:
         try:
-            async with self.bridge.upstream.open(self.method, self.path, self.body, self.headers) as response:
+            async with self.serving.upstream.open(self.method, self.path, self.body, self.headers) as response:
                 kept = [(name.lower(), value) for name, value in response.raw_headers if name.lower() in PASSED_HEADERS]
                 if self.stream and response.status == 200:
-                    await self.relay_stream(response, send, kept)
+                    await self.relay_stream(response, out, kept)
                     return
                 try:
                     content = await response.read()
@@ -75,37 +69,36 @@ class Relay(WatchedAnswer):
                     raise BridgeError(500, f"the model server closed the connection ({type(error).__name__})") from None
         except BridgeError as error:
             self.trace["error_type"] = error.type
-            await error.send(send)
+            await error.send(out.send)
             return
         self.count_usage(content)
-        await send({"type": "http.response.start", "status": response.status, "headers": kept})
-        await send({"type": "http.response.body", "body": content})
+        await out.send({"type": "http.response.start", "status": response.status, "headers": kept})
+        await out.send({"type": "http.response.body", "body": content})
 
     async def relay_stream(
-        self, response: aiohttp.ClientResponse, send: Send, headers: list[tuple[bytes, bytes]]
+        self, response: aiohttp.ClientResponse, out: Outbox, headers: list[tuple[bytes, bytes]]
     ) -> None:
-        writer = Writer(send, COMMENT_PING, self.bridge.ping_s)
-        await writer.start(200, headers)
-        self.bridge.metrics.open_streams.inc()
+        await out.start(200, headers, COMMENT_PING, self.serving.ping_s)
+        self.serving.open_streams.inc()
         previous = last = b""  # the usage chunk is among the last bytes
         try:
             async for data in response.content.iter_any():
-                await writer.write(data)
+                await out.write(data)
                 previous, last = last, data
         except BROKEN as error:
             self.trace["error_type"] = "api_error"
             message = f"the model server broke the stream off ({type(error).__name__})"
-            await writer.end(
+            await out.end(
                 b"data: " + msgspec.json.encode({"error": {"message": message, "type": "api_error"}}) + b"\n\n"
             )
             return
         finally:
-            writer.stop()
-            self.bridge.metrics.open_streams.dec()
+            out.stop()
+            self.serving.open_streams.dec()
         for payload in reversed(SseParser().feed(previous + last)):
             if self.count_usage(payload):
                 break
-        await writer.end()
+        await out.end()
 
     def count_usage(self, content: bytes) -> bool:
         """Take `usage` from an OpenAI response or chunk, if it has one."""

@@ -69,8 +69,8 @@ def run(args: argparse.Namespace) -> int:
     except SettingsError as error:
         print(error, file=sys.stderr)
         return 2
-    bridge = Bridge(args.upstream, settings, args.max_connections, args.pool_timeout, args.engine, args.ledger)
-    bridge.catalog.thinks_unasked = args.thinks_unasked
+    bridge = Bridge(args.upstream, settings, args.max_connections, args.pool_timeout, args.engine, args.ledger,
+                    args.thinks_unasked)  # fmt: skip
     if bridge.keys.open:
         log.warning("=" * 72)
         log.warning("VL_API_KEYS is empty: the bridge is OPEN, anyone who can reach it can use the model")

@@ -36,10 +36,11 @@ class Bridge:
         pool_timeout: float = 10.0,
         engines: Sequence[str] = (),
         ledger: Path | None = None,
+        thinks_unasked: bool = False,
     ) -> None:
         gateway_key = (settings.worker_key or "") if settings.role == "gateway" else None  # "": open workers
         self.upstream = Upstream(upstream_url, max_connections, pool_timeout, engines, gateway_key)
-        self.catalog = Catalog(settings.aliases)
+        self.catalog = Catalog(settings.aliases, thinks_unasked)
         self.metrics = Metrics(lambda: self.upstream.in_use)
         self.keys = ApiKeys.for_pod(settings)
         self.hosts = AllowedHosts.for_pod(settings.allowed_hosts, os.environ)

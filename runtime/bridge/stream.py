@@ -54,7 +54,9 @@ class PromptDetails(Struct):
     cached_tokens: int | None = None
 
 
-class Usage(Struct):
+class ChunkUsage(Struct):
+    """A chunk's `usage` (vLLM's continuous usage stats): the prompt's tokens, and the output's so far."""
+
     prompt_tokens: int = 0
     completion_tokens: int | None = None
     prompt_tokens_details: PromptDetails | None = None
@@ -67,7 +69,7 @@ class UpstreamError(Struct):
 
 class Chunk(Struct):
     choices: list[Choice] = []
-    usage: Usage | None = None
+    usage: ChunkUsage | None = None
     error: UpstreamError | None = None
 
 
@@ -129,7 +131,8 @@ class StreamTranslator:
             raise BridgeError(status_from_upstream(chunk.error.code or 500), chunk.error.message)
         if chunk.usage is not None:
             self.take_usage(chunk.usage)
-        self.begin()
+        if not self.started:
+            self.begin()
         for choice in chunk.choices:
             delta = choice.delta
             if delta is not None:
@@ -208,7 +211,7 @@ class StreamTranslator:
 
     # --- the end ---
 
-    def take_usage(self, usage: Usage) -> None:
+    def take_usage(self, usage: ChunkUsage) -> None:
         cached = usage.prompt_tokens_details.cached_tokens if usage.prompt_tokens_details else None
         self.cached_tokens = cached or 0
         self.input_tokens = max(0, usage.prompt_tokens - self.cached_tokens)  # Anthropic's excludes cached

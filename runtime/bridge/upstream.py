@@ -18,11 +18,11 @@ from typing import Any
 
 import aiohttp
 
-from runtime.bridge.errors import BridgeError
+from runtime.bridge.errors import JSON_CONTENT_TYPE, BridgeError
 
 log = logging.getLogger("runtime.bridge")
 
-JSON = {"content-type": "application/json"}
+JSON_HEADERS = {"content-type": JSON_CONTENT_TYPE}  # of a request with a JSON body
 # vLLM names a generation after the request's x-request-id, behind a prefix per route (and, for
 # completions, a suffix per prompt: the bridge relays one prompt, index 0).
 GENERATION_IDS = {"/v1/chat/completions": "chatcmpl-{}", "/v1/completions": "cmpl-{}-0"}
@@ -108,10 +108,11 @@ class Upstream:
             yield response
         finally:
             self.in_use -= 1
+            finished = response in self.finished
+            self.finished.discard(response)  # in every case: kept, it would hold every answer read to its end
             if response.content.is_eof():
                 response.release()
-            elif response in self.finished:
-                self.finished.discard(response)
+            elif finished:
                 self.background(self.drain(response))
             else:
                 response.close()  # drops the connection, and nothing is read from it any more
@@ -208,7 +209,7 @@ class Upstream:
                 content = await response.read()
             except BROKEN as error:
                 raise BridgeError(500, f"the model server closed the connection ({type(error).__name__})") from None
-        return response.status, content, response.headers.get("content-type", "application/json")
+        return response.status, content, response.headers.get("content-type", JSON_CONTENT_TYPE)
 
     async def fetch_each(self, path: str, timeout_s: float) -> list[tuple[bool, bytes | None]]:
         """GET `path` from every engine at once: whether each answered (a slow one is busy, not gone: a

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from runtime.engine.command import EngineCommand, engine_command, model_source
 from runtime.engine.install import ensure_engine
+from runtime.engine.tinymodel import write_tiny_model
 from runtime.engine.volume import hub_cache, make_cache_dirs
 from runtime.engine.weights import ensure_weights, is_complete
 from runtime.settings import Settings, SettingsError
@@ -74,8 +75,6 @@ def ensure_generated_model(directory: Path) -> None:
     """Writes the tiny demo model into `directory` unless it is there; a crash midway leaves no half model."""
     if directory.is_dir():
         return
-    from runtime.engine.tinymodel import write_tiny_model  # tokenizers and torch: only on this path
-
     log.info("generating the tiny demo model in %s", directory)
     partial = directory.with_name(directory.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)

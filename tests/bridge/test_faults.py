@@ -33,6 +33,8 @@ from tests.support.net import free_port
 from tests.support.polling import wait_until
 from tests.support.vllm_server import VllmServer
 
+pytestmark = pytest.mark.slow  # a bridge process per test, and streams that wait out real pings and timeouts
+
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
                405: "invalid_request_error", 413: "request_too_large", 529: "overloaded_error"}  # fmt: skip
 

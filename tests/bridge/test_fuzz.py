@@ -25,6 +25,8 @@ from runtime.bridge.errors import error_type
 from runtime.bridge.nesting import MAX_JSON_DEPTH
 from tests.support.bridge import SLOW_WAIT_S, Process, start_bridge, start_stand_in
 
+pytestmark = pytest.mark.slow  # thousands of requests to a bridge process
+
 KEY, SECOND_KEY = "sk-fuzz-0123456789abcdef", "sk-other-fedcba9876543210"
 # Examples per route; together at least the 1,000 hostile requests the suite promises.
 EXAMPLES = {"/v1/messages": 600, "/v1/messages/count_tokens": 400, "/v1/chat/completions": 350, "/v1/completions": 250}

@@ -13,7 +13,8 @@ from __future__ import annotations
 import httpx
 import msgspec
 
-from runtime.bridge.requests import MessagesRequest, Translator, decode
+from runtime.bridge.schema import MessagesRequest, decode
+from runtime.bridge.translate import Translator
 from tests.support.vllm_server import VllmServer
 
 TEMPLATE = """\

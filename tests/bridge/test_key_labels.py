@@ -53,6 +53,7 @@ def test_a_key_that_cannot_work_is_refused_in_one_line_without_the_key(
     assert not any(secret in str(caught.value) for secret in secrets)
 
 
+@pytest.mark.slow  # `runtime settings` and `runtime start` run as processes
 @pytest.mark.parametrize("command", ["settings", "start"])
 def test_settings_and_start_refuse_it_alike(command: str, tmp_path: Path) -> None:
     value, reason, secrets = REFUSED[1]
@@ -97,6 +98,7 @@ def start(state: Path, log: Path) -> AbstractContextManager[Process]:
     return start_bridge(f"http://127.0.0.1:{free_port()}", log, {"VL_API_KEYS": KEY, "VL_STATE_DIR": str(state)})
 
 
+@pytest.mark.slow  # two bridge processes, one after the other
 def test_an_unnamed_keys_label_is_salted_with_the_pods_secret_and_survives_restarts(tmp_path: Path) -> None:
     state = tmp_path / "state"
     with start(state, tmp_path / "first.log") as bridge:

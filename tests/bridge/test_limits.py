@@ -29,6 +29,8 @@ from tests.support.bridge import (
 )
 from tests.support.net import free_port
 
+pytestmark = pytest.mark.slow  # bridge processes held at their real deadlines
+
 DEADLINE_S = 30.0  # for what the bridge must do within a second or two
 SHORT = ("--keep-alive-s", "1", "--head-timeout-s", "1", "--body-timeout-s", "1")
 HOST = b"Host: 127.0.0.1\r\n"  # an open bridge answers only to its own names

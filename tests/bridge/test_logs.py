@@ -19,6 +19,8 @@ from runtime.logsafe import CLIENT_VALUE_CHARS, PROMPT_CHARS
 from runtime.supervisor import until
 from tests.support.bridge import SLOW_WAIT_S, start_bridge, start_stand_in
 
+pytestmark = pytest.mark.slow  # bridge processes and the stand-in upstream
+
 VALID = {"model": "claude-tiny", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
 # A newline and a CR that would forge a line, OSC 52 (clipboard) and OSC 0 (title), an 8-bit CSI.
 FORGED = "a\nfake-log-line key=admin\r\x1b]52;c;ZWNobyBvd25lZA==\x07\x1b]0;owned\x1b\\\x9b2J"

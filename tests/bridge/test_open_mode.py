@@ -16,6 +16,8 @@ import pytest
 
 from tests.support.bridge import Process, start_bridge, start_stand_in
 
+pytestmark = pytest.mark.slow  # bridge processes
+
 ASK = {"model": "fake", "max_tokens": 3, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
 BODY = json.dumps(ASK).encode()
 POD_ID = "abc123xyz"

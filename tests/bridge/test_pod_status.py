@@ -25,6 +25,8 @@ from tests.support.net import free_port
 from tests.support.polling import wait_until
 from tests.support.vllm_server import MAX_MODEL_LEN, VllmServer
 
+pytestmark = pytest.mark.slow  # bridge processes (and the session's vLLM for some)
+
 ALICE, BOB, UNNAMED = "sk-alice-0123456789abcdef", "sk-bob-0123456789abcdef", "sk-unnamed-0123456789abcd"
 HF_TOKEN = "hf_plantedPlantedPlanted0123456789"
 FACT_SECRET = "planted-build-secret-0123456789"

@@ -14,6 +14,7 @@ import openai
 import pytest
 
 from runtime.engine import tinymodel as tiny
+from runtime.engine.recipes import load_recipe
 from tests.support.bridge import LONG_STREAM_TOKENS, SLOW_WAIT_S, Process, start_bridge
 from tests.support.vllm_server import VllmServer
 
@@ -53,7 +54,7 @@ def test_tokenize_relayed(bridge: Process, vllm_server: VllmServer) -> None:
 
 def test_models_in_openai_shape_without_anthropic_version(oai: openai.OpenAI, vllm_server: VllmServer) -> None:
     models = oai.models.list().data
-    assert [model.id for model in models] == [tiny.SERVED_NAME]
+    assert [model.id for model in models] == list(load_recipe(tiny.SERVED_NAME).names)  # as a pod serves them
     assert models[0].max_model_len == vllm_server.max_model_len
 
 

@@ -22,6 +22,8 @@ from runtime.bridge.sharing import key_cap
 from tests.support.bridge import SLOW_WAIT_S, Process, start_bridge, start_stand_in
 from tests.support.polling import wait_until
 
+pytestmark = pytest.mark.slow  # bridge processes, and a client that stalls until the bridge drops it
+
 KEY_A, KEY_B = "a" * 24, "b" * 24
 KEYS = f"alice:{KEY_A} bob:{KEY_B}:admin"  # bob reads /metrics while alice holds all her share
 POOL = 4  # the bridge's upstream pool (--max-connections) in these tests: two keys, a fair share of 2

@@ -7,9 +7,10 @@ import msgspec
 import pytest
 
 from runtime.bridge.errors import BridgeError
-from runtime.bridge.requests import MessagesRequest, Translator, decode
+from runtime.bridge.schema import MessagesRequest, decode
 from runtime.bridge.sse import AnthropicSse, SseParser
 from runtime.bridge.stream import MessageAssembler, StreamTranslator
+from runtime.bridge.translate import Traits, Translator
 
 BASE = {"model": "m", "max_tokens": 100}
 TOOLS = [{"name": "Bash", "input_schema": {"type": "object"}}]
@@ -17,7 +18,7 @@ TOOLS = [{"name": "Bash", "input_schema": {"type": "object"}}]
 
 def translate(inline_system: bool = True, **request: object) -> dict:
     body = msgspec.json.encode(BASE | {"messages": [{"role": "user", "content": "hi"}]} | request)
-    return Translator(inline_system).translate(decode(body, MessagesRequest), None).payload
+    return Translator(Traits(inline_system=inline_system)).translate(decode(body, MessagesRequest), None).payload
 
 
 @pytest.mark.parametrize(
@@ -93,7 +94,7 @@ def test_thinking_only_when_asked(thinking: dict | None, unasked: bool, kwargs: 
     body = msgspec.json.encode(
         BASE | {"messages": [{"role": "user", "content": "hi"}]} | ({"thinking": thinking} if thinking else {})
     )
-    payload = Translator(thinks_unasked=unasked).translate(decode(body, MessagesRequest), None).payload
+    payload = Translator(Traits(thinks_unasked=unasked)).translate(decode(body, MessagesRequest), None).payload
     assert payload.get("chat_template_kwargs") == kwargs
 
 

@@ -19,9 +19,12 @@ import yaml
 
 from space import BuildError
 from space.context import DOCKERFILE, context_files
+from space.targets import load_targets, render
 from tests.support.hub_server import HubServer
 from tests.support.repo_copy import ROOT, copy_repo, git_checkout
 from tests.support.signals import ctrl_c_as_at_a_terminal
+
+pytestmark = pytest.mark.slow  # build.py run as a process against the test Hub and the RunPod stand-in
 
 SPACE = f"{HubServer.owner}/vllm-pod-cpu"
 REGISTRY = "registry.example.test"  # only named in output: nothing is pulled in these tests
@@ -93,7 +96,8 @@ def test_push_uploads_the_build_context_and_nothing_else(
     assert result.returncode == 0, result.stderr
     files = hub_server.space_files(SPACE)
     assert set(files) == {".gitattributes", DOCKERFILE, "README.md"} | expected_context(repo)
-    assert files[DOCKERFILE] == (repo / "build" / "Dockerfile.cpu").read_bytes()
+    assert files[DOCKERFILE] == render(load_targets()["cpu"]).encode()
+    assert not (repo / "build" / "Dockerfile.cpu").exists()  # the push sent its rendering: no file to read back
     assert not any("__pycache__" in path or path.startswith(("tests/", ".venv/")) for path in files)
     info = hub_server.space(SPACE)
     assert (info.sdk, info.private) == ("docker", True)

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from space.engine import wheel_sources
+from space.docker_build import wheel_sources
 from tests.support.docker_engine import HostPip, private_engine
 from tests.support.environ import outer_environ
 from tests.support.hub_server import HubServer

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from space import engine, targets
+from space import docker_build, targets
 from tests.support.repo_copy import ROOT, copy_repo
 
 TARGETS = targets.load_targets()
@@ -148,10 +148,10 @@ def test_build_needs_a_target() -> None:
 def test_a_wheel_directory_is_served_at_the_same_url_on_every_run(tmp_path: Path) -> None:
     (tmp_path / "torch-2.13.0+cpu-cp311-cp311-linux_x86_64.whl").write_bytes(b"wheel")
     with (
-        engine.served_directory(tmp_path, "wheels-0") as first,
-        engine.served_directory(tmp_path, "wheels-0") as second,
+        docker_build.served_directory(tmp_path, "wheels-0") as first,
+        docker_build.served_directory(tmp_path, "wheels-0") as second,
     ):
-        assert first.url == second.url == f"http://wheels-0:{engine.WHEELS_PORT}/"
+        assert first.url == second.url == f"http://wheels-0:{docker_build.WHEELS_PORT}/"
         assert first.address != second.address and first.address.startswith("127.")
         listing = httpx.get(f"http://{first.address}:{first.port}/", timeout=10)
     assert "torch-2.13.0%2Bcpu-cp311-cp311-linux_x86_64.whl" in listing.text

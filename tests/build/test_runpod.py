@@ -21,6 +21,8 @@ from runtime.settings import SettingsError, load_settings
 from space import BuildError, runpod
 from tests.support.net import free_port
 
+pytestmark = pytest.mark.slow  # the RunPod stand-in checks every request against RunPod's OpenAPI file
+
 if TYPE_CHECKING:
     from tests.support.runpod_server import OpenAPISchemas, RunPodServer
 

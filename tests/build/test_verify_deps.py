@@ -1,6 +1,6 @@
 """`python build.py --verify-deps`: the GPU images' pip layers resolved by pip's real resolver (dry run, for
-the image's Python and platform, from PyPI: PyTorch's CUDA index is out of reach here) and the engine's
-real wheels read for the CUDA runtime and glibc they link. Each check fails on a deliberately wrong pin."""
+the image's Python and platform; torch from PyTorch's CUDA index where it answers, else pip's own build) and
+the engine's real wheels read for the CUDA runtime and glibc they link. Each check fails on a wrong pin."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 from space import BuildError, deps
-from space.targets import load_targets, load_versions
+from space.targets import load_targets, load_versions, target_packages
+
+pytestmark = pytest.mark.vllm  # resolves and downloads the GPU images' vLLM wheels with pip (minutes)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,14 +32,23 @@ def verified() -> str:
 
 @pytest.mark.parametrize("target", ["sm89", "sm120"])
 def test_every_layer_resolves_and_the_engine_links_the_base_s_cuda(verified: str, target: str) -> None:
+    """Where PyTorch's index answers, the image's own torch (+cu130) is resolved and its libraries checked;
+    where it does not, the run says so first and resolves pip's build of the same version instead."""
     lines = [
         line.removeprefix(f"build.py: {target}: ")
         for line in verified.splitlines()
         if line.startswith(f"build.py: {target}: ")
     ]
-    assert lines[0].startswith("PyTorch's index https://download.pytorch.org/whl/cu130 is unreachable from here")
-    assert [line.split(":")[0] for line in lines[1:4]] == ["torch layer", "engine layer", "runtime layer"]
-    assert " GB of wheels (torch==2.13.0" in lines[1] and " GB of wheels (vllm==0.32.0" in lines[2]
+    torch_index = target_packages(load_targets()[target], load_versions()).torch_index
+    checked_torch = [line for line in lines if line.startswith("torch==")]
+    if deps.reachable(torch_index):
+        (torch,) = checked_torch
+        assert torch.split(":")[0].removeprefix("torch==").endswith("+cu130") and torch.endswith(": ok"), torch
+    else:
+        assert lines.pop(0).startswith(f"PyTorch's index {torch_index} is unreachable from here: torch is resolved")
+        assert checked_torch == []  # pip's torch is not the image's: its libraries say nothing of the image
+    assert [line.split(":")[0] for line in lines[0:3]] == ["torch layer", "engine layer", "runtime layer"]
+    assert " GB of wheels (torch==2.13.0" in lines[0] and " GB of wheels (vllm==0.32.0" in lines[1]
     assert any(
         line.startswith("vllm==0.32.0: ") and "links libcudart.so.13" in line and line.endswith(": ok")
         for line in lines
@@ -60,12 +71,12 @@ def test_an_engine_pin_vllm_does_not_take_fails_with_pip_s_own_message(verified:
         deps.verify(load_targets()["sm89"], gpu_versions(engine={"flashinfer-python": "0.7.4"}), print)
 
 
-def test_an_engine_built_for_another_cuda_than_the_base_s_fails(verified: str) -> None:
+def test_an_engine_built_for_another_cuda_than_the_base_s_fails(verified: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The base moved to CUDA 12.8 while vLLM 0.32.0's wheel links CUDA 13's runtime: the image would
-    start and fail to load vLLM's kernels on every GPU."""
-    versions = gpu_versions(
-        cuda={"version": "12.8.1"}, **{"torch-index": {"gpu": "https://download.pytorch.org/whl/cu128"}}
-    )
+    start and fail to load vLLM's kernels on every GPU. (torch from pip's index: the engine is what is read.)"""
+    monkeypatch.setattr(deps, "reachable", lambda index: False)
+    cu128 = load_versions()["torch-index"]["gpu"].rsplit("/", 1)[0] + "/cu128"
+    versions = gpu_versions(cuda={"version": "12.8.1"}, **{"torch-index": {"gpu": cu128}})
     with pytest.raises(
         BuildError,
         match=r"vllm==0\.32\.0: 10 libraries link libcudart\.so\.13 \(vllm/.+\.so…\), but the base has CUDA 12$",

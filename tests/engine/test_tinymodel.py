@@ -217,6 +217,7 @@ def test_tokenize_counts_a_chat_like_the_completion_does(client, vllm_server):
     assert ask(client, messages, stream=False, tools=[BASH_TOOL]).usage.prompt_tokens == with_tools["count"]
 
 
+@pytest.mark.slow  # writes the model twice with torch, once in another process
 def test_writing_the_model_is_deterministic(tmp_path):
     first = tinymodel.write_tiny_model(tmp_path / "here")
     # Another process too: the BPE trainer's hash maps are seeded per process.
@@ -244,6 +245,7 @@ THINK = THINK_START + mode_token("think")
 PONDER = THINK_START + mode_token("ponder")
 
 
+@pytest.mark.slow  # transformers' tokenizer: seconds to import
 @pytest.mark.parametrize("as_blocks", [False, True], ids=["string", "blocks"])
 @pytest.mark.parametrize(
     ("text", "template_args", "expected"),

@@ -25,6 +25,8 @@ from tests.support.hub_lies import HostileHub, Lies
 from tests.support.hub_server import HubServer
 from tests.support.polling import wait_for_log_line, wait_until
 
+pytestmark = pytest.mark.slow  # downloads from the test Hub, one killed on purpose
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 REPO = f"{HubServer.owner}/tiny-weights"
 WEIGHTS = "model.safetensors"

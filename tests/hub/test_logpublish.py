@@ -21,6 +21,8 @@ from runtime.settings import load_settings
 from tests.support.hub_server import HubServer
 from tests.support.polling import wait_until
 
+pytestmark = pytest.mark.slow  # a test Hub per test, and waits on the publisher's real rate limit
+
 REPO = "pod-owner/pod-logs"
 MakePublisher = Callable[..., LogPublisher]
 LOG = "etat/pod-1.log"

@@ -15,6 +15,8 @@ from tests.support.hub_server import HubServer
 from tests.support.polling import wait_until
 from tests.support.signals import ctrl_c_as_at_a_terminal
 
+pytestmark = pytest.mark.slow  # `runtime logs` run as a process against the test Hub
+
 ROOT = Path(__file__).resolve().parents[2]
 REPO = "pod-owner/pod-logs"
 FIRST = "# vllm-pod pod-1 · not healthy since 2026-08-23T10:00:00Z\nboot   | runtime: starting\nengine | INFO line 1\n"

@@ -220,7 +220,7 @@ NOT_SECRETS = [
     ("token counts in JSON", '{"max_tokens": 1024, "token_count": 12, "tokenizer": "qwen", "keys": 3}'),
     ("vLLM's arguments without a key", "args: Namespace(host='127.0.0.1', api_key=None, max_num_seqs=8)"),
     ("a plain URL", "Downloading https://huggingface.co/nvidia/model/resolve/main/config.json?download=true 200"),
-    ("a port, then a scoped package", "GET https://registry.npmjs.org:443/@anthropic-ai/claude-code 200"),
+    ("a port, then a scoped package", "GET https://packages.example.test:443/@anthropic-ai/claude-code 200"),
     ("an e-mail address", "committed by alice@example.com"),
     ("YAML that holds no secret", "model:\n  max_tokens: 4096\n  token_budget: 10\n  keys: 3"),
     ("an INI line that holds no secret", "[engine]\nmax_model_len = 65536\ntokenizer = auto"),

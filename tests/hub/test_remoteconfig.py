@@ -14,6 +14,8 @@ from runtime.settingsfile import MAX_FILE_BYTES, SettingsFile
 from tests.support.hub_server import HubServer
 from tests.support.polling import wait_until
 
+pytestmark = pytest.mark.slow  # a test Hub per test, polled
+
 CONFIG = "pod-owner/pod-config"
 FIRST = "VL_BRIDGE_PING_S=5\nVL_CTX=4096\nVL_MODEL=tiny\n"
 

@@ -28,6 +28,8 @@ from tests.support.hub_server import HubServer
 from tests.support.registry import LocalRegistry
 from tests.support.space_builder import SpaceBuilder
 
+pytestmark = pytest.mark.slow  # a test Hub per test, and Space builds that take their time
+
 REPO = "pod-owner/logs"
 SPACE = "pod-owner/Hello-Space"
 IMAGE = "pod-owner-hello-space"  # the Hub's name for the Space's image: <owner>-<name>, lowercased

@@ -16,6 +16,8 @@ from tests.support.claude_code import CLAUDE, TIMEOUT_S, parse_result, quiet_env
 from tests.support.net import free_port
 from tests.support.vllm_server import VllmServer
 
+pytestmark = pytest.mark.slow  # `runtime connect` run as a process against bridge processes
+
 KEY = "sk-pod-'$HOME\"x-0123456789"  # quotes and a dollar: the printed scripts must carry it literally
 
 

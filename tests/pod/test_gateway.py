@@ -28,6 +28,8 @@ from tests.support.polling import wait_until
 from tests.support.runpod_machines import Machines, Played
 from tests.support.runpod_server import GPU_PRICES, RunPodServer
 
+pytestmark = pytest.mark.vllm  # `runtime start` pods, each with its vLLM
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = "vllm-pod sm89 pod-owner/vllm-pod-sm89"
 GPU = "NVIDIA RTX 6000 Ada Generation"

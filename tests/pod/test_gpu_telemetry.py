@@ -16,6 +16,7 @@ import shlex
 from pathlib import Path
 
 import httpx
+import pytest
 
 from runtime.bridge.metrics import Metrics
 from runtime.telemetry import NO_GPU, QUERY, GpuReading, GpuTelemetry, Sample, parse_query, read_gpus
@@ -121,6 +122,7 @@ def fake_nvidia_smi(directory: Path, recording: Path) -> Path:
     return directory
 
 
+@pytest.mark.slow  # a bridge process
 def test_a_bridge_samples_its_gpus_in_the_background_into_status_and_metrics(tmp_path):
     path = f"{fake_nvidia_smi(tmp_path / 'bin', RTX5090)}{os.pathsep}{os.environ['PATH']}"
     with (
@@ -138,6 +140,7 @@ def test_a_bridge_samples_its_gpus_in_the_background_into_status_and_metrics(tmp
         assert 'vlpod_gpu_temperature_celsius{gpu="1",name="NVIDIA GeForce RTX 5090"} 50.0' in metrics
 
 
+@pytest.mark.slow  # a bridge process
 def test_a_bridge_without_nvidia_smi_says_there_is_no_gpu(tmp_path):
     (tmp_path / "empty").mkdir()
     with (

@@ -24,6 +24,8 @@ from tests.support.hub_server import HubServer
 from tests.support.runpod_machines import Machines
 from tests.support.runpod_server import NO_CAPACITY, RunPodServer
 
+pytestmark = pytest.mark.vllm  # `runtime start` playing the pod, with its vLLM
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = "vllm-pod sm89 pod-owner/vllm-pod-sm89"
 LOG_REPO = f"datasets/{HubServer.owner}/vllm-pod-logs"

@@ -33,6 +33,8 @@ from tests.support.hub_server import POD_CONFIG_REPO, HubServer
 from tests.support.net import free_port
 from tests.support.polling import wait_until
 
+pytestmark = pytest.mark.vllm  # `runtime start` with two engines
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIG_FILE = "replicas.env"  # its own file in the shared config repo: test_start's pod reads pod.env
 START_S = 900.0  # two engines cold on two shared cores, each slower than one alone

@@ -26,6 +26,8 @@ from tests.support.hub_server import HubServer
 from tests.support.runpod_server import RunPodServer
 from tests.support.vllm_server import VllmServer
 
+pytestmark = pytest.mark.slow  # bridge processes, the test Hub and the RunPod stand-in
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 KEY = "sk-selfstop-0123456789abcdef"
 LOGS = f"{HubServer.owner}/pod-logs"

@@ -35,7 +35,7 @@ BAD_VALUES = [
     ("VL_CTX", "100", "VL_CTX='100' is not allowed: expected a whole number >= 256, or empty"),
     ("VL_UTIL", "93", "VL_UTIL='93' is not allowed: expected a number in 0.05..0.99, or empty"),
     ("VL_UTIL", "0,9", "VL_UTIL='0,9' is not allowed: expected a number in 0.05..0.99, or empty"),
-    ("VL_KVBYTES", "15GiB", "VL_KVBYTES='15GiB' is not allowed: expected a whole number of bytes, or empty"),
+    ("VL_KVBYTES", "15GiB", "VL_KVBYTES='15GiB' is not allowed: expected a whole number of bytes >= 1, or empty"),
     ("VL_BATCHED", "8", "VL_BATCHED='8' is not allowed: expected a whole number >= 64, or empty"),
     ("VL_SEQS", "0", "VL_SEQS='0' is not allowed: expected a whole number >= 1, or empty"),
     ("VL_SPEC", "dspark", "VL_SPEC='dspark' is not allowed: expected one of 'auto', 'off', 'ngram', 'mtp'"),
@@ -43,7 +43,7 @@ BAD_VALUES = [
     ("VL_TP", "3.5", "VL_TP='3.5' is not allowed: expected a whole number in 1..8, or empty"),
     ("VL_DP", "0", "VL_DP='0' is not allowed: expected a whole number in 1..8"),
     ("VL_MM_IMAGES", "-1", "VL_MM_IMAGES='-1' is not allowed: expected a whole number in 0..64"),
-    ("VL_ASYNC", "maybe", "VL_ASYNC='maybe' is not allowed: expected on, off, or empty"),
+    ("VL_ASYNC", "maybe", "VL_ASYNC='maybe' is not allowed: expected one of 'on', 'off', or empty"),
     ("VL_BRIDGE", "enabled", "VL_BRIDGE='enabled' is not allowed: expected one of 'on', 'off'"),
     ("VL_BRIDGE_PING_S", "0", "VL_BRIDGE_PING_S='0' is not allowed: expected a number of seconds in 1..300"),
     ("VL_BRIDGE_PING_S", "1e-300", "VL_BRIDGE_PING_S='1e-300' is not allowed: expected a number of seconds in 1..300"),
@@ -175,7 +175,7 @@ def sample(variable: Variable) -> str:
 
 
 def is_numeric(variable: Variable) -> bool:
-    value = variable.parse(sample(variable))
+    value = variable.parser.parse(sample(variable))
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 

@@ -14,6 +14,8 @@ from runtime.settingsfile import MAX_FILE_BYTES, FileRefused, SettingsFile, pars
 from tests.support.environ import outer_environ
 from tests.support.hub_server import HubServer
 
+pytestmark = pytest.mark.slow  # `runtime settings --check` run as a process against the test Hub
+
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "team:key-0123456789abcdef"
 ALIASES_40K = ",".join(f"claude-{i}" for i in range(40_000))  # 269 KB: once adopted, then "Argument list too long"

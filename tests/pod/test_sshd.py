@@ -16,6 +16,8 @@ from tests.support.net import free_port
 from tests.support.polling import wait_until
 from tests.support.ssh import ssh_argv
 
+pytestmark = pytest.mark.slow  # a real sshd and ssh client
+
 
 def make_key_pair(directory: Path, name: str = "client_key") -> Path:
     key = directory / name

@@ -34,6 +34,8 @@ from tests.support.net import free_port
 from tests.support.polling import wait_until
 from tests.support.ssh import ssh_argv
 
+pytestmark = pytest.mark.vllm  # `runtime start` with its vLLM
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 POD_ID = "e2e-pod"
 LOG_REPO, CONFIG_REPO = POD_LOG_REPO, POD_CONFIG_REPO  # the `hub` fixture (tests/support/hub_server.py) makes them

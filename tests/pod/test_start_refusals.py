@@ -14,6 +14,8 @@ from runtime.settings import BY_ENV
 from tests.support.environ import outer_environ
 from tests.support.hub_server import HubServer
 
+pytestmark = pytest.mark.slow  # `runtime start` run as a process for each bad value
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BAD_VALUES = [
     ("VL_MODEL", "gpt-5"),

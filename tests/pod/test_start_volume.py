@@ -24,6 +24,8 @@ from tests.support.hub_server import HubServer
 from tests.support.net import free_port
 from tests.support.polling import wait_until
 
+pytestmark = pytest.mark.vllm  # `runtime start` twice, each with its vLLM
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 REPO = f"{HubServer.owner}/tiny-weights"
 ENGINE_START_S = 600.0  # ~30 s alone; far more while other tests share the two cores

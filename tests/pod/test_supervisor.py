@@ -17,7 +17,7 @@ import pytest
 from runtime.supervisor import Backoff, ChildSpec, Health, Supervisor
 from tests.support.net import free_port
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]  # real child processes, some hung or stubborn on purpose
 Make = Callable[..., Supervisor]
 
 CRASH = "import sys; print('crashing', flush=True); sys.exit(3)"

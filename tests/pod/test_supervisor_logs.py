@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from runtime.logfiles import tail
-from runtime.supervisor import LINE_CUT, MAX_LINE_BYTES, Backoff, ChildSpec, Supervisor
+from runtime.logfiles import LINE_CUT, MAX_LINE_BYTES, tail
+from runtime.supervisor import Backoff, ChildSpec, Supervisor
 
 pytestmark = pytest.mark.anyio
 

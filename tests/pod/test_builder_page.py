@@ -1,4 +1,4 @@
-"""Space mode: the status page on a real uvicorn server, read with a real HTTP client."""
+"""The page a Hugging Face builder sees (Space mode), on a real uvicorn server, read with a real HTTP client."""
 
 import json
 import threading
@@ -8,8 +8,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from runtime.builder_page import builder_page_server
 from runtime.settings import load_settings
-from runtime.space_status import status_server
 
 FACTS = {
     "target": "cpu",
@@ -29,13 +29,13 @@ def serve(tmp_path) -> Iterator:
         if marker_text is not None:
             marker.write_text(marker_text)
         settings = load_settings({"VL_PREBAKED_MARKER": str(marker)})
-        server = status_server(settings, {"SPACE_ID": "owner/vllm-pod"}, host="127.0.0.1", port=0)
+        server = builder_page_server(settings, {"SPACE_ID": "owner/vllm-pod"}, host="127.0.0.1", port=0)
         thread = threading.Thread(target=server.run, daemon=True)
         thread.start()
         servers.append((server, thread))
         deadline = time.monotonic() + 20
         while not server.started:
-            assert thread.is_alive() and time.monotonic() < deadline, "the status server did not start"
+            assert thread.is_alive() and time.monotonic() < deadline, "the builder page's server did not start"
             time.sleep(0.01)
         port = server.servers[0].sockets[0].getsockname()[1]
         return f"http://127.0.0.1:{port}"

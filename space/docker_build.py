@@ -1,6 +1,6 @@
-"""Building and pushing with a Docker engine, through the Docker SDK's classic build API.
+"""Building and pushing an image with a Docker daemon, through the Docker SDK's classic build API.
 
-`build` sends the context tar and streams the engine's output; a local `--find-links` directory is
+`build` sends the context tar and streams the daemon's output; a local `--find-links` directory is
 served to the build on loopback. `push` sends the image to any OCI registry with a line per layer.
 """
 
@@ -28,7 +28,8 @@ WHEELS_PORT = 8765  # of a --find-links directory served to the build (see serve
 
 @dataclasses.dataclass(frozen=True)
 class BuildOptions:
-    tag: str
+    """How to build (--build-arg, --find-links, --network), whatever the image is tagged."""
+
     build_args: dict[str, str]
     find_links: tuple[str, ...]
     network: str | None
@@ -127,7 +128,9 @@ def docker_client() -> Any:
         raise BuildError(f"no Docker engine answers at {host}: start one (dockerd) or set DOCKER_HOST") from None
 
 
-def stream_build(client: Any, files: Mapping[str, bytes], options: BuildOptions, sources: WheelSources) -> str:
+def stream_build(
+    client: Any, files: Mapping[str, bytes], tag: str, options: BuildOptions, sources: WheelSources
+) -> str:
     """Run the build through the classic build API, printing its progress; returns the image id."""
     from docker.errors import APIError
 
@@ -137,7 +140,7 @@ def stream_build(client: Any, files: Mapping[str, bytes], options: BuildOptions,
             fileobj=context_tar(files),
             custom_context=True,
             dockerfile=DOCKERFILE,
-            tag=options.tag,
+            tag=tag,
             buildargs=default_build_args() | sources.build_args | options.build_args,
             network_mode=options.network,
             extra_hosts=sources.extra_hosts or None,
@@ -150,15 +153,15 @@ def stream_build(client: Any, files: Mapping[str, bytes], options: BuildOptions,
             elif "status" in chunk:
                 print(chunk["status"], flush=True)
             elif "error" in chunk:
-                raise BuildError(f"the build of {options.tag} failed: {chunk['error'].strip()}")
+                raise BuildError(f"the build of {tag} failed: {chunk['error'].strip()}")
             image_id = chunk.get("aux", {}).get("ID", image_id)
     except APIError as error:
         raise BuildError(f"the Docker engine refused the build: {error.explanation}") from None
     return image_id
 
 
-def build(files: Mapping[str, bytes], options: BuildOptions) -> str:
-    """Build the context `files` into `options.tag` with the local engine; returns the image id."""
+def build(files: Mapping[str, bytes], tag: str, options: BuildOptions) -> str:
+    """Build the context `files` into `tag` with the local Docker daemon; returns the image id."""
     if any(Path(location).is_dir() for location in options.find_links):
         if options.network not in (None, "host"):
             raise BuildError(
@@ -167,9 +170,9 @@ def build(files: Mapping[str, bytes], options: BuildOptions) -> str:
         options = dataclasses.replace(options, network="host")  # loopback is reachable only on the host's network
     client = docker_client()
     with wheel_sources(options.find_links) as sources:
-        image_id = stream_build(client, files, options, sources)
+        image_id = stream_build(client, files, tag, options, sources)
     size = client.api.inspect_image(image_id)["Size"]
-    print(f"build.py: built {options.tag} ({image_id.removeprefix('sha256:')[:12]}, {size / 1e9:.2f} GB)")
+    print(f"build.py: built {tag} ({image_id.removeprefix('sha256:')[:12]}, {size / 1e9:.2f} GB)")
     return image_id
 
 

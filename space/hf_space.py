@@ -1,8 +1,9 @@
-"""Publishing through a Hugging Face Docker Space: the Space builds the image and serves it from its registry.
+"""A Hugging Face Docker Space as the image's builder: the Space builds it and the Hub serves it from its registry.
 
-`publish` creates the Space when it is missing, uploads only the files that differ from the build
-context (nothing at all when they match: no rebuild), and `follow` watches the build until the
-image is ready, showing the stage and the build log's last line.
+`resolve_space` names the Space (by default the token's user's `vllm-pod-TARGET`), `ensure_space` creates it
+when missing, `plan_upload` and `upload` send only the files that differ from the build context (nothing when
+they match: no rebuild), and `follow` watches the build until its image is served or it fails. Every Hub
+call goes through `hub_call`, which turns a failure into one line (never a token).
 """
 
 from __future__ import annotations
@@ -21,13 +22,12 @@ from space.context import git_blob_id
 from space.targets import ROOT, Target
 
 HUB_REGISTRY = "registry.hf.space"  # where the Hub serves a Docker Space's image
-SPACE_PORT = 7860  # the Space runs the image on a CPU: runtime's Space mode answers here
+SPACE_PORT = 7860  # the Space runs the image on a CPU: runtime/builder_page.py answers here
 README = "README.md"
 KEPT_REMOTE = {".gitattributes"}  # the Hub's own file in every repo
 POLL_S = 5.0
 GRACE_S = 120.0  # how long a Space may show its previous state before its new build starts
 ON_THE_WAY = {"BUILDING", "RUNNING_BUILDING", "APP_STARTING", "RUNNING_APP_STARTING"}  # a new build is under way
-FAILED = {"BUILD_ERROR", "CONFIG_ERROR", "RUNTIME_ERROR", "NO_APP_FILE", "DELETING", "STOPPED", "PAUSED"}
 NO_IMAGE = {"BUILD_ERROR", "CONFIG_ERROR", "NO_APP_FILE"}  # failed before an image was made
 LOG_TAIL_LINES = 30
 
@@ -44,12 +44,16 @@ class Space:
 
     @property
     def image(self) -> str:
-        """The Hub names a Space's image `<owner>-<name>`, lowercased."""
-        return f"{self.registry}/{self.space_id.replace('/', '-').lower()}:latest"
+        return image_of(self.space_id, self.registry)
 
     @property
     def url(self) -> str:
         return f"{self.endpoint.rstrip('/')}/spaces/{self.space_id}"
+
+
+def image_of(space_id: str, registry: str) -> str:
+    """The image the Hub serves for a Space: named `<owner>-<name>`, lowercased, and only ever tagged :latest."""
+    return f"{registry}/{space_id.replace('/', '-').lower()}:latest"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,21 +132,6 @@ def ensure_space(api: Any, space: Space) -> Space:
             f"{space.space_id} is a {info.sdk} Space, not a Docker one: choose another name with --space OWNER/NAME"
         )
     return dataclasses.replace(space, private=bool(info.private))
-
-
-DEFAULT_LOG_REPO = "datasets/{user}/vllm-pod-logs"  # a private dataset: the pods' boot logs (VL_LOG_REPO)
-REPO_TYPES = {"datasets": "dataset", "spaces": "space"}
-
-
-def ensure_log_repo(api: Any, spec: str) -> None:
-    """Create the pods' log repo (private) when it is missing, so that `runtime logs POD --follow` works
-    on the very first pod; `spec` is written as VL_LOG_REPO takes it (`datasets/owner/name`, `owner/name`)."""
-    prefix, _, rest = spec.partition("/")
-    repo_type, repo_id = (REPO_TYPES[prefix], rest) if prefix in REPO_TYPES else ("model", spec)
-    hub_call(
-        lambda: api.create_repo(repo_id, repo_type=repo_type, private=True, exist_ok=True),
-        f"create the log repo {spec}",
-    )
 
 
 def stage_of(api: Any, space: Space) -> str:

@@ -1,7 +1,8 @@
-"""Space mode: the Hugging Face builder also *runs* the image, on a CPU, and expects an answer on 7860.
+"""The page a Hugging Face builder sees: it also *runs* the image it built for a Space, on a CPU, and expects
+an answer on 7860.
 
 There is no GPU and no reason to start vLLM there: `python -m runtime start` sees `SPACE_ID` and serves
-this status page instead of failing — the image's build facts (nothing secret) and how to use it.
+this page instead of failing — the image's build facts (nothing secret) and how to use it.
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ from runtime.settings import Settings
 SPACE_PORT = 7860
 
 
-def status_app(facts: Mapping[str, Any] | None, space_id: str) -> Starlette:
-    """The status page (/), the facts as JSON (/facts) and a health route (/health)."""
+def builder_page_app(facts: Mapping[str, Any] | None, space_id: str) -> Starlette:
+    """The page (/), the facts as JSON (/facts) and a health route (/health)."""
     shown = public_facts(facts or {})
     page = _page(shown, space_id, prebaked=facts is not None)
 
@@ -65,17 +66,17 @@ Space's CPU, it only shows what it is.</p>
 """
 
 
-def status_server(
+def builder_page_server(
     settings: Settings, environ: Mapping[str, str], host: str = "0.0.0.0", port: int = SPACE_PORT
 ) -> uvicorn.Server:
-    """A server for the status page, not yet started (`.run()` blocks until SIGTERM/SIGINT)."""
-    app = status_app(read_image_facts(Path(settings.prebaked_marker)), environ.get("SPACE_ID", ""))
+    """A server for the page, not yet started (`.run()` blocks until SIGTERM/SIGINT)."""
+    app = builder_page_app(read_image_facts(Path(settings.prebaked_marker)), environ.get("SPACE_ID", ""))
     return uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="info", access_log=False))
 
 
-def serve_space_status(
+def serve_builder_page(
     settings: Settings, environ: Mapping[str, str] = os.environ, host: str = "0.0.0.0", port: int = SPACE_PORT
 ) -> int:
-    """Serves the status page until the container is stopped; the start command's Space branch."""
-    status_server(settings, environ, host, port).run()
+    """Serves the page until the container is stopped; the start command's Space branch."""
+    builder_page_server(settings, environ, host, port).run()
     return 0

@@ -1,19 +1,39 @@
-"""Anthropic Messages requests: their schema (validated on decode) and their OpenAI chat translation.
-
-Unknown fields are ignored (Claude Code sends `context_management`, `metadata`, `cache_control`, …);
-unknown content block types are refused with a 400 that names them, rather than dropped silently.
+"""An Anthropic Messages request (`schema`) → the OpenAI chat request vLLM serves: messages, tools,
+thinking and sampling, as the served model's traits allow (the catalog learns them: `models.Catalog`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Any
 
 import msgspec
-from msgspec import Meta, Struct
 
 from runtime.bridge.errors import BridgeError
-from runtime.bridge.nesting import refuse_deep_nesting
+from runtime.bridge.schema import (
+    Base64Source,
+    ChoiceAny,
+    ChoiceAuto,
+    ChoiceNone,
+    ChoiceTool,
+    ContentBlock,
+    CountTokensRequest,
+    Document,
+    Image,
+    Message,
+    MessagesRequest,
+    RedactedThinking,
+    Text,
+    TextSource,
+    Thinking,
+    ThinkingAdaptive,
+    ThinkingDisabled,
+    ThinkingEnabled,
+    ToolResult,
+    ToolUse,
+    UrlSource,
+    block_type,
+)
 
 BILLING_HEADER = "x-anthropic-billing-header"  # dropped: it changes on every request, and would defeat prefix caching
 # output_config.effort → vLLM's thinking_token_budget (the seeds' thresholds; "max", or a level we do
@@ -21,152 +41,14 @@ BILLING_HEADER = "x-anthropic-billing-header"  # dropped: it changes on every re
 EFFORT_BUDGETS: dict[str, int | None] = {"low": 1024, "medium": 4096, "high": 16384, "xhigh": 32768, "max": None}
 
 
-class Block(Struct, tag_field="type", kw_only=True):
-    """A content block; the subclass is chosen by its `type`."""
+@dataclass(frozen=True)
+class Traits:
+    """How the served model takes a request, as far as the translation must know: probed, learnt from a
+    refusal, or said by the recipe. Replaced whole when one changes, never edited in place."""
 
-
-class Text(Block, tag="text"):
-    text: str
-
-
-class Base64Source(Struct, tag_field="type", tag="base64"):
-    media_type: str
-    data: str
-
-
-class UrlSource(Struct, tag_field="type", tag="url"):
-    url: str
-
-
-class TextSource(Struct, tag_field="type", tag="text"):
-    data: str
-
-
-class Image(Block, tag="image"):
-    source: Base64Source | UrlSource
-
-
-class Document(Block, tag="document"):
-    source: TextSource | Base64Source | UrlSource
-    title: str | None = None
-
-
-class Thinking(Block, tag="thinking"):
-    thinking: str
-    signature: str | None = None
-
-
-class RedactedThinking(Block, tag="redacted_thinking"):
-    data: str = ""
-
-
-class ToolUse(Block, tag="tool_use"):
-    id: str
-    name: str
-    input: dict[str, Any]
-
-
-class ToolResult(Block, tag="tool_result"):
-    tool_use_id: str
-    content: str | list[Text | Image | Document] | None = None
-    is_error: bool = False
-
-
-ContentBlock = Text | Image | Document | Thinking | RedactedThinking | ToolUse | ToolResult
-
-
-class Message(Struct):
-    role: Literal["user", "assistant", "system"]
-    content: str | list[ContentBlock]
-
-
-ToolName = Annotated[str, Meta(pattern=r"^[a-zA-Z0-9_.:-]{1,128}$")]
-ToolType = Annotated[str, Meta(pattern=r"^[a-zA-Z0-9_.:-]{1,64}$")]  # quoted in a refusal: plain and short
-
-
-class Tool(Struct, kw_only=True):
-    name: ToolName | None = None  # required of a client tool; some server tools (mcp_toolset) have none
-    input_schema: dict[str, Any] | None = None
-    description: str | None = None
-    type: ToolType | None = None  # Anthropic's own tools (web_search_…) have a type and no schema
-
-
-class ChoiceAuto(Struct, tag_field="type", tag="auto", kw_only=True):
-    disable_parallel_tool_use: bool = False
-
-
-class ChoiceAny(Struct, tag_field="type", tag="any", kw_only=True):
-    disable_parallel_tool_use: bool = False
-
-
-class ChoiceTool(Struct, tag_field="type", tag="tool", kw_only=True):
-    name: ToolName
-    disable_parallel_tool_use: bool = False
-
-
-class ChoiceNone(Struct, tag_field="type", tag="none"):
-    pass
-
-
-class ThinkingEnabled(Struct, tag_field="type", tag="enabled", kw_only=True):
-    budget_tokens: Annotated[int, Meta(ge=1)]
-
-
-class ThinkingDisabled(Struct, tag_field="type", tag="disabled"):
-    pass
-
-
-class ThinkingAdaptive(Struct, tag_field="type", tag="adaptive"):
-    pass
-
-
-class JsonFormat(Struct, tag_field="type", tag="json_schema"):
-    schema: dict[str, Any]
-
-
-class OutputConfig(Struct, kw_only=True):
-    effort: Annotated[str, Meta(max_length=64)] | None = None
-    format: JsonFormat | None = None
-
-
-class Metadata(Struct, kw_only=True):
-    user_id: Annotated[str, Meta(max_length=256)] | None = None  # Claude Code names its session there (affinity)
-
-
-class CountTokensRequest(Struct, kw_only=True):
-    """What `count_tokens` reads; `MessagesRequest` adds the generation fields."""
-
-    model: Annotated[str, Meta(min_length=1)]
-    messages: Annotated[list[Message], Meta(min_length=1)]
-    system: str | list[Text] | None = None
-    tools: list[Tool] | None = None
-    tool_choice: ChoiceAuto | ChoiceAny | ChoiceTool | ChoiceNone | None = None
-    thinking: ThinkingEnabled | ThinkingDisabled | ThinkingAdaptive | None = None
-    output_config: OutputConfig | None = None
-
-
-class MessagesRequest(CountTokensRequest, kw_only=True):
-    max_tokens: Annotated[int, Meta(ge=1)]
-    stream: bool = False
-    stop_sequences: list[Annotated[str, Meta(min_length=1)]] | None = None
-    temperature: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
-    top_p: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
-    top_k: Annotated[int, Meta(ge=0)] | None = None
-    metadata: Metadata | None = None
-
-
-R = TypeVar("R", CountTokensRequest, MessagesRequest)
-
-
-def decode(body: bytes, kind: type[R]) -> R:
-    """The validated request, or a 400 that says what is wrong and where."""
-    refuse_deep_nesting(body)
-    try:
-        return msgspec.json.decode(body, type=kind)
-    except msgspec.ValidationError as error:
-        raise BridgeError(400, f"invalid request: {error}") from None
-    except msgspec.DecodeError as error:
-        raise BridgeError(400, f"the request body is not valid JSON: {error}") from None
+    inline_system: bool = True  # some chat templates (Qwen3.5's) refuse a system message after the first: probed
+    thinking_budget: bool = True  # vLLM refuses `thinking_token_budget` without a reasoning parser: learnt on refusal
+    thinks_unasked: bool = False  # the recipe's (`--thinks-unasked`): the template's default, not Anthropic's
 
 
 @dataclass
@@ -183,15 +65,14 @@ class Translation:
 
 
 class Translator:
-    """Anthropic → OpenAI for one request; `inline_system` says whether the chat template accepts
-    system messages after the first (if not, they become user messages: the prefix stays cacheable)."""
+    """Anthropic → OpenAI for one request, for a model with these `traits` (a template that refuses inline
+    system messages gets them as user messages: the prefix stays cacheable)."""
 
-    def __init__(self, inline_system: bool = True, thinks_unasked: bool = False) -> None:
-        self.inline_system = inline_system
-        self.thinks_unasked = thinks_unasked  # the recipe keeps its template's default: no enable_thinking sent
+    def __init__(self, traits: Traits = Traits()) -> None:
+        self.traits = traits
         self.has_images = False
 
-    def translate(self, request: CountTokensRequest, model: str | None, thinking_budget: bool = True) -> Translation:
+    def translate(self, request: CountTokensRequest, model: str | None) -> Translation:
         messages = self.system_messages(request.system)
         for message in request.messages:
             messages += self.message(message)
@@ -201,7 +82,7 @@ class Translator:
         if self.is_prefill(request.messages[-1]):
             payload["add_generation_prompt"], payload["continue_final_message"] = False, True
         self.add_tools(payload, request)
-        self.add_thinking(payload, request, thinking_budget)
+        self.add_thinking(payload, request)
         if request.output_config and request.output_config.format:
             schema = request.output_config.format.schema
             payload["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}
@@ -218,7 +99,7 @@ class Translator:
     def message(self, message: Message) -> list[dict[str, Any]]:
         if message.role == "system":
             text = message.content if isinstance(message.content, str) else join_texts(message.content)
-            return [{"role": "system" if self.inline_system else "user", "content": text}] if text else []
+            return [{"role": "system" if self.traits.inline_system else "user", "content": text}] if text else []
         if isinstance(message.content, str):
             return [{"role": message.role, "content": message.content}]
         if message.role == "user":
@@ -322,17 +203,17 @@ class Translator:
         if choice is not None and not isinstance(choice, ChoiceNone) and choice.disable_parallel_tool_use:
             payload["parallel_tool_calls"] = False
 
-    def add_thinking(self, payload: dict[str, Any], request: CountTokensRequest, thinking_budget: bool) -> None:
+    def add_thinking(self, payload: dict[str, Any], request: CountTokensRequest) -> None:
         """Thinking as in Anthropic's API: only when asked (`enabled`, `adaptive`); a chat template thinks
         by default, so an unasked request says `enable_thinking=false` unless the recipe keeps the default."""
         thinking = request.thinking
-        if thinking is not None or not self.thinks_unasked:
+        if thinking is not None or not self.traits.thinks_unasked:
             asked = isinstance(thinking, (ThinkingEnabled, ThinkingAdaptive))
             payload["chat_template_kwargs"] = {"enable_thinking": asked}
         if isinstance(thinking, ThinkingDisabled):
             return
         budget = thinking_budget_of(request)
-        if budget is not None and thinking_budget:
+        if budget is not None and self.traits.thinking_budget:
             payload["thinking_token_budget"] = budget
 
     @staticmethod
@@ -396,7 +277,3 @@ def document_text(block: Document) -> str:
             400, "invalid request: only plain-text documents are supported (no PDF reader behind this model)"
         )
     return f"{block.title}\n\n{block.source.data}" if block.title else block.source.data
-
-
-def block_type(block: Struct) -> str:
-    return str(block.__struct_config__.tag)  # every block's tag is its `type`, a string

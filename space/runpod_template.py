@@ -1,0 +1,108 @@
+"""The RunPod template of a published image, as build.py offers it: printed for a person, saved through
+RunPod's API with --runpod, and its VL_LOG_REPO (the pods' boot log on the Hub) made when it is missing.
+
+space/runpod.py writes the template's body and speaks RunPod's API; this module decides what goes in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+from space import BuildError, hf_space, runpod
+from space.publish import Published, Say
+from space.targets import Target
+
+DEFAULT_LOG_REPO = "datasets/{user}/vllm-pod-logs"  # a private dataset: the pods' boot logs (VL_LOG_REPO)
+REPO_TYPES = {"datasets": "dataset", "spaces": "space"}
+
+
+@dataclasses.dataclass(frozen=True)
+class TemplateChoice:
+    """What the command line asks of the template: the values it carries (--log-repo, --config-repo,
+    --cost-per-hour), whether it is saved on RunPod (--runpod), and whether its log repo is made when missing."""
+
+    log_repo: str | None
+    config_repo: str | None
+    cost_per_hour: float | None
+    save: bool
+    create_log_repo: bool
+
+
+def show_template(target: Target, published: Published, choice: TemplateChoice, say: Say) -> None:
+    """Print the RunPod template for the image; with `choice.save`, save it through RunPod's API too."""
+    if published.pull_user:
+        say(
+            f"the image is private: RunPod pulls it with a registry credential (user: {published.pull_user}, "
+            "password: a read token from https://huggingface.co/settings/tokens)"
+        )
+    if published.space:
+        say(
+            "the template names the Space's image as :latest, the only tag the Hub serves for a Space (none per "
+            "revision): pods made after a later push pull that push; --registry pins an immutable digest"
+        )
+    credential = runpod_credentials(published) if choice.save else None  # refused before anything is made
+    body = runpod.template_body(
+        runpod.template_name(target.name, published.source),
+        published.image,
+        cost_per_hour=choice.cost_per_hour,
+        log_repo=log_repo(choice, published.hub_user, say),
+        config_repo=choice.config_repo,
+    )
+    print(runpod.render_template(body, private=bool(published.pull_user)))
+    if credential is not None:
+        runpod.save_template(body, *credential)
+
+
+def log_repo(choice: TemplateChoice, user: str | None, say: Say) -> str | None:
+    """The template's VL_LOG_REPO: --log-repo, else the token `user`'s private dataset (asked of the Hub when
+    not known); made when missing if the choice says so (a pod would make it at its first publish; `runtime
+    logs --follow` needs it sooner)."""
+    if not hf_space.has_token():
+        if not choice.log_repo:
+            say("no Hugging Face token: the template sets no VL_LOG_REPO (pods publish no boot log); set HF_TOKEN "
+                "or pass --log-repo REPO")  # fmt: skip
+        return choice.log_repo
+    api = hf_space.hub_api()
+    spec = choice.log_repo or DEFAULT_LOG_REPO.format(
+        user=user or hf_space.hub_call(api.whoami, "check the token")["name"]
+    )
+    if choice.create_log_repo:
+        ensure_log_repo(api, spec)
+        say(f"pods publish their boot log to {spec} (private): python -m runtime logs POD_ID --follow --repo {spec}")
+    return spec
+
+
+def ensure_log_repo(api: Any, spec: str) -> None:
+    """Create the pods' log repo (private) when it is missing, so that `runtime logs POD --follow` works
+    on the very first pod; `spec` is written as VL_LOG_REPO takes it (`datasets/owner/name`, `owner/name`)."""
+    prefix, _, rest = spec.partition("/")
+    repo_type, repo_id = (REPO_TYPES[prefix], rest) if prefix in REPO_TYPES else ("model", spec)
+    hf_space.hub_call(
+        lambda: api.create_repo(repo_id, repo_type=repo_type, private=True, exist_ok=True),
+        f"create the log repo {spec}",
+    )
+
+
+def runpod_credentials(published: Published) -> tuple[str, tuple[str, str] | None]:
+    """RUNPOD_API_KEY, and for a private image the registry credential RunPod pulls it with: the user and
+    HF_READ_TOKEN, which the Hub must not call a write token (RunPod stores it)."""
+    key = os.environ.get("RUNPOD_API_KEY", "")
+    if not key:
+        raise BuildError("--runpod needs RUNPOD_API_KEY (https://www.runpod.io/console/user/settings)")
+    if not published.pull_user:
+        return key, None
+    password = os.environ.get("HF_READ_TOKEN", "")
+    if not password:
+        raise BuildError(
+            "a private image needs a registry credential on RunPod: set HF_READ_TOKEN to a read "
+            "token (not the write token), or publish with --public"
+        )
+    role = hf_space.token_role(hf_space.hub_call(lambda: hf_space.hub_api(password).whoami(), "check HF_READ_TOKEN"))
+    if role == "write":
+        raise BuildError(
+            "HF_READ_TOKEN is a write token (the Hub says so): RunPod stores it as a registry password, so give "
+            "it a read token (https://huggingface.co/settings/tokens)"
+        )
+    return key, (published.pull_user, password)
