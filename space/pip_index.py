@@ -3,11 +3,22 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
+from space import BuildError
+
+# pip's own option parser, in a process of its own: imported here, pip's internals would load setuptools'
+# distutils shim in a way that breaks the next import of setuptools (vLLM's, through torch) in this process.
+ASK_PIP = (
+    "from pip._internal.commands import create_command; print(create_command('install').parse_args([])[0].index_url)"
+)
+
 
 def configured_index() -> str:
-    """PIP_INDEX_URL, else the index-url of pip's configuration files, else pip's own default index: pip's
-    option parser decides, so the precedence is pip's (and no index is named here)."""
-    from pip._internal.commands import create_command
-
-    options, _ = create_command("install").parse_args([])
-    return str(options.index_url)
+    """PIP_INDEX_URL, else the index-url of pip's configuration files, else pip's own default index: pip
+    decides, so the precedence is pip's (and no index is named here)."""
+    done = subprocess.run([sys.executable, "-c", ASK_PIP], capture_output=True, text=True, check=False)
+    if done.returncode != 0 or not done.stdout.strip():
+        raise BuildError(f"pip did not say which index it installs from: {done.stderr.strip()[-300:]}")
+    return done.stdout.strip()
