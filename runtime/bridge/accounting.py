@@ -13,6 +13,7 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from runtime.activity import Activity
+from runtime.bridge.answer import GONE
 from runtime.bridge.errors import error_type
 from runtime.bridge.metrics import Metrics
 from runtime.bridge.sessions import Asker, BusyTime, Sessions
@@ -91,7 +92,7 @@ class Accounting:
     def account(self, scope: Scope, trace: dict[str, Any], status: int, duration: float, busy_s: float) -> None:
         path = scope["path"]
         route = path if path in self.routes else ("/v1/models/{id}" if path.startswith("/v1/models/") else "other")
-        status = status or (CLIENT_GONE if trace.get("stop") == "client_gone" else 500)
+        status = status or (CLIENT_GONE if trace.get("stop") == GONE else 500)
         problem = trace.get("error_type") or (error_type(status) if status >= 400 else "")
         key = scope["state"].get("key", UNIDENTIFIED)
         metrics = self.metrics

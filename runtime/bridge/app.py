@@ -21,7 +21,6 @@ from starlette.routing import Route
 
 from runtime.bridge.accounting import Accounting
 from runtime.bridge.affinity import ROUTING_KEY, routing_key
-from runtime.bridge.answer import Serving
 from runtime.bridge.auth import RequireKey
 from runtime.bridge.connection import read_body
 from runtime.bridge.console import console
@@ -48,8 +47,6 @@ class Api:
 
     def __init__(self, bridge: Bridge) -> None:
         self.bridge = bridge
-        self.serving = Serving(bridge.upstream, bridge.catalog, bridge.metrics.open_streams, bridge.ping_s,
-                               bridge.stall_s, bridge.log_prompts)  # fmt: skip
 
     # --- Anthropic ---
 
@@ -59,7 +56,7 @@ class Api:
         user_id = parsed.metadata.user_id if parsed.metadata else None
         routing = {ROUTING_KEY: routing_key(request.headers, user_id, request.state.key)}
         salt = request.state.caller.cache_salt
-        return MessagesExchange(self.serving, parsed, len(body), request.state.trace, routing, salt)
+        return MessagesExchange(self.bridge.serving, parsed, len(body), request.state.trace, routing, salt)
 
     async def count_tokens(self, request: Request) -> Response:
         parsed = decode(await read_body(request, self.bridge.max_body), CountTokensRequest)
@@ -72,7 +69,7 @@ class Api:
     async def models(self, request: Request) -> Any:
         """Anthropic's shape (with the context window) for Anthropic clients, vLLM's own otherwise."""
         if "anthropic-version" not in request.headers:
-            return Relay(self.serving, request)
+            return Relay(self.bridge.serving, request)
         await self.bridge.catalog.current(self.bridge.upstream)
         return JSONResponse(self.bridge.catalog.anthropic_listing())
 
@@ -86,7 +83,7 @@ class Api:
         salt = request.state.caller.cache_salt if request.url.path in GENERATIONS else None
         body = await read_body(request, self.bridge.max_body)
         body, stream = rewrite_model(body, self.bridge.catalog.upstream_name, salt)
-        return Relay(self.serving, request, body, stream)
+        return Relay(self.bridge.serving, request, body, stream)
 
     async def prometheus(self, request: Request) -> Response:
         """The bridge's metrics, then each engine's (ours alone while none answers): an admin's to read."""

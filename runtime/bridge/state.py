@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from runtime.activity import Activity
+from runtime.bridge.answer import Serving
 from runtime.bridge.auth import AllowedHosts, ApiKeys
 from runtime.bridge.capacity import CapacityWatch
 from runtime.bridge.ledger import Ledger
@@ -44,11 +45,11 @@ class Bridge:
         self.metrics = Metrics(lambda: self.upstream.in_use)
         self.keys = ApiKeys.for_pod(settings)
         self.hosts = AllowedHosts.for_pod(settings.allowed_hosts, os.environ)
-        self.ping_s: float = settings.bridge_ping_s
-        self.log_prompts: bool = settings.log_prompts
+        # What every answer is handed: these, and the settings that shape an answer.
+        self.serving = Serving(self.upstream, self.catalog, self.metrics.open_streams, settings.bridge_ping_s,
+                               settings.client_stall_s, settings.log_prompts)  # fmt: skip
         self.max_body: int = settings.max_body_mb * 2**20
         self.key_concurrency: int | None = key_cap(max_connections, len(self.keys.labels), settings.key_concurrency)
-        self.stall_s: float = settings.client_stall_s
         # Each key's totals across restarts, when the pod gives a ledger (on its volume).
         self.ledger = Ledger(ledger) if ledger is not None else None
         totals = self.ledger.load() if self.ledger is not None else {}

@@ -1,7 +1,7 @@
 """Claude Code's gateway contract ("Gateway protocol reference"), clause by clause, against the bridge
 with keys in front of real vLLM; the README's "Claude Code's gateway contract" table points here.
 
-The real CLI's side of it (model discovery, a session with a subagent) is in test_bridge_claude_code.py.
+The real CLI's side of it (model discovery, a session with a subagent) is in test_claude_code.py.
 """
 
 from __future__ import annotations
@@ -150,6 +150,7 @@ def engine_down(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
         yield bridge
 
 
+@pytest.mark.slow  # a bridge process of its own, in front of no engine
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 def test_an_overload_says_when_to_retry(engine_down: Process, stream: bool) -> None:
     """Claude Code retries a 529, or a body with `"type":"overloaded_error"`, after `retry-after`."""

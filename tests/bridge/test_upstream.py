@@ -1,6 +1,7 @@
 """The upstream pool in-process (`runtime/bridge/upstream.py`), against the stand-in upstream: what it keeps
 once an answer is closed. Each answer read to its end used to stay in `finished` for good: a response
-object a request, and work for the cycle collector."""
+object a request, and work for the cycle collector. The body's end in the same read as `[DONE]` is the
+case that kept them (released, never discarded); apart, the answer must still be drained, not aborted."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import pytest
 
 from runtime.bridge.upstream import JSON_HEADERS, Upstream
 from tests.support.bridge import start_stand_in
+
+pytestmark = pytest.mark.slow  # the stand-in upstream, a process
 
 CHAT = json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "stream": True}).encode()
 

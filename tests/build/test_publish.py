@@ -98,6 +98,7 @@ def test_push_uploads_the_build_context_and_nothing_else(
     assert set(files) == {".gitattributes", DOCKERFILE, "README.md"} | expected_context(repo)
     assert files[DOCKERFILE] == render(load_targets()["cpu"]).encode()
     assert not (repo / "build" / "Dockerfile.cpu").exists()  # the push sent its rendering: no file to read back
+    assert "build.py: wrote" not in result.stdout
     assert not any("__pycache__" in path or path.startswith(("tests/", ".venv/")) for path in files)
     info = hub_server.space(SPACE)
     assert (info.sdk, info.private) == ("docker", True)

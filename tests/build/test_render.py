@@ -77,6 +77,22 @@ def test_check_passes_on_the_committed_tree() -> None:
     assert result.stdout == "build.py: the committed Dockerfiles match their rendering\n"
 
 
+def test_check_loads_neither_the_docker_sdk_nor_huggingface_hub() -> None:
+    """build.py imports space/ whole; space/ imports those two only where it calls them, so `--check` and a
+    rendering stay light."""
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "build.py", "--check"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    loaded = {line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")}
+    assert {"space.publish", "space.runpod_template"} <= loaded  # what the check below is about was imported
+    assert not {name for name in loaded if name.split(".")[0] in ("docker", "huggingface_hub")}
+
+
 @pytest.mark.parametrize("committed", ["Dockerfile.ada", "Dockerfile.blackwell"])
 def test_check_fails_with_a_diff_after_a_hand_edit(repo: Path, committed: str) -> None:
     dockerfile = repo / committed

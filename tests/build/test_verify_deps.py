@@ -8,22 +8,21 @@ import copy
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from space import BuildError, deps
+from space.pip_index import configured_index
 from space.targets import load_targets, load_versions, target_packages
+from tests.support.repo_copy import ROOT
 
 pytestmark = pytest.mark.vllm  # resolves and downloads the GPU images' vLLM wheels with pip (minutes)
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def verified() -> str:
     """One run for both GPU targets, as CI runs it (it fills the cache the other tests reuse)."""
-    result = subprocess.run([sys.executable, "build.py", "--all", "--verify-deps"], cwd=REPO_ROOT,
+    result = subprocess.run([sys.executable, "build.py", "--all", "--verify-deps"], cwd=ROOT,
                             capture_output=True, text=True, timeout=1200)  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     print("\n" + result.stdout)
@@ -45,7 +44,9 @@ def test_every_layer_resolves_and_the_engine_links_the_base_s_cuda(verified: str
         (torch,) = checked_torch
         assert torch.split(":")[0].removeprefix("torch==").endswith("+cu130") and torch.endswith(": ok"), torch
     else:
-        assert lines.pop(0).startswith(f"PyTorch's index {torch_index} is unreachable from here: torch is resolved")
+        said = lines.pop(0)
+        assert said.startswith(f"PyTorch's index {torch_index} is unreachable from here: torch is resolved"), said
+        assert f" from pip's index {configured_index()} " in said, said
         assert checked_torch == []  # pip's torch is not the image's: its libraries say nothing of the image
     assert [line.split(":")[0] for line in lines[0:3]] == ["torch layer", "engine layer", "runtime layer"]
     assert " GB of wheels (torch==2.13.0" in lines[0] and " GB of wheels (vllm==0.32.0" in lines[1]

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 import signal
 import sys
-import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -16,6 +14,7 @@ import pytest
 
 from runtime.supervisor import Backoff, ChildSpec, Health, Supervisor
 from tests.support.net import free_port
+from tests.support.polling import eventually
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]  # real child processes, some hung or stubborn on purpose
 Make = Callable[..., Supervisor]
@@ -61,14 +60,6 @@ def alive(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return state not in ("Z", "X")
-
-
-async def eventually(condition: Callable[[], object], deadline_s: float = 30.0) -> None:
-    give_up = time.monotonic() + deadline_s
-    while not condition():
-        if time.monotonic() > give_up:
-            raise TimeoutError("condition not met before the deadline")
-        await asyncio.sleep(0.05)
 
 
 def log_of(state: Path, name: str) -> str:

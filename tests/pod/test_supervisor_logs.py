@@ -3,19 +3,17 @@ a death is reported, and never waiting for ever on a process that left the child
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 import signal
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from runtime.logfiles import LINE_CUT, MAX_LINE_BYTES, tail
 from runtime.supervisor import Backoff, ChildSpec, Supervisor
+from tests.support.polling import eventually
 
 pytestmark = pytest.mark.anyio
 
@@ -36,14 +34,6 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-async def eventually(condition: Callable[[], object], deadline_s: float = 60.0) -> None:
-    give_up = time.monotonic() + deadline_s
-    while not condition():
-        if time.monotonic() > give_up:
-            raise TimeoutError("condition not met before the deadline")
-        await asyncio.sleep(0.05)
-
-
 def printed(n: int) -> str:
     return f"line {n:05d} " + "x" * 50
 
@@ -61,7 +51,7 @@ async def test_a_childs_log_is_rotated_before_it_passes_its_cap(tmp_path: Path) 
     supervisor = Supervisor(tmp_path, on_incident=incident, backoff=NEVER_AGAIN, log_cap_bytes=CAP)
     supervisor.start(ChildSpec("bridge", [sys.executable, "-c", LOUD]))
     try:
-        await eventually(lambda: complete_at_report)
+        await eventually(lambda: complete_at_report, 60.0)
     finally:
         await supervisor.stop()
     assert complete_at_report == [True]
@@ -78,7 +68,7 @@ async def test_a_line_longer_than_the_cap_is_cut_into_files_under_it(tmp_path: P
     supervisor = Supervisor(tmp_path, on_incident=said.append, backoff=NEVER_AGAIN, log_cap_bytes=small)
     supervisor.start(ChildSpec("engine", [sys.executable, "-c", f"print('y' * {MAX_LINE_BYTES}); print('after')"]))
     try:
-        await eventually(lambda: said)
+        await eventually(lambda: said, 60.0)
     finally:
         await supervisor.stop()
     assert ((tmp_path / "engine.log.1").read_text() + (tmp_path / "engine.log").read_text()).endswith("y\nafter\n")
@@ -93,7 +83,7 @@ async def test_a_huge_line_is_cut_before_it_reaches_the_log(tmp_path: Path) -> N
     huge = "import sys; print('before'); sys.stdout.write('z' * (5 * 2**20)); print(); print('after')"
     supervisor.start(ChildSpec("bridge", [sys.executable, "-c", huge]))
     try:
-        await eventually(lambda: said)
+        await eventually(lambda: said, 60.0)
     finally:
         await supervisor.stop()
     lines = tail(tmp_path / "bridge.log")
@@ -107,7 +97,7 @@ async def test_a_process_that_left_the_group_does_not_hold_up_the_death_report(t
     supervisor = Supervisor(tmp_path, on_incident=said.append, backoff=NEVER_AGAIN, drain_s=0.2)
     supervisor.start(ChildSpec("engine", [sys.executable, "-c", ESCAPED_GRANDCHILD]))
     try:
-        await eventually(lambda: said)
+        await eventually(lambda: said, 60.0)
     finally:
         await supervisor.stop()
         found = re.search(r"^escaped (\d+)$", (tmp_path / "engine.log").read_text(), re.MULTILINE)
@@ -123,7 +113,7 @@ async def test_a_full_disk_loses_the_output_but_not_the_child(tmp_path: Path) ->
     supervisor = Supervisor(tmp_path, on_incident=said.append, backoff=NEVER_AGAIN)
     supervisor.start(ChildSpec("engine", [sys.executable, "-c", LOUD.replace("sys.exit(3)", "sys.exit(5)")]))
     try:
-        await eventually(lambda: said)
+        await eventually(lambda: said, 60.0)
     finally:
         await supervisor.stop()
     assert said == ["engine exited with code 5; restarting in 600 s"]

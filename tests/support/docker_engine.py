@@ -15,7 +15,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -263,17 +263,18 @@ class HostPip:
     ca_cert: str | None
 
     @classmethod
-    def from_environ(cls, environ: Mapping[str, str] = os.environ) -> HostPip:
-        links = tuple(link.removeprefix("file://") for link in environ.get("PIP_FIND_LINKS", "").split())
+    def from_environ(cls) -> HostPip:
+        """From this process's environment, the one pip reads its configured index in too."""
+        links = tuple(link.removeprefix("file://") for link in os.environ.get("PIP_FIND_LINKS", "").split())
         # With find-links, torch comes from the machine's index plus those locations instead of PyTorch's
         # index, which such a machine may not reach.
         index = configured_index() if links else None
-        return cls(links, index, environ.get("PIP_CERT") or None)
+        return cls(links, index, os.environ.get("PIP_CERT") or None)
 
 
-def host_pip_build_options(environ: Mapping[str, str] = os.environ) -> list[str]:
+def host_pip_build_options() -> list[str]:
     """build.py options that give the build the sources this machine's pip uses (HostPip)."""
-    pip = HostPip.from_environ(environ)
+    pip = HostPip.from_environ()
     options = [option for link in pip.find_links for option in ("--find-links", link)]
     if pip.torch_index:
         options += ["--build-arg", f"TORCH_INDEX_URL={pip.torch_index}"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from collections.abc import Callable
@@ -18,6 +19,15 @@ def wait_until(condition: Callable[[], T], what: str, timeout_s: float = 30.0, e
             raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
         time.sleep(every_s)
     return value
+
+
+async def eventually(condition: Callable[[], object], timeout_s: float = 30.0, every_s: float = 0.05) -> None:
+    """`wait_until` for a test that runs in the event loop: it sleeps between looks without blocking the loop."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:g} s waiting for a condition")
+        await asyncio.sleep(every_s)
 
 
 def wait_for_log_line(read_log: Callable[[], str], pattern: str, timeout_s: float = 30.0) -> str:

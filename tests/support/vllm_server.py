@@ -14,17 +14,17 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import suppress
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
 
-from runtime.engine.command import EngineCommand, engine_command
+from runtime.engine.command import engine_command
 from runtime.engine.recipes import load_recipe
-from runtime.engine.tinymodel import SERVED_NAME, write_tiny_model
+from runtime.engine.tinymodel import write_tiny_model
 from runtime.settings import load_settings
 from tests.support.environ import outer_environ
 from tests.support.net import free_port
@@ -82,15 +82,15 @@ class VllmServer:
         )
 
 
-def session_environ(model_dir: Path, state_dir: Path, port: int) -> dict[str, str]:
-    """The pod's settings for the session's engine: the tiny recipe behind the bridge, as a pod runs it."""
+def engine_environ(model_dir: Path, state_dir: Path, port: int, fastok: str = "off") -> dict[str, str]:
+    """The pod's settings for a test engine: the tiny recipe behind the bridge, as a pod runs it."""
     return outer_environ() | {
         "VL_MODEL": "tiny",
         "VL_REPO": str(model_dir),
         "VL_VENV": sys.prefix,
         "VL_STATE_DIR": str(state_dir),
         "VL_ENGINE_PORT": str(port),
-        "VL_FASTOK": "off",  # the plain tokenizer: tests/engine/test_fastokens.py compares its own engine to this one
+        "VL_FASTOK": fastok,  # the session's: off (tests/engine/test_fastokens.py runs its own engine with it on)
         "VL_EXTRA_ARGS": " ".join(TEST_ONLY_ARGS),
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
@@ -103,21 +103,15 @@ TEST_ONLY_ARGS = (
 )
 
 
-def session_engine(model_dir: Path, state_dir: Path, port: int) -> tuple[EngineCommand, dict[str, str]]:
-    """The engine command the pod would run for those settings, and the environment to run it in."""
-    environ = session_environ(model_dir, state_dir, port)
-    command = engine_command(load_settings(environ), environ=environ)
-    return command, environ | dict(command.env)
-
-
-@pytest.fixture(scope="session")
-def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
-    root = tmp_path_factory.mktemp("vllm")
+@contextmanager
+def serving(root: Path, fastok: str = "off") -> Iterator[VllmServer]:
+    """A vLLM started from `engine_command` (the tiny model written under `root`), until the `with` ends."""
     model_dir = write_tiny_model(root / "model")
     for _ in range(PORT_ATTEMPTS):
-        command, environ = session_engine(model_dir, root / "state", free_port())
-        server = VllmServer(command.port, SERVED_NAME, command.window, root / "vllm.log", model_dir)
-        process = launch(command, environ, server.log_path)
+        environ = engine_environ(model_dir, root / "state", free_port(), fastok)
+        command = engine_command(load_settings(environ), environ=environ)
+        server = VllmServer(command.port, command.served_names[0], command.window, root / "vllm.log", model_dir)
+        process = launch(command.argv, environ | dict(command.env), server.log_path)
         try:
             if wait_until_ready(server, process):
                 yield server
@@ -127,10 +121,16 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer
     pytest.fail(f"vLLM found its port taken {PORT_ATTEMPTS} times; its log ends:\n{server.log_tail()}")
 
 
-def launch(command: EngineCommand, environ: dict[str, str], log_path: Path) -> subprocess.Popen:
+@pytest.fixture(scope="session")
+def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
+    with serving(tmp_path_factory.mktemp("vllm")) as server:
+        yield server
+
+
+def launch(argv: Sequence[str], environ: dict[str, str], log_path: Path) -> subprocess.Popen:
     with log_path.open("wb") as log:
         return subprocess.Popen(
-            command.argv,
+            argv,
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -8,7 +8,7 @@ chosen from the LAST user message's text (a string or text blocks) and the templ
 - `MARK_TEXT`, or `enable_thinking` false: `ANSWER` alone;
 - `MARK_TOOL`, when tools are given: a hermes tool call of `TOOL_NAME` with `TOOL_ARGUMENTS`;
 - `MARK_AGENT`, when tools are given: a call of Claude Code's `AGENT_TOOL`, whose subagent is asked
-  `AGENT_PROMPT` (it answers `ANSWER`), in the foreground;
+  `script.AGENT_PROMPT` (it answers `ANSWER`), in the foreground;
 - the last message but system ones is a tool result: `AFTER_TOOL`;
 - `MARK_LONG`: `LONG_CYCLE` over and over, until `max_tokens`;
 - `MARK_PONDER` (thinking on): reasoning `PONDER_CYCLE` over and over, until vLLM's
@@ -30,7 +30,6 @@ from pathlib import Path
 
 from runtime.engine.tinymodel.script import (
     AFTER_TOOL,
-    AGENT_PROMPT,
     AGENT_TOOL,
     ANSWER,
     ANSWER_PIECES,
@@ -44,12 +43,10 @@ from runtime.engine.tinymodel.script import (
     MODE_TOKENS,
     PONDER_CYCLE,
     PONDER_PIECES,
-    REASONING_PARSER,
     SERVED_NAME,
     THINK_START,
     THINKING,
     TOOL_ARGUMENTS,
-    TOOL_CALL_PARSER,
     TOOL_COMMAND,
     TOOL_NAME,
     mode_token,
@@ -58,7 +55,6 @@ from runtime.engine.tinymodel.script import (
 # The script's texts, re-exported: what the tests and the demo expect of the model.
 __all__ = [
     "AFTER_TOOL",
-    "AGENT_PROMPT",
     "AGENT_TOOL",
     "ANSWER",
     "ANSWER_PIECES",
@@ -72,12 +68,10 @@ __all__ = [
     "MODE_TOKENS",
     "PONDER_CYCLE",
     "PONDER_PIECES",
-    "REASONING_PARSER",
     "SERVED_NAME",
     "THINKING",
     "THINK_START",
     "TOOL_ARGUMENTS",
-    "TOOL_CALL_PARSER",
     "TOOL_COMMAND",
     "TOOL_NAME",
     "mode_token",

@@ -9,8 +9,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 SERVED_NAME = "tiny"
-REASONING_PARSER = "qwen3"  # it honours enable_thinking=false; deepseek_r1 would read the reply as reasoning
-TOOL_CALL_PARSER = "hermes"
 
 MARK_TEXT = "[text]"
 MARK_TOOL = "[tool]"
