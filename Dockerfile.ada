@@ -2,9 +2,9 @@
 # docker/targets.toml and docker/versions.toml (edit those, then run `python build.py --all`).
 #
 # Target sm89: NVIDIA Ada Lovelace GPUs (RTX 4090, L4, L40S, RTX 6000 Ada: compute capability 8.9).
-# Layers go from the slowest- to the fastest-changing: OS packages, Python venv, torch, the engine,
-# the runtime's dependencies, a model made at build time (cpu), build facts, our code. A change to
-# runtime/ rebuilds kilobytes.
+# Layers go from the slowest- to the fastest-changing: OS packages, the browser desktop's (where the target
+# has it), Python venv, torch, the engine, the runtime's dependencies, a model made at build time (cpu),
+# build facts, our code. A change to runtime/ rebuilds kilobytes.
 # Classic Dockerfile syntax only: the Docker SDK, BuildKit, buildah and Hugging Face all build it.
 
 ARG BASE_IMAGE=nvidia/cuda:13.0.2-devel-ubuntu24.04
@@ -45,6 +45,26 @@ RUN apt-get update \
       tini \
  && apt-get clean \
  && rm -rf /var/lib/apt/lists/* /etc/ssh/ssh_host_*
+
+# The browser desktop (VL_DESKTOP=on, runtime/desktop.py): its own layer, as rarely changed as the one above.
+# noVNC's page is unpacked from its package without the package's dependencies (tools the page never uses);
+# its index sends a browser to the page with the settings the desktop is made for.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends \
+      fonts-dejavu-core \
+      jwm \
+      python3-websockify \
+      tigervnc-standalone-server \
+      tigervnc-tools \
+      xterm \
+ && apt-get download -o APT::Sandbox::User=root novnc \
+ && dpkg-deb -x novnc_*.deb /tmp/novnc \
+ && mv /tmp/novnc/usr/share/novnc /usr/share/novnc \
+ && echo '<meta http-equiv="refresh" content="0; url=vnc.html?autoconnect=1&amp;resize=remote">' \
+      > /usr/share/novnc/index.html \
+ && rm -rf /tmp/novnc novnc_*.deb \
+ && apt-get clean \
+ && rm -rf /var/lib/apt/lists/*
 
 # Extra CA certificates (a TLS-intercepting proxy's): the *.crt files of docker/certs/.
 COPY docker/certs/ /usr/local/share/ca-certificates/vllm-pod/

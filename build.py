@@ -116,6 +116,12 @@ def parse_args(argv: Sequence[str] | None, targets: dict[str, Target]) -> argpar
         "--config-repo", metavar="REPO", help="the template's VL_CONFIG_REPO, the Hub repo of the pods' settings file"
     )
     runpod.add_argument(
+        "--desktop",
+        action="store_true",
+        help="the template's pods run the browser desktop (VL_DESKTOP=on, port 6080, its password the RunPod secret "
+        "VL_DESKTOP_PASSWORD)",
+    )
+    runpod.add_argument(
         "--cost-per-hour",
         type=float,
         metavar="DOLLARS",
@@ -199,6 +205,7 @@ def publish(args: argparse.Namespace, target: Target, dockerfile: str) -> int:
             cost_per_hour=args.cost_per_hour,
             save=args.runpod,
             create_log_repo=args.push or args.runpod,
+            desktop=args.desktop,
         )
         show_template(target, published or named_image(target, request), template, say)
     return 0

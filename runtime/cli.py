@@ -16,10 +16,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bridge": ("runtime.bridge.server", "serve the Anthropic Messages API in front of an OpenAI-style upstream"),
     "engine-args": ("runtime.engine.command", "print the vLLM command line that the current environment yields"),
     "weights": ("runtime.engine.weights", "download the model's files into the cache (the volume), as a start would"),
+    "preload": ("runtime.preload", "download VL_PRELOAD's repos into the cache, at the lowest priority, as a pod does"),
     "logs": ("runtime.hub.logtail", "tail a pod's remote log on the Hub"),
     "connect": ("runtime.connect", "check an endpoint and print Claude Code's environment"),
     "pod": ("runtime.pods", "start, watch, stop and delete your pods on RunPod (up, watch, status, stop, start, down)"),
     "status": ("runtime.status", "show a running pod's console in the terminal: engine, traffic, keys, GPUs, cost"),
+    "desktop": ("runtime.desktop", "run the browser desktop on port 6080 (VL_DESKTOP=on; `start` supervises it)"),
     "settings": (
         "runtime.settings_command",
         "print the effective VL_* settings, check a settings file, or the README's tables",

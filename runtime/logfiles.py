@@ -15,7 +15,8 @@ from runtime.logsafe import strip_controls
 
 log = logging.getLogger(__name__)
 
-ENGINE, BRIDGE, SSHD = "engine", "bridge", "sshd"  # the pod's children, by the names their logs carry
+# The pod's children, by the names their logs carry.
+ENGINE, BRIDGE, SSHD, DESKTOP = "engine", "bridge", "sshd", "desktop"
 TAIL_LINES = 150  # per source: enough to see a traceback and what led to it
 TAIL_BYTES = 32 * 1024  # per source: engine lines can be long; keeps the file small and "regular" on the Hub
 

@@ -513,6 +513,45 @@ ROUTINGS = ("affinity", "round-robin")
 ROLES = ("pod", "gateway")
 PREFIX_CACHES = ("per-key", "shared")
 RECIPES = recipe_names()
+MAX_SWAPS = 8  # models one pod swaps between: each is a download and minutes of compilation
+MAX_PRELOADS = 8
+
+
+@allows(
+    f"at most {MAX_SWAPS} pairs `served-name:recipe` separated by commas or spaces (recipes: {', '.join(RECIPES)}), "
+    "each name once"
+)
+def swap_pairs(raw: str) -> tuple[str, ...]:
+    """VL_SWAP: which recipe serves each name a request may ask for (`name:recipe`, split at the last colon)."""
+    pairs = at_most(MAX_SWAPS, words(raw))
+    names = []
+    for pair in pairs:
+        name, colon, recipe = pair.rpartition(":")
+        if not colon or not MODEL_NAME.fullmatch(name) or recipe not in RECIPES:
+            raise ValueError
+        names.append(name)
+    if len(set(names)) != len(names):
+        raise Disallowed("a name given twice")
+    return pairs
+
+
+@allows(f"at most {MAX_PRELOADS} Hub model repo ids (owner/name) separated by commas or spaces")
+def model_repos(raw: str) -> tuple[str, ...]:
+    """VL_PRELOAD: model repos whose files are downloaded ahead of a swap."""
+    repos = at_most(MAX_PRELOADS, words(raw))
+    if not all(MODEL_REPO_ID.fullmatch(repo) for repo in repos):
+        raise ValueError
+    return repos
+
+
+@allows("8 to 128 visible ASCII characters")
+def desktop_password(raw: str) -> str:
+    """VL_DESKTOP_PASSWORD: the browser desktop's password (no default: the page is public)."""
+    value = raw.strip()
+    if not HEADER_TOKEN.fullmatch(value) or not 8 <= len(value) <= 128:
+        raise ValueError
+    return value
+
 
 # A table, one variable to a few lines, read down its columns: the formatter leaves it as written.
 # fmt: off
@@ -563,6 +602,15 @@ VARIABLES: tuple[Variable, ...] = (
     _var("VL_ALIASES", "", model_names, B,
          "Extra names the bridge answers to (any unknown name still falls back to the served model); "
          "with VL_BRIDGE=off vLLM serves them itself (a change then restarts it)."),
+    _var("VL_SWAP", "", swap_pairs, B,
+         "Models swapped on demand: `name:recipe` pairs; /v1/models lists every name, and a request for a name "
+         "whose recipe is not loaded restarts the engine on it while the request waits (pings; 529 unstreamed). "
+         "The loaded recipe's own names are served as ever; empty = one model."),
+    _var("VL_SWAP_MIN_S", "300", decimal(0.0, 86400.0, unit="seconds"), B,
+         "Least time on a model before a swap away from it (a swap costs minutes: 368 s at a first compile)."),
+    _var("VL_PRELOAD", "", model_repos, P,
+         "Hub model repos downloaded into the cache in the background once the first model serves (at the "
+         "lowest CPU and I/O priority), so that a later swap downloads nothing."),
     _var("VL_EXTRA_ARGS", "", engine_arguments, E,
          "Appended to the vLLM command (the flags the runtime sets are refused: the settings above own them).",
          max_chars=8192),
@@ -583,6 +631,10 @@ VARIABLES: tuple[Variable, ...] = (
     _var("VL_ALLOWED_HOSTS", "", host_names, B,
          "Without keys: names the bridge answers to in `Host`, besides IP addresses, `localhost` and RunPod's "
          "`<pod>-<port>.proxy.runpod.net` (any other is refused with a 403, against DNS rebinding)."),
+    _var("VL_GUARD", "on", switch, B,
+         "Block a whole-file write (Write, write_file, create_file) whose content holds an explicit elision "
+         "marker (`... rest of file`, `(rest of the file unchanged)`, `<unchanged>`...): the model is told why, "
+         "and the file is not truncated."),
     _var("VL_LOG_PROMPTS", "off", switch, B, "Include prompt text in the per-request trace."),
     _var("VL_MAX_BODY_MB", "64", integer(1, 1024, unit="MiB"), B,
          "Largest request body the bridge accepts (413 beyond)."),
@@ -652,6 +704,10 @@ VARIABLES: tuple[Variable, ...] = (
     _var("VL_MAX_SPEND", "", optional(decimal(0.01, 100000.0, unit="dollars")), P,
          "With VL_COST_PER_HOUR: once this start of the pod has cost this much, it says so and stops itself; "
          "empty = no cap. Needs RunPod's RUNPOD_POD_ID and RUNPOD_API_KEY."),
+    _var("VL_DESKTOP", "off", switch, P,
+         "A Linux desktop in the browser on port 6080 (noVNC); needs VL_DESKTOP_PASSWORD."),
+    _var("VL_DESKTOP_PASSWORD", "", optional(desktop_password), P,
+         "The desktop's password: set it from a RunPod secret (there is no default).", secret=True),
     _var("VL_STATE_DIR", "/var/lib/vlpod", ABSOLUTE_DIRECTORY, P, "Where the runtime keeps its logs and state."),
     _var("VL_VOLUME", "/workspace", ABSOLUTE_DIRECTORY, P,
          "The pod's volume (RunPod mounts it at /workspace): when it is a mount point, VL_CACHE_DIR defaults to a folder on it."),
@@ -693,6 +749,9 @@ class Settings:
     flashinfer: bool
     attn: str | None
     aliases: tuple[str, ...]
+    swap: tuple[str, ...]
+    swap_min_s: float
+    preload: tuple[str, ...]
     extra_args: str
     # the bridge
     bridge: bool
@@ -700,6 +759,7 @@ class Settings:
     api_keys: tuple[ApiKey, ...]
     prefix_cache: str
     allowed_hosts: tuple[str, ...]
+    guard: bool
     log_prompts: bool
     max_body_mb: int
     key_concurrency: int | None
@@ -729,6 +789,8 @@ class Settings:
     cuda_compat: str
     idle_stop_min: float | None
     max_spend: float | None
+    desktop: bool
+    desktop_password: str | None
     state_dir: str
     volume: str
     cache_dir: str | None
@@ -799,7 +861,14 @@ def load_settings(environ: Mapping[str, str], remote: Mapping[str, str] | None =
             raw, source = environ[variable.env], "env"
         values[variable.attr] = parse_value(variable, raw)
         sources[variable.attr] = source
+    check_together(values)
     return Settings(values, sources)
+
+
+def check_together(values: Mapping[str, Any]) -> None:
+    """Settings that are each fine alone but not together; SettingsError names the one to change."""
+    if values["desktop"] and not values["desktop_password"]:
+        raise SettingsError("VL_DESKTOP", "on", "off while VL_DESKTOP_PASSWORD is empty (the desktop's port is public)")
 
 
 def not_a_setting(name: str) -> str:

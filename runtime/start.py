@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -35,6 +35,8 @@ from runtime.gateway import check_roles, keep_workers
 from runtime.gpu import GpuError, inspect_gpu
 from runtime.health import Answers200, engine_generates, health_url
 from runtime.logfiles import BRIDGE, ENGINE, SSHD, log_file
+from runtime.preload import preload_in_background
+from runtime.preloadstate import RepoPreload, forget_preload_state, write_preload_state
 from runtime.replicas import DRAIN_S, Replica, drained, plan_replicas
 from runtime.router import ROUTER, RouterControl, RouterError, check_router, router_argv, router_url
 from runtime.selfstop import SelfStop
@@ -42,6 +44,19 @@ from runtime.settings import Scope, Settings, SettingsError, load_settings, unkn
 from runtime.settingsfile import FileRefused, SettingsFile, settings_with_file
 from runtime.sshd import SshdLayout, prepare_sshd
 from runtime.supervisor import ChildSpec, Health, Supervisor, until
+from runtime.swap import (
+    DOWNLOADING,
+    PREPARING,
+    SERVING,
+    STARTING,
+    STOPPING,
+    WAITING,
+    SwapState,
+    asked,
+    forget_swap,
+    swap_table,
+    write_state,
+)
 
 if TYPE_CHECKING:
     from runtime.hub import LogPublisher, Redactor, RemoteConfig
@@ -61,6 +76,8 @@ HUB_LAST_WORDS_S = 20.0  # how long a refused start waits for its one line to re
 REFUSED = 2  # exit status of a start refused by a setting, the GPU or the install
 CRASHED = 1  # exit status of a start stopped by anything else (its traceback is in boot.log)
 KEEPS_SERVING = "the current configuration keeps serving"
+SWAP_POLL_S = 0.25  # how often the pod looks for the bridge's swap request (a small file)
+SWAP_WAIT_LOOK_S = 1.0  # how often a swap held back by VL_SWAP_MIN_S looks whether it is still asked for
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -273,13 +290,21 @@ class Pod:
         self.bridge_health = BRIDGE_HEALTH(self.bridge_probe)
         self.stopping = asyncio.Event()
         self.changes: asyncio.Queue[SettingsFile] = asyncio.Queue()
+        self.engine_change = asyncio.Lock()  # a Hub file's and a swap's: one engine change at a time
         self.self_stop = SelfStop.from_settings(settings, environ)  # VL_IDLE_STOP_MIN, VL_MAX_SPEND
+        self.swap = SwapState(loaded=settings.model, since=time.time())  # VL_SWAP: what the bridge reads
+        self.base_settings = settings  # as the environment and the Hub file say, whatever a swap loaded since
 
     def prepare(self) -> None:
         """Everything before vLLM's launch: the GPU, the engine (installed unless prebaked), the weights;
         a gateway has none of them, only its router."""
         check_roles(self.settings)
+        if self.settings.desktop:  # an image built without the desktop refuses it in one line, before vLLM starts
+            from runtime.desktop import check_desktop
+
+            check_desktop()
         forget_engine_health(self.state_dir)  # a previous start's, with other engines or workers
+        forget_swap(self.state_dir)
         if self.gateway:
             version = check_router(self.settings)
             log.info(
@@ -294,6 +319,7 @@ class Pod:
         self.command = prepare_engine(self.settings, self.accelerator, self.engine_env, self.publish_progress)
         self.gpus = len(gpu.host.gpus)
         self.replicas = plan_replicas(self.settings, self.command, self.accelerator, self.gpus)
+        check_swap(self.settings, len(self.replicas))
         if self.routed:
             version = check_router(self.settings)
             log.info("%d engines behind the router (smg %s, %s)", len(self.replicas), version, self.settings.routing)
@@ -326,6 +352,8 @@ class Pod:
             engines_seen = asyncio.create_task(keep_workers(self.settings, self.state_dir, router_url(self.settings)))
         elif self.routed:
             engines_seen = asyncio.create_task(self.note_engine_health())
+        swapping = asyncio.create_task(self.keep_swapping()) if self.replicas else None
+        preloading = asyncio.create_task(self.preload_when_serving())
         try:
             for replica in self.replicas:
                 self.supervisor.start(self.engine_spec(replica))
@@ -338,12 +366,13 @@ class Pod:
             self.publish_progress()
             if self.hub.remote is not None:
                 self.hub.remote.start(self.file_arrived)
+            await self.start_desktop()
             await self.start_sshd()
             await self.stopping.wait()
             log.info("stopping: SIGTERM to every child, SIGKILL after %.0f s", self.supervisor.grace_s)
         finally:
             applying.cancel()
-            for task in (budget, engines_seen, self.rolling):
+            for task in (budget, engines_seen, self.rolling, swapping, preloading):
                 if task is not None:
                     task.cancel()
             if self.hub.remote is not None:
@@ -402,6 +431,30 @@ class Pod:
         if argv is not None:
             self.supervisor.start(ChildSpec(SSHD, argv, dict(self.environ)))
 
+    async def start_desktop(self) -> None:
+        """VL_DESKTOP=on: the browser desktop's launcher, a child like the others (restarted when it, or any
+        piece of it, dies)."""
+        if not self.settings.desktop:
+            return
+        from runtime.desktop import desktop_url, launcher_argv
+        from runtime.logfiles import DESKTOP
+
+        self.supervisor.start(ChildSpec(DESKTOP, launcher_argv(), dict(self.environ)))
+        log.info("desktop: %s (its password: VL_DESKTOP_PASSWORD)", desktop_url(self.environ, self.settings.listen))
+
+    async def preload_when_serving(self) -> None:
+        """VL_PRELOAD: once the first engine serves, the other repos' weights downloaded into the cache by a one-shot
+        child at the lowest priority (runtime.preload), so that a later swap downloads nothing; the repos the engine
+        serves are in the cache already. Meanwhile the console shows them waiting. Cancelled, it kills the child."""
+        forget_preload_state(self.state_dir)  # a previous start's
+        command = self.command
+        repos = [repo for repo in self.settings.preload if command is not None and repo not in command.hub_repos]
+        if command is None or not repos:  # a gateway keeps no weights
+            return
+        write_preload_state(self.state_dir, map(RepoPreload, repos))
+        await until(lambda: any(self.supervisor.is_healthy(replica.name) for replica in self.replicas), every_s=1.0)
+        await preload_in_background(repos, command.cache, self.state_dir, self.environ, self.hub.tell)
+
     async def note_engine_health(self) -> None:
         """Several engines: their health, as the supervisor sees it, in the file the bridge's /health reads."""
         last: dict[str, bool] | None = None
@@ -411,6 +464,96 @@ class Pod:
                 await asyncio.to_thread(write_engine_health, self.state_dir, now)
                 last = now
             await asyncio.sleep(ENGINE_HEALTH_NOTE_S)
+
+    # --- the model swap (VL_SWAP) ---
+
+    async def keep_swapping(self) -> None:
+        """Swap to the recipe the bridge asks for (runtime.swap's files), one swap at a time, while VL_SWAP
+        lists it; a request for the loaded recipe, or for one VL_SWAP no longer lists, changes nothing."""
+        self.tell_swap(SERVING)
+        while True:
+            wanted = await asyncio.to_thread(asked, self.state_dir) or ""
+            if wanted in swap_table(self.settings.swap).values() and wanted != self.settings.model:
+                await self.swap_to(wanted)
+            await asyncio.sleep(SWAP_POLL_S)
+
+    async def swap_to(self, recipe: str) -> None:
+        """Restart the engine on `recipe`: after the loaded one's VL_SWAP_MIN_S, its weights ready first (the old
+        engine answers meanwhile), the old engine drained; a swap that cannot be prepared leaves it serving."""
+        old, asked_at = self.settings.model, time.monotonic()
+        if (due := self.swap_due_in()) > 0:
+            log.info("swap to %s asked: %s stays at least %.0f s more (VL_SWAP_MIN_S)", recipe, old, due)
+            self.tell_swap(WAITING, recipe)
+            while self.swap_due_in() > 0:  # VL_SWAP_MIN_S read anew: a Hub file may change it meanwhile
+                await asyncio.sleep(min(self.swap_due_in(), SWAP_WAIT_LOOK_S))
+                if await asyncio.to_thread(asked, self.state_dir) != recipe:
+                    self.tell_swap(SERVING)
+                    return  # asked back meanwhile: the loop swaps to whatever is asked now
+        async with self.engine_change:
+            await self.swap_now(old, recipe, asked_at)
+
+    async def swap_now(self, old: str, recipe: str, asked_at: float) -> None:
+        self.tell_swap(PREPARING, recipe)
+        self.hub.tell(f"swapping the model: {old} -> {recipe} (asked by a request)")
+        new = self.on_recipe(self.settings, recipe)
+        try:
+            command = await asyncio.to_thread(
+                prepare_engine, new, self.accelerator, self.engine_env, lambda: self.downloading(recipe)
+            )
+        except (SettingsError, InstallError, WeightsError) as error:
+            line = f"swap to {recipe} refused: {error}; {old} keeps serving"
+            log.error("%s", line)
+            self.hub.tell(line)
+            self.swap = replace(self.swap, failed={"recipe": recipe, "reason": str(error), "at": time.time()})
+            self.tell_swap(SERVING)
+            return
+        (replica,) = plan_replicas(new, command, self.accelerator, self.gpus)
+        self.tell_swap(STOPPING, recipe)
+        if not await drained(self.replicas[0].command, DRAIN_S):
+            log.warning("%s still ran requests after %.0f s: they are cut by the swap", old, DRAIN_S)
+        launch = self.supervisor.children[replica.name].launches
+        self.settings, self.command, self.replicas = new, command, (replica,)
+        self.tell_swap(STARTING, recipe)
+        self.supervisor.restart(replica.name, f"swapping the model to {recipe}", self.engine_spec(replica))
+        await until(functools.partial(self.supervisor.is_healthy_after, replica.name, launch))
+        seconds = time.monotonic() - asked_at
+        self.swap = replace(self.swap, last={"from": old, "to": recipe, "seconds": round(seconds, 1)})
+        self.tell_swap(SERVING)
+        line = f"swapped the model: {recipe} serves ({old} -> {recipe} in {seconds:.0f} s)"
+        log.info("%s", line)
+        self.hub.tell(line)
+
+    def swap_due_in(self) -> float:
+        """Seconds before the loaded recipe has had its VL_SWAP_MIN_S (a swap away from it waits that long)."""
+        return self.swap.since + self.settings.swap_min_s - time.time()
+
+    def on_recipe(self, settings: Settings, recipe: str) -> Settings:
+        """`settings` serving `recipe`: VL_REPO, another checkpoint of the pod's own recipe, only with that recipe."""
+        repo = self.base_settings.repo if recipe == self.base_settings.model else None
+        return Settings({**settings.raw(), "model": recipe, "repo": repo}, {**settings.sources, "model": "swap"})
+
+    def downloading(self, recipe: str) -> None:
+        """prepare_engine's word before a download (on its thread): the phase, and the Hub log's progress."""
+        self.tell_swap(DOWNLOADING, recipe)
+        self.publish_progress()
+
+    def tell_swap(self, phase: str, target: str | None = None) -> None:
+        """Write what the bridge reads of the swap (/health, the console, a waiting request): with VL_SWAP only."""
+        from runtime.engine.recipes import load_recipe  # pydantic: a stock image's bare python loads this module
+
+        command = self.command
+        assert command is not None
+        recipes = {recipe: load_recipe(recipe) for recipe in swap_table(self.settings.swap).values()}
+        if self.swap.loaded != self.settings.model:  # swapped, or changed by a Hub file
+            self.swap = replace(self.swap, since=time.time())
+        self.swap = replace(
+            self.swap, loaded=self.settings.model, names=command.served_names, phase=phase, target=target,
+            thinks_unasked=command.recipe.thinks_unasked, recipe_names={r: list(c.names) for r, c in recipes.items()},
+            windows={**{r: c.default_window for r, c in recipes.items()}, self.settings.model: command.window},
+            phase_since=time.time() if phase != self.swap.phase else self.swap.phase_since,
+        )  # fmt: skip
+        if self.settings.swap:
+            write_state(self.state_dir, self.swap)
 
     async def stop_when_due(self, stopper: SelfStop) -> None:
         """VL_IDLE_STOP_MIN and VL_MAX_SPEND: the reason said in the Hub log first, then RunPod stops the pod
@@ -449,15 +592,28 @@ class Pod:
 
     async def reconfigure(self, file: SettingsFile) -> None:
         """The one place a new Hub file is judged, compared with what runs, and acted on: restart what
-        the change needs, and only that; a refused file changes nothing."""
-        new = judged(self.settings, self.environ, file, self.hub)
+        the change needs, and only that; a refused file changes nothing. Never during a swap's engine change."""
+        async with self.engine_change:
+            await self.reconfigure_now(file)
+
+    async def reconfigure_now(self, file: SettingsFile) -> None:
+        new = judged(self.base_settings, self.environ, file, self.hub)
         if new is None:
             return
+        try:
+            check_swap(new, len(self.replicas))
+        except SettingsError as error:
+            refuse(f"refused {file.where}: {error}", self.hub)
+            return
+        base = new
+        if self.settings.model != new.model == self.base_settings.model:
+            new = self.on_recipe(new, self.settings.model)  # the file left the model alone: the swapped one stays
         scopes = self.settings.changed_scopes(new)
         if self.gateway and Scope.ENGINE in scopes:
             log.info("engine settings from %s are ignored: a gateway has no engine (its workers do)", file.where)
             scopes.discard(Scope.ENGINE)
         if not scopes:
+            self.base_settings = base
             return
         command, replicas = self.command, self.replicas
         if Scope.ENGINE in scopes:
@@ -472,7 +628,9 @@ class Pod:
                        f"{len(self.replicas)} (set VL_TP and VL_REPLICAS in the pod's environment)", self.hub)  # fmt: skip
                 return
         log.info("new settings from %s: restarting %s", file.where, " and ".join(sorted(s.value for s in scopes)))
-        self.settings, self.command, self.replicas = new, command, replicas
+        self.settings, self.command, self.replicas, self.base_settings = new, command, replicas, base
+        if Scope.ENGINE in scopes or Scope.BRIDGE in scopes:
+            self.tell_swap(SERVING)  # another recipe, or another VL_SWAP
         bridge_runs = BRIDGE in self.supervisor.children
         if Scope.BRIDGE in scopes and bridge_runs and new.bridge:
             self.supervisor.restart(BRIDGE, "its settings changed", self.bridge_spec())
@@ -512,6 +670,16 @@ class Pod:
             if not await router.admit(engine):
                 log.warning("the router did not take %s back in time", replica.name)
             log.info("%s serves the new settings", replica.name)
+
+
+def check_swap(settings: Settings, engines: int) -> None:
+    """VL_SWAP swaps one engine: several (VL_REPLICAS, VL_DP) would each need the swap at once, refused here; and
+    only the bridge asks for a swap."""
+    if settings.swap and not settings.bridge:
+        raise SettingsError("VL_SWAP", ",".join(settings.swap), "empty with VL_BRIDGE=off (the bridge asks for swaps)")
+    if settings.swap and engines > 1:
+        raise SettingsError("VL_SWAP", ",".join(settings.swap), f"empty on a pod of {engines} engines (a swap "
+                            "restarts one engine; serve each model from its own pod behind a gateway)")  # fmt: skip
 
 
 USAGE_LEDGER = "usage-ledger.jsonl"  # each key's totals, across restarts (runtime/bridge/ledger.py)

@@ -95,7 +95,21 @@ def overview(state: Mapping[str, Any]) -> str:
         ("Up", duration(state["uptime_s"])),
         ("Image", image(state["image"])),
     ]
+    if swap := state.get("swap"):  # VL_SWAP
+        rows.insert(2, ("Swap", swapping(swap)))
     return "\n".join(f"{name:<8}{value}" for name, value in rows)
+
+
+def swapping(swap: Mapping[str, Any]) -> str:
+    """The model swap in one line: under way, or what is loaded and what a request may load."""
+    if swap.get("target"):
+        line = f"{swap['loaded']} -> {swap['target']}: {swap['phase']} for {duration(swap['phase_for_s'])}"
+    else:
+        others = sorted(name for name, recipe in swap["models"].items() if recipe != swap["loaded"])
+        line = f"{swap['loaded']} loaded; on demand: {', '.join(others) or 'none'}"
+    if last := swap.get("last"):
+        line += f" (last: {last['from']} -> {last['to']} in {duration(last['seconds'])})"
+    return line
 
 
 def engines(rows: Sequence[Mapping[str, Any]]) -> str:

@@ -15,19 +15,23 @@ from space.publish import Published, Say
 from space.targets import Target
 
 DEFAULT_LOG_REPO = "datasets/{user}/vllm-pod-logs"  # a private dataset: the pods' boot logs (VL_LOG_REPO)
+DESKTOP_PORT = "6080/http"  # the browser desktop (runtime/desktop.py's port) through RunPod's HTTPS proxy
+DESKTOP_SECRET = "VL_DESKTOP_PASSWORD"  # a RunPod secret of the same name, like HF_TOKEN and VL_API_KEYS
 REPO_TYPES = {"datasets": "dataset", "spaces": "space"}
 
 
 @dataclasses.dataclass(frozen=True)
 class TemplateChoice:
     """What the command line asks of the template: the values it carries (--log-repo, --config-repo,
-    --cost-per-hour), whether it is saved on RunPod (--runpod), and whether its log repo is made when missing."""
+    --cost-per-hour), whether it is saved on RunPod (--runpod), whether its log repo is made when missing, and
+    whether its pods run the browser desktop (VL_DESKTOP=on, port 6080)."""
 
     log_repo: str | None
     config_repo: str | None
     cost_per_hour: float | None
     save: bool
     create_log_repo: bool
+    desktop: bool = False
 
 
 def show_template(target: Target, published: Published, choice: TemplateChoice, say: Say) -> None:
@@ -50,9 +54,30 @@ def show_template(target: Target, published: Published, choice: TemplateChoice, 
         log_repo=log_repo(choice, published.hub_user, say),
         config_repo=choice.config_repo,
     )
+    if choice.desktop:
+        if not target.desktop:
+            raise BuildError(f"the {target.name} image has no desktop (docker/targets.toml: desktop = false)")
+        body = with_desktop(body)
     print(runpod.render_template(body, private=bool(published.pull_user)))
+    if choice.desktop:
+        print(f"Create the secret {DESKTOP_SECRET} too: the browser desktop's password (8 to 128 visible ASCII "
+              "characters), asked at https://POD_ID-6080.proxy.runpod.net/")  # fmt: skip
     if credential is not None:
         runpod.save_template(body, *credential)
+
+
+def with_desktop(body: dict[str, Any]) -> dict[str, Any]:
+    """The template with the browser desktop on: VL_DESKTOP=on, its password a RunPod secret (by reference: the
+    value never passes through here), and port 6080."""
+    env = {**body["env"], "VL_DESKTOP": "on", DESKTOP_SECRET: runpod.secret_reference(DESKTOP_SECRET)}
+    return {**body, "env": env, "ports": desktop_ports(body["ports"], env)}
+
+
+def desktop_ports(ports: list[str], env: dict[str, str]) -> list[str]:
+    """The template's ports with 6080 exactly when its environment turns the desktop on: RunPod's proxy would
+    otherwise publish a port with nothing behind it."""
+    others = [port for port in ports if port != DESKTOP_PORT]
+    return [*others, DESKTOP_PORT] if env.get("VL_DESKTOP") == "on" else others
 
 
 def log_repo(choice: TemplateChoice, user: str | None, say: Say) -> str | None:

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCKER_DIR = ROOT / "docker"
 TEMPLATE = "Dockerfile.j2"
 KINDS = ("gpu", "cpu")
-TARGET_KEYS = {"aliases", "kind", "description", "cuda-arch", "dockerfile", "committed"}
+TARGET_KEYS = {"aliases", "kind", "description", "cuda-arch", "dockerfile", "committed", "desktop"}
 BRIDGE_PORT, SSH_PORT = 8080, 22
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"  # Debian's and Ubuntu's, with docker/certs/ added
 TINY_RECIPE = ROOT / "runtime" / "engine" / "recipes" / "tiny.toml"  # its `repo` is where the cpu image bakes the model
@@ -40,6 +40,7 @@ class Target:
     cuda_arch: str | None
     dockerfile: Path
     committed: bool
+    desktop: bool  # whether the image carries the browser desktop (VL_DESKTOP; runtime/desktop.py)
 
 
 # --- the target table and the pins -------------------------------------------------------------
@@ -71,6 +72,8 @@ def parse_target(name: str, entry: dict[str, Any], path: Path) -> Target:
         raise BuildError(f"{where}: cuda-arch is required for a gpu target and refused for a cpu one")
     if cuda_arch is not None and not re.fullmatch(r"\d+\.\d+[af]?", cuda_arch):
         raise BuildError(f"{where}: cuda-arch={cuda_arch!r}; expected a compute capability like 8.9 or 12.0")
+    if not isinstance(entry["desktop"], bool):
+        raise BuildError(f"{where}: desktop={entry['desktop']!r}; expected true or false")
     return Target(
         name=name,
         aliases=tuple(entry["aliases"]),
@@ -79,6 +82,7 @@ def parse_target(name: str, entry: dict[str, Any], path: Path) -> Target:
         cuda_arch=cuda_arch,
         dockerfile=ROOT / entry["dockerfile"],
         committed=bool(entry["committed"]),
+        desktop=entry["desktop"],
     )
 
 
@@ -118,6 +122,25 @@ def os_packages(target: Target, versions: dict[str, Any]) -> list[str]:
     # cuda-compat stays installed but off: the runtime enables it only when the host driver needs it.
     # FlashInfer's and Triton's JIT compile on the GPU host: nvcc (the base's), g++, the Python headers.
     return sorted([*common, f"cuda-compat-{major}-{minor}", "g++", f"python{python}-dev"])
+
+
+# The browser desktop (runtime/desktop.py says why each piece): TigerVNC's Xvnc (an X server that is its own VNC
+# server, and follows the browser's window size), vncpasswd for its password file, JWM (a window manager with a
+# taskbar: 36 MB, where openbox, fluxbox and icewm pull Ghostscript through their image library: +126-134 MB,
+# and XFCE +153 MB), xterm with a scalable font, and Debian's websockify (the distribution's python3 runs it).
+DESKTOP_PACKAGES = ["fonts-dejavu-core", "jwm", "python3-websockify", "tigervnc-standalone-server", "tigervnc-tools",
+                    "xterm"]  # fmt: skip
+# noVNC's page comes from the distribution's package, unpacked without its dependencies: they are Node.js and
+# Python libraries (143 MB) for tools the page never uses.
+NOVNC_PACKAGE, NOVNC_DIR = "novnc", "/usr/share/novnc"  # runtime/desktop.py serves NOVNC_DIR (a test compares)
+
+
+def desktop_layers(target: Target) -> list[dict[str, Any]]:
+    """The desktop's layer (none for a target with `desktop = false`): OS packages that change rarely, kept
+    out of the base layer so that the images without it stay as they were."""
+    if not target.desktop:
+        return []
+    return [{"packages": DESKTOP_PACKAGES, "web_package": NOVNC_PACKAGE, "web_dir": NOVNC_DIR}]
 
 
 def image_env(target: Target) -> dict[str, str]:
@@ -178,6 +201,7 @@ def template_values(target: Target, versions: dict[str, Any]) -> dict[str, Any]:
         },
         "env": image_env(target),
         "os_packages": os_packages(target, versions),
+        "desktop_layers": desktop_layers(target),
         "pip_install": f"pip install --no-cache-dir --cert {CA_BUNDLE}",
         "torch_index_url": packages.torch_index,
         "torch_packages": torch,

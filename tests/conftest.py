@@ -19,6 +19,7 @@ pytest_plugins = [
     "tests.support.images",  # `image_engine`, `image_base`, `cpu_image`: one Docker engine and cpu build per session
     "tests.support.runpod_server",  # `runpod_server`: RunPod's REST API v2, checked against its OpenAPI file
     "tests.support.bridge",  # `bridge`: the bridge in front of that vLLM; `start_bridge` for special ones
+    "tests.support.browser",  # `browser`: a headless Chromium per module (the console, the desktop)
 ]
 
 

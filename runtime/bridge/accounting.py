@@ -175,8 +175,10 @@ def trace_line(
             fields.append(f"{name.replace('input', 'in').replace('output', 'out')}={trace[name]}")
     if "ttft_s" in trace:
         fields.append(f"ttft_ms={trace['ttft_s'] * 1000:.0f}")
+    if "swap_wait_s" in trace:  # VL_SWAP: how long it waited for its model to be loaded
+        fields.append(f"swap_wait_ms={trace['swap_wait_s'] * 1000:.0f}")
     fields.append(f"dur_ms={duration * 1000:.0f}")
-    for name in ("stop", "error_type"):
+    for name in ("stop", "error_type", "guard"):
         if trace.get(name):
             fields.append(f"{name.replace('_type', '')}={trace[name]}")
     if client_id is not None:

@@ -21,6 +21,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from runtime.bridge.connection import CONNECTION
 from runtime.bridge.models import Catalog
+from runtime.bridge.swaps import Swaps
 from runtime.bridge.upstream import Upstream
 
 GONE = "client_gone"  # the trace's `stop` for a client that closed its connection before the end
@@ -30,7 +31,8 @@ STALLED = "client_stalled"  # for one that let a write wait `stall_s` (VL_CLIENT
 @dataclass(frozen=True)
 class Serving:
     """What an answer is handed: the upstream, the served model, the open streams' gauge, and the settings
-    that shape an answer (VL_BRIDGE_PING_S, VL_CLIENT_STALL_S, VL_LOG_PROMPTS)."""
+    that shape an answer (VL_BRIDGE_PING_S, VL_CLIENT_STALL_S, VL_LOG_PROMPTS, VL_GUARD with the count of
+    the writes it blocked, by tool label)."""
 
     upstream: Upstream
     catalog: Catalog
@@ -38,6 +40,9 @@ class Serving:
     ping_s: float
     stall_s: float
     log_prompts: bool
+    swaps: Swaps | None = None  # VL_SWAP's: a request may have to wait for another model
+    guard: bool = True
+    count_blocked_write: Callable[[str], None] = lambda label: None
 
 
 class Outbox:

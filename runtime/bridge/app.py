@@ -100,7 +100,8 @@ class Api:
         engines = read_engine_health(self.bridge.state_dir)  # several engines: as the supervisor last saw them
         answer = {"status": pod_condition(engines), "model": model.name if model else None,
                   "context_window": model.context_window if model else None}  # fmt: skip
-        return JSONResponse(answer | ({"engines": engines} if engines else {}))
+        swap = self.bridge.swaps.view() if self.bridge.swaps is not None else None
+        return JSONResponse(answer | ({"engines": engines} if engines else {}) | ({"swap": swap} if swap else {}))
 
     async def status(self, request: Request) -> Response:
         return JSONResponse(await pod_status(self.bridge, request.state.caller))

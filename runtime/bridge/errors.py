@@ -43,10 +43,11 @@ def envelope(status: int, message: str) -> bytes:
 class BridgeError(Exception):
     """An error answered to the client: an HTTP status and a message for the envelope."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, retry_after_s: int | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.retry_after_s = retry_after_s  # instead of RETRY_AFTER_S's, when the bridge knows better
 
     @property
     def type(self) -> str:
@@ -54,7 +55,7 @@ class BridgeError(Exception):
 
     def headers(self) -> dict[str, str]:
         """When to retry, for an overload: other errors say nothing (the client's own rules apply)."""
-        wait = RETRY_AFTER_S.get(self.status)
+        wait = self.retry_after_s or RETRY_AFTER_S.get(self.status)
         return {} if wait is None else {"retry-after": str(wait), "x-should-retry": "true"}
 
     def response(self, headers: dict[str, str] | None = None) -> Response:

@@ -22,11 +22,14 @@ import msgspec
 
 from runtime.bridge.answer import Answer, Outbox, Serving
 from runtime.bridge.errors import JSON_RESPONSE_HEADERS, BridgeError, from_upstream, internal_failure
+from runtime.bridge.guard import BlockedWrite
 from runtime.bridge.schema import MessagesRequest
 from runtime.bridge.sse import PING, AnthropicSse, SseParser
 from runtime.bridge.stream import MessageAssembler, StreamTranslator
+from runtime.bridge.swaps import UNSTREAMED_WAIT_S, Swaps
 from runtime.bridge.translate import Translation, Translator
 from runtime.bridge.upstream import BROKEN, JSON_HEADERS, Upstream
+from runtime.logsafe import loggable
 
 log = logging.getLogger("runtime.bridge")
 
@@ -86,7 +89,12 @@ class MessagesExchange(Answer):
 
     async def serve(self, out: Outbox) -> None:
         """Errors up to the upstream's acceptance are HTTP errors; `stream` handles the later ones."""
+        swaps = self.serving.swaps
+        if swaps is not None and swaps.must_wait(self.request.model) and self.request.stream:
+            return await self.serve_after_swap(out, swaps)  # the stream begins now, and pings while the engine swaps
         try:
+            if swaps is not None:
+                await self.wait_for_swap(swaps, UNSTREAMED_WAIT_S)
             translation = await self.translate()
             input_tokens = await self.guard_window(translation)
             async with self.open_chat(translation) as response:
@@ -97,6 +105,38 @@ class MessagesExchange(Answer):
         except BridgeError as error:
             self.trace["error_type"] = error.type
             await error.send(out.send)
+
+    async def serve_after_swap(self, out: Outbox, swaps: Swaps) -> None:
+        """A streamed request for a model being swapped in: message_start and pings at once, then the answer
+        as usual; an error once the stream began (the window's too) is an `event: error`."""
+        sink = AnthropicSse()
+        translator = StreamTranslator(sink, self.id, self.request.model, guard=self.serving.guard)
+
+        async def announce() -> bytes:
+            translator.begin()
+            return sink.take()
+
+        await out.start(200, SSE_HEADERS, PING, self.serving.ping_s, announce)
+        try:
+            await self.wait_for_swap(swaps)
+            translation = await self.translate()
+            input_tokens = await self.guard_window(translation)
+            async with self.open_chat(translation) as response:
+                await self.stream(response, out, translation, input_tokens, (sink, translator))
+        except BridgeError as error:
+            self.trace["error_type"] = error.type
+            out.stop()
+            await out.end(sink.take() + error.event())
+
+    async def wait_for_swap(self, swaps: Swaps, timeout_s: float | None = None) -> None:
+        """Until the engine serves the model asked for (`Swaps.ready_for`); the trace says how long it waited."""
+        if not swaps.must_wait(self.request.model):
+            return
+        began = time.monotonic()
+        try:
+            await swaps.ready_for(self.request.model, timeout_s)
+        finally:
+            self.trace["swap_wait_s"] = round(time.monotonic() - began, 2)
 
     async def translate(self) -> Translation:
         catalog = self.serving.catalog
@@ -136,10 +176,16 @@ class MessagesExchange(Answer):
             raise upstream_refusal(error)
 
     async def stream(
-        self, response: aiohttp.ClientResponse, out: Outbox, translation: Translation, input_tokens: int
-    ) -> None:
-        sink = AnthropicSse()
-        translator = StreamTranslator(sink, self.id, self.request.model, input_tokens)
+        self, response: aiohttp.ClientResponse, out: Outbox, translation: Translation, input_tokens: int,
+        begun: tuple[AnthropicSse, StreamTranslator] | None = None,
+    ) -> None:  # fmt: skip
+        """The answer as SSE; `begun`: the sink and translator of a stream already started (a swap's wait)."""
+        if begun is None:
+            sink = AnthropicSse()
+            translator = StreamTranslator(sink, self.id, self.request.model, input_tokens, self.serving.guard)
+        else:
+            sink, translator = begun
+            translator.input_tokens = input_tokens
 
         async def announce() -> bytes:
             """Before a ping, the message_start that the engine's first chunk has not brought yet (a long
@@ -150,7 +196,10 @@ class MessagesExchange(Answer):
             translator.begin()
             return sink.take()
 
-        await out.start(200, SSE_HEADERS, PING, self.serving.ping_s, announce)
+        if begun is None:
+            await out.start(200, SSE_HEADERS, PING, self.serving.ping_s, announce)
+        elif out.pings is not None:  # the pings go on, their message_start now with the prompt counted
+            out.pings.before = announce
         self.serving.open_streams.inc()
         try:
             await self.pump(response, translator, sink, out)
@@ -170,7 +219,7 @@ class MessagesExchange(Answer):
 
     async def answer(self, response: aiohttp.ClientResponse, out: Outbox, input_tokens: int) -> None:
         sink = MessageAssembler()
-        translator = StreamTranslator(sink, self.id, self.request.model, input_tokens)
+        translator = StreamTranslator(sink, self.id, self.request.model, input_tokens, self.serving.guard)
         try:
             await self.pump(response, translator)
         finally:
@@ -207,6 +256,19 @@ class MessagesExchange(Answer):
         )  # fmt: skip
         if translator.first_token_at is not None:
             trace["ttft_s"] = translator.first_token_at - self.started
+        if translator.blocked:
+            self.record_blocked(translator.blocked)
+
+    def record_blocked(self, writes: list[BlockedWrite]) -> None:
+        """The writes VL_GUARD blocked: in the trace (`guard=blocked:Write`), counted by tool, and one log line
+        each with the file and the marker's line, escaped (`loggable`: the model wrote them), never the content."""
+        self.trace["guard"] = "blocked:" + ",".join(write.label for write in writes)
+        for write in writes:
+            self.serving.count_blocked_write(write.label)
+            log.warning(
+                "guard blocked a truncated write id=%s tool=%s path=%s line=%d marker=%s", self.id,
+                loggable(write.tool), loggable(write.path), write.line, loggable(write.marker),
+            )  # fmt: skip
 
 
 def last_user_text(messages: list[dict[str, Any]]) -> str:

@@ -12,6 +12,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from runtime.bridge.guard import WHOLE_FILE_WRITES
 from runtime.telemetry import GpuReading
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -42,6 +43,12 @@ class Metrics:
             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600), registry=self.registry,
         )  # fmt: skip
         self.open_streams = Gauge("bridge_open_streams", "Responses being streamed now.", registry=self.registry)
+        self.guard_blocked = Counter(
+            "bridge_guard_blocked", "Whole-file writes blocked by VL_GUARD (their content elided the file), by tool.",
+            ["tool"], registry=self.registry,
+        )  # fmt: skip
+        for label in WHOLE_FILE_WRITES.values():  # each at 0 from the start: a rate can be read from the first
+            self.guard_blocked.labels(label)
         in_use = Gauge("bridge_upstream_connections_in_use", "Upstream requests in flight (the bounded pool's use).",
                        registry=self.registry)  # fmt: skip
         in_use.set_function(upstream_in_use)
@@ -76,6 +83,15 @@ class Metrics:
         """One generation of `request_class` (one of sessions.REQUEST_CLASSES, `other` or `none`: bounded)."""
         self.counter(self.by_class, request_class, key).inc()
         self.add_tokens(self.tokens_by_class, request_class, (input_tokens, cached_tokens, output_tokens))
+
+    def count_blocked_write(self, tool: str) -> None:
+        """One write blocked by VL_GUARD; `tool` is its label (one of guard.WHOLE_FILE_WRITES': bounded)."""
+        self.counter(self.guard_blocked, tool).inc()
+
+    def writes_blocked(self) -> int:
+        """The writes VL_GUARD blocked since the bridge started, all tools together (the console's count)."""
+        samples = next(iter(self.guard_blocked.collect())).samples
+        return int(sum(sample.value for sample in samples if sample.name.endswith("_total")))
 
     def add_tokens(self, counter: Counter, label: str, tokens: tuple[int, int, int]) -> None:
         """Input, cached and output tokens onto `counter`'s (label, kind) series; none for a zero."""

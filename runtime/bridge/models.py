@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
@@ -42,6 +42,8 @@ class Catalog:
         self.aliases = tuple(aliases)
         self.model: ServedModel | None = None
         self.traits = Traits(thinks_unasked=thinks_unasked)
+        # Models a request may ask for that the engine does not serve now, with their windows (VL_SWAP).
+        self.others: Callable[[], dict[str, int]] = dict
 
     def refused_thinking_budget(self) -> None:
         """vLLM refused `thinking_token_budget`: this engine runs without a reasoning parser, so no request
@@ -113,19 +115,21 @@ class Catalog:
         name = self.model.name
         prefixed = name if name.startswith("claude-") else f"claude-{name}"
         others = sorted(self.model.upstream_ids - {name})
-        return list(dict.fromkeys([name, prefixed, name + ONE_MILLION, *others, *self.aliases]))
+        return list(dict.fromkeys([name, prefixed, name + ONE_MILLION, *others, *self.aliases, *self.others()]))
 
     def anthropic_info(self, model_id: str) -> dict:
         """One entry of Anthropic's `/v1/models`, with the context window; Claude Code's model picker
         shows `display_name` and `description`."""
         assert self.model is not None
         created = datetime.fromtimestamp(self.model.created, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        window = self.model.context_window
+        window, description = self.model.context_window, f"{self.model.name} on this pod's vLLM"
+        if (other := self.others().get(model_id)) is not None:  # VL_SWAP: loaded on the first request for it
+            window, description = other or window, f"{model_id}, loaded on this pod's vLLM when asked for"
         return {
             "type": "model",
             "id": model_id,
             "display_name": model_id,
-            "description": f"{self.model.name} on this pod's vLLM, {window:,}-token window",
+            "description": f"{description}, {window:,}-token window",
             "created_at": created,
             "lifecycle": "active",
             "max_input_tokens": window,

@@ -19,6 +19,7 @@ from runtime.bridge.auth import Caller
 from runtime.bridge.engines import EngineView, engine_view
 from runtime.bridge.state import Bridge
 from runtime.logfiles import tail
+from runtime.preloadstate import read_preload_state
 from runtime.redact import Redactor
 
 BOOT_LOG_LINES = 20
@@ -81,6 +82,7 @@ async def pod_status(bridge: Bridge, caller: Caller) -> dict[str, Any]:
         "model": {"name": model.name, "context_window": model.context_window or None} if model else None,
         "engine": {"state": state, "boot_log": boot_log},
         "engines": [engine.as_json(index) for index, engine in enumerate(engines)],
+        "preload": read_preload_state(bridge.state_dir),  # VL_PRELOAD's repos (runtime.preload); None without
         "uptime_s": round(uptime_s, 1),
         "image": bridge.image,
         "traffic": {
@@ -103,4 +105,6 @@ async def pod_status(bridge: Bridge, caller: Caller) -> dict[str, Any]:
         "gpus": gpus,
         "gpu_note": gpu_note,
         "cost": cost(bridge.cost_per_hour, uptime_s, traffic["output_tokens_per_s"]),
+        "swap": bridge.swaps.view() if bridge.swaps is not None else None,
+        "guard": {"writes_blocked": bridge.metrics.writes_blocked()} if bridge.serving.guard else None,
     }

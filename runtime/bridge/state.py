@@ -18,6 +18,7 @@ from runtime.bridge.metrics import Metrics
 from runtime.bridge.models import Catalog
 from runtime.bridge.sessions import Sessions
 from runtime.bridge.sharing import key_cap
+from runtime.bridge.swaps import Swaps
 from runtime.bridge.upstream import Upstream
 from runtime.bridge.usage import Usage
 from runtime.image import public_facts, read_image_facts
@@ -46,8 +47,14 @@ class Bridge:
         self.keys = ApiKeys.for_pod(settings)
         self.hosts = AllowedHosts.for_pod(settings.allowed_hosts, os.environ)
         # What every answer is handed: these, and the settings that shape an answer.
+        self.swaps = (
+            Swaps(settings.swap, Path(settings.state_dir), self.catalog, self.upstream) if settings.swap else None
+        )
+        if self.swaps is not None:
+            self.catalog.others = self.swaps.others
         self.serving = Serving(self.upstream, self.catalog, self.metrics.open_streams, settings.bridge_ping_s,
-                               settings.client_stall_s, settings.log_prompts)  # fmt: skip
+                               settings.client_stall_s, settings.log_prompts, self.swaps, guard=settings.guard,
+                               count_blocked_write=self.metrics.count_blocked_write)  # fmt: skip
         self.max_body: int = settings.max_body_mb * 2**20
         self.key_concurrency: int | None = key_cap(max_connections, len(self.keys.labels), settings.key_concurrency)
         # Each key's totals across restarts, when the pod gives a ledger (on its volume).

@@ -3,7 +3,8 @@
 One translator serves both modes: it calls an event sink, either `sse.AnthropicSse` (bytes for a
 stream) or `MessageAssembler` (the non-streamed response). Reasoning is read from `delta.reasoning`
 and `delta.reasoning_content` (vLLM versions differ; the seeds' first bridge read only one and
-showed no thinking at all).
+showed no thinking at all). With VL_GUARD, a whole-file write's block is held until its arguments end,
+then said whole or replaced by a text (`runtime.bridge.guard`): one path for both modes.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import msgspec
 from msgspec import Struct
 
 from runtime.bridge.errors import BridgeError, status_from_upstream
+from runtime.bridge.guard import BlockedWrite, notice, truncated_write, whole_file_write
 from runtime.bridge.nesting import MAX_JSON_DEPTH, nests_deeper_than
 
 log = logging.getLogger("runtime.bridge")
@@ -89,14 +91,18 @@ class Sink(Protocol):
 class StreamTranslator:
     """Feeds on upstream `data:` payloads and drives a sink with Anthropic's events, in order."""
 
-    def __init__(self, sink: Sink, message_id: str, model: str, input_tokens: int = 0) -> None:
+    def __init__(self, sink: Sink, message_id: str, model: str, input_tokens: int = 0, guard: bool = True) -> None:
         self.sink = sink
         self.index = -1
         self.open: str | None = None  # "thinking", "text", "tool_use" or None
         self.tool_index: int | None = None
         self.tools_started: set[int] = set()
         self.answered = False  # some text or a tool call: else the reasoning is repeated as text
-        self.tool_used = False
+        self.tool_used = False  # a tool_use block said: the stop reason is `tool_use`
+        self.guard = guard  # VL_GUARD: whole-file writes are held back and checked
+        self.held: dict[str, Any] | None = None  # the open block, when it is a held whole-file write
+        self.held_arguments: list[str] = []
+        self.blocked: list[BlockedWrite] = []  # the writes replaced by a text, for the trace and the metrics
         self.reasoning: list[str] = []
         self.finish_reason: str | None = None
         self.matched_stop: str | int | None = None
@@ -188,22 +194,59 @@ class StreamTranslator:
             if call.index not in self.tools_started and call.id and function.name:
                 self.tools_started.add(call.index)
                 block = {"type": "tool_use", "id": tool_use_id(call.id), "name": function.name, "input": {}}
-                self.start_block(block, "tool_use")
-                self.tool_index, self.answered, self.tool_used = call.index, True, True
+                if self.guard and whole_file_write(function.name):
+                    self.hold(block)
+                else:
+                    self.start_block(block, "tool_use")
+                    self.tool_used = True
+                self.tool_index, self.answered = call.index, True
             if function.arguments and self.open == "tool_use" and call.index == self.tool_index:
-                self.sink.delta(function.arguments)
+                if self.held is not None:
+                    self.held_arguments.append(function.arguments)
+                else:
+                    self.sink.delta(function.arguments)
 
     def start_block(self, block: dict[str, Any], kind: str) -> None:
+        self.next_block(kind)
+        self.sink.block_start(self.index, block)
+
+    def next_block(self, kind: str) -> None:
+        """Close the open block and take the next index, as every block does before its start is said."""
         self.close_block()
         if self.first_token_at is None:
             self.first_token_at = time.monotonic()
         self.index += 1
         self.open = kind
-        self.sink.block_start(self.index, block)
+
+    def hold(self, block: dict[str, Any]) -> None:
+        """Open a whole-file write's block without saying it: its arguments are kept until they end (the
+        next block, or the stream's end), when `release` says it whole or the text that replaces it. Its
+        index is taken now, and nothing else is said meanwhile: the indexes stay consecutive."""
+        self.next_block("tool_use")
+        self.held, self.held_arguments = block, []
+
+    def release(self) -> None:
+        """The held write, said at once: its tool_use block with all its arguments in one delta, or, when its
+        content elides the file (`guard.truncated_write`), a text block at its place that says so."""
+        block, arguments = self.held, "".join(self.held_arguments)
+        assert block is not None
+        self.held, self.held_arguments = None, []
+        blocked = truncated_write(block["name"], arguments)
+        if blocked is None:
+            self.sink.block_start(self.index, block)
+            if arguments:
+                self.sink.delta(arguments)
+            self.tool_used = True
+        else:
+            self.blocked.append(blocked)
+            self.sink.block_start(self.index, {"type": "text", "text": ""})
+            self.sink.delta(notice(blocked))
 
     def close_block(self) -> None:
         if self.open is None:
             return
+        if self.held is not None:
+            self.release()
         if self.open == "thinking":  # clients expect a signature before a thinking block closes
             self.sink.signature(self.index, uuid.uuid4().hex)
         self.sink.block_stop(self.index)
@@ -229,7 +272,9 @@ class StreamTranslator:
             self.sink.delta("".join(self.reasoning))
             self.close_block()
         self.done = True
-        self.stop_reason, stop_sequence = anthropic_stop(self.finish_reason, self.matched_stop, self.tool_used)
+        self.stop_reason, stop_sequence = anthropic_stop(
+            self.finish_reason, self.matched_stop, self.tool_used, bool(self.blocked)
+        )
         self.sink.message_delta(self.stop_reason, stop_sequence, self.usage())
         self.sink.message_stop()
 
@@ -241,11 +286,14 @@ def tool_use_id(engine_id: str) -> str:
     return f"toolu_{generic.group(1)}" if generic else engine_id
 
 
-def anthropic_stop(finish_reason: str | None, matched: str | int | None, tool_used: bool) -> tuple[str, str | None]:
-    """(stop_reason, stop_sequence) from vLLM's finish_reason and stop_reason (the matched string)."""
+def anthropic_stop(
+    finish_reason: str | None, matched: str | int | None, tool_used: bool, blocked: bool = False
+) -> tuple[str, str | None]:
+    """(stop_reason, stop_sequence) from vLLM's finish_reason and stop_reason (the matched string); calls all
+    `blocked` by the guard leave no tool to run: the turn ends (`end_turn`) on the text that replaced them."""
     if finish_reason == "length":
         return "max_tokens", None
-    if tool_used or finish_reason == "tool_calls":
+    if tool_used or (finish_reason == "tool_calls" and not blocked):
         return "tool_use", None
     if isinstance(matched, str):
         return "stop_sequence", matched

@@ -42,7 +42,7 @@ def prepare_engine(
     ensure_engine(settings, accelerator)
     refuse_missing_requirements(command.recipe, Path(settings.venv))
     if command.recipe.generate and not settings.repo:
-        ensure_generated_model(Path(model_source(command.recipe, settings)))
+        ensure_generated_model(Path(model_source(command.recipe, settings)), command.recipe.generated_answer)
     make_cache_dirs(command.cache)  # weights and compile caches: on the volume, for warm restarts
     if not command.hub_repos:
         return command
@@ -71,12 +71,13 @@ def _has_module(venv: Path, module: str) -> bool:
     return False
 
 
-def ensure_generated_model(directory: Path) -> None:
-    """Writes the tiny demo model into `directory` unless it is there; a crash midway leaves no half model."""
+def ensure_generated_model(directory: Path, answer: str = "hello") -> None:
+    """Writes the tiny demo model (whose reply `answer` names) into `directory` unless it is there; a crash midway
+    leaves no half model."""
     if directory.is_dir():
         return
     log.info("generating the tiny demo model in %s", directory)
     partial = directory.with_name(directory.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
-    write_tiny_model(partial)
+    write_tiny_model(partial, answer)
     partial.rename(directory)

@@ -9,6 +9,8 @@ vLLM's own download shows no progress in any log a user can read while the pod h
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -16,7 +18,7 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,12 +29,27 @@ log = logging.getLogger(__name__)
 
 REPORT_EVERY_S = 5.0  # a progress line in the boot log (and so in the Hub log) at most this often
 COMPLETE = "vllm-pod-complete.json"  # in a repo's cache folder: the revision and files known complete
+LOCKS = ".locks"  # in the hub cache, where huggingface_hub keeps its own per-file locks
 # vLLM loads safetensors when a repo has them: other weight formats and the originals are never read.
 SKIPPED_WITH_SAFETENSORS = re.compile(r"(?:^|/)original/|\.(?:bin|pt|pth|gguf|onnx|h5|msgpack|ckpt)$")
 
 
 class WeightsError(RuntimeError):
     """The weights cannot be fetched; `str()` is one line naming the repo and the fix."""
+
+
+@dataclass(frozen=True)
+class Share:
+    """How much of the pod's network a download takes (not a cap in bytes/s: neither huggingface_hub 2.4 nor hf_xet
+    offers one), and how often it says how far it is in the log."""
+
+    files_at_once: int = 8  # huggingface_hub's default
+    # Xet's parallel transfers: the seeds' 135 GB took ~25 min without them. Read by hf_xet at its first use.
+    xet_high_performance: bool = True
+    report_every_s: float = REPORT_EVERY_S
+
+
+FULL = Share()  # a start waits on it: as fast as the Hub and the network go
 
 
 @dataclass(frozen=True)
@@ -77,38 +94,68 @@ def ensure_weights(repos: Iterable[str], cache: Path) -> None:
             download(repo, cache)
 
 
-def download(repo: str, cache: Path) -> None:
-    # Xet's parallel transfers: the seeds' 135 GB took ~25 min without them. Read by hf_xet at its first use.
-    os.environ["HF_XET_HIGH_PERFORMANCE"] = "1"
+def download(
+    repo: str,
+    cache: Path,
+    share: Share = FULL,
+    on_progress: Callable[[int, int], None] | None = None,
+    setting: str = "VL_REPO",
+) -> Listing:
+    """Download `repo` into `cache` at `share`, telling `on_progress` (bytes on disk, total) as it goes, and return
+    what it holds; WeightsError in one line naming `setting` (the variable that named the repo) when the Hub has no
+    such repo for the token."""
+    if share.xet_high_performance:
+        os.environ["HF_XET_HIGH_PERFORMANCE"] = "1"
+    else:
+        os.environ.pop("HF_XET_HIGH_PERFORMANCE", None)
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
     from huggingface_hub.utils import disable_progress_bars
 
     disable_progress_bars()  # the lines below say the same in the boot log, without a bar's carriage returns
-    drop_partial_files(repo_folder(cache, repo))
-    try:
-        listing = list_repo(repo)
-        log.info("downloading %s (revision %s): %d files, %s, into %s", repo, listing.revision[:12],
-                 len(listing.files), human_bytes(listing.size), cache)  # fmt: skip
-        started = time.monotonic()
-        patterns = [glob_literal(name) for name in listing.files]
-        with Progress(repo, repo_folder(cache, repo), listing.size):
-            # At the commit listed: huggingface_hub asks for no other, and writes no ref (done below, once checked).
-            snapshot_download(repo, revision=listing.revision, allow_patterns=patterns, cache_dir=cache)
-    except WeightsError:
-        raise
-    except (RepositoryNotFoundError, GatedRepoError) as error:
-        raise WeightsError(f"the Hub has no model repo {repo} that HF_TOKEN may read "
-                           f"(check VL_REPO, the token, and the model's terms): {type(error).__name__}") from None  # fmt: skip
-    except Exception as error:  # HTTP, network, disk and Xet errors alike: one line, and resumed next time
-        raise WeightsError(f"downloading {repo} failed: {one_line(error)}; the next start takes it up again") from None
-    seconds = time.monotonic() - started
     folder = repo_folder(cache, repo)
-    refuse_wrong_sizes(repo, folder, listing)
-    write_atomically(folder / "refs" / "main", listing.revision)  # what vLLM's offline start resolves `main` by
-    (folder / COMPLETE).write_text(json.dumps({"revision": listing.revision, "files": list(listing.files)}) + "\n")
+    with downloading(cache, folder):
+        try:
+            listing = list_repo(repo)
+            log.info("downloading %s (revision %s): %d files, %s, into %s", repo, listing.revision[:12],
+                     len(listing.files), human_bytes(listing.size), cache)  # fmt: skip
+            started = time.monotonic()
+            patterns = [glob_literal(name) for name in listing.files]
+            with Progress(repo, folder, listing.size, share.report_every_s, on_progress):
+                # At the commit listed: huggingface_hub asks for no other, and writes no ref (done below, once checked).
+                snapshot_download(repo, revision=listing.revision, allow_patterns=patterns, cache_dir=cache,
+                                  max_workers=share.files_at_once)  # fmt: skip
+        except WeightsError:
+            raise
+        except (RepositoryNotFoundError, GatedRepoError) as error:
+            raise WeightsError(f"the Hub has no model repo {repo} that HF_TOKEN may read "
+                               f"(check {setting}, the token, and the model's terms): {type(error).__name__}") from None  # fmt: skip
+        except Exception as error:  # HTTP, network, disk and Xet errors alike: one line, and resumed next time
+            raise WeightsError(f"downloading {repo} failed: {one_line(error)}; the next start takes it up again") from None  # fmt: skip
+        seconds = time.monotonic() - started
+        refuse_wrong_sizes(repo, folder, listing)
+        write_atomically(folder / "refs" / "main", listing.revision)  # what vLLM's offline start resolves `main` by
+        (folder / COMPLETE).write_text(json.dumps({"revision": listing.revision, "files": list(listing.files)}) + "\n")
     log.info("downloaded %s: %s in %.1f s (%s/s)", repo, human_bytes(listing.size), seconds,
              human_bytes(listing.size / max(seconds, 1e-3)))  # fmt: skip
+    return listing
+
+
+@contextlib.contextmanager
+def downloading(cache: Path, folder: Path) -> Iterator[None]:
+    """Held while downloading into a repo's cache `folder`: a lock shared by every process that downloads it (a
+    start or a swap, and the preload, may fetch one repo at once: huggingface_hub's per-file locks keep them apart).
+    The partial files a stopped download left are removed only by a download that is alone, never from under one."""
+    (cache / LOCKS).mkdir(parents=True, exist_ok=True)
+    with (cache / LOCKS / f"{folder.name}.vllm-pod-download.lock").open("a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pass  # another process downloads this repo: its `.incomplete` files are its own
+        else:
+            drop_partial_files(folder)
+        fcntl.flock(lock, fcntl.LOCK_SH)  # from exclusive, a downgrade; the kernel drops it when the process dies
+        yield
 
 
 def refuse_wrong_sizes(repo: str, folder: Path, listing: Listing) -> None:
@@ -187,11 +234,20 @@ def glob_literal(name: str) -> str:
 
 
 class Progress:
-    """A thread that logs a download's progress every REPORT_EVERY_S: bytes in the repo's cache folder
-    (finished blobs and `.incomplete` ones) against the total, the rate, and the time left."""
+    """A thread that measures a download's progress every REPORT_EVERY_S, bytes in the repo's cache folder (finished
+    blobs and `.incomplete` ones) against the total, for `on_progress`, and logs it with the rate and the time left
+    at most every `log_every_s`."""
 
-    def __init__(self, repo: str, folder: Path, total: int) -> None:
+    def __init__(
+        self,
+        repo: str,
+        folder: Path,
+        total: int,
+        log_every_s: float = REPORT_EVERY_S,
+        on_progress: Callable[[int, int], None] | None = None,
+    ) -> None:
         self.repo, self.folder, self.total = repo, folder, total
+        self.log_every_s, self.on_progress = log_every_s, on_progress
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.report, name="weights-progress", daemon=True)
 
@@ -209,9 +265,15 @@ class Progress:
 
     def report(self) -> None:
         start_bytes, started = self.on_disk(), time.monotonic()
+        logged = started
         while not self.stop.wait(REPORT_EVERY_S):
-            done = self.on_disk()
-            rate = (done - start_bytes) / (time.monotonic() - started)
+            done, now = self.on_disk(), time.monotonic()
+            if self.on_progress is not None:
+                self.on_progress(done, self.total)
+            if now - logged < self.log_every_s:
+                continue
+            logged = now
+            rate = (done - start_bytes) / (now - started)
             left = f", about {human_seconds((self.total - done) / rate)} left" if rate > 0 and done < self.total else ""
             share = f" ({100 * done / self.total:.0f}%)" if self.total else ""
             log.info("downloading %s: %s of %s%s, %s/s%s", self.repo, human_bytes(done), human_bytes(self.total),

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import anthropic
 import httpx
 import pytest
-from playwright.sync_api import Browser, Page, ViewportSize, expect, sync_playwright
+from playwright.sync_api import Browser, Page, ViewportSize, expect
 
 from runtime.engine import tinymodel as tiny
 from tests.support.bridge import Process, pod_status, start_bridge
@@ -46,16 +45,6 @@ def watched(vllm_server: VllmServer, tmp_path_factory: pytest.TempPathFactory) -
     }
     with start_bridge(vllm_server.url, root / "bridge.log", settings) as bridge:
         yield bridge
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    chromium = shutil.which("chromium")
-    assert chromium, "Debian's chromium is not installed: scripts/setup installs it (apt-get install chromium)"
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=chromium)
-        yield launched
-        launched.close()
 
 
 @pytest.fixture

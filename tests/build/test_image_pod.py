@@ -28,6 +28,7 @@ from tests.support.images import Engine, report, wait_for_status_page
 from tests.support.net import free_port
 from tests.support.polling import wait_for_log_line, wait_until
 from tests.support.repo_copy import ROOT
+from tests.support.sse_client import stream_events, text_of
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(2400)]
 require_claude_code()
@@ -160,6 +161,8 @@ def pod(
         "VL_PORT": str(port),
         "VL_ENGINE_PORT": str(engine_port),
         "VL_SSH_PORT": str(ssh_port),
+        "VL_SWAP": "tiny:tiny tiny2:tiny2",  # the cpu image's two demo models: a request for tiny2 swaps it in
+        "VL_SWAP_MIN_S": "0",
     }
     client = image_engine[1]
     started = time.monotonic()
@@ -302,6 +305,21 @@ def test_a_bridge_setting_from_the_hub_applies_in_seconds_and_a_bad_one_is_refus
     reply = httpx.post(f"{pod.url}/v1/messages", json=small, headers=headers, timeout=120)
     assert reply.status_code == 200 and reply.json()["content"][0]["text"] == tiny.ANSWER
     assert pod.engine_pid() == engine
+
+
+def test_a_request_for_the_other_model_swaps_it_in_with_pings_and_is_answered_by_it(
+    pod: Pod, request: pytest.FixtureRequest
+) -> None:
+    """VL_SWAP in the image as users run it: the swap's timeline (request → first ping → first token) reported."""
+    seen: dict[str, float] = {}
+    body = {"model": "tiny2", "max_tokens": 32, "messages": [{"role": "user", "content": f"Hi {tiny.MARK_TEXT}"}]}
+    events = stream_events(pod.url, pod.api_key, body, HEALTHY_TIMEOUT_S, seen)
+    assert text_of(events) == tiny.OTHER_ANSWER
+    assert [name for name, _ in events].index("ping") < [name for name, _ in events].index("content_block_delta")
+    swap = httpx.get(f"{pod.url}/health", timeout=10).json()["swap"]
+    assert (swap["loaded"], swap["phase"], swap["last"]["from"]) == ("tiny2", "serving", "tiny")
+    report(request, f"swap tiny -> tiny2 in the image: first ping {seen['ping']:.1f} s, first token "
+                    f"{seen['content_block_delta']:.1f} s after the request (the pod: {swap['last']['seconds']:.0f} s)")  # fmt: skip
 
 
 def host_key(pod: Pod) -> str:

@@ -10,7 +10,6 @@ asking throughout, none of whose requests fails.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -32,6 +31,7 @@ from tests.support.environ import outer_environ
 from tests.support.hub_server import POD_CONFIG_REPO, HubServer
 from tests.support.net import free_port
 from tests.support.polling import wait_until
+from tests.support.signals import stop
 
 pytestmark = pytest.mark.vllm  # `runtime start` with two engines
 
@@ -82,13 +82,7 @@ def pod(hub: HubServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Po
         wait_until(running.routes_to_all, "the router to route to both engines", 120.0, every_s=0.5)
         yield running
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop(process)
 
 
 def test_each_session_stays_on_one_engine_and_its_later_turns_hit_the_prefix_cache(pod: Pod) -> None:

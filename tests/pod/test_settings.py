@@ -29,7 +29,7 @@ BAD_VALUES = [
         "VL_MODEL",
         "gpt5",
         "VL_MODEL='gpt5' is not allowed: expected one of 'codernext', 'flashnext', 'kimi', "
-        "'nemotron', 'ornith', 'ornithnvfp4', 'qwen', 'qwen38', 'tiny'",
+        "'nemotron', 'ornith', 'ornithnvfp4', 'qwen', 'qwen38', 'tiny', 'tiny2'",
     ),
     ("VL_CTX", "128k", "VL_CTX='128k' is not allowed: expected a whole number >= 256, or empty"),
     ("VL_CTX", "100", "VL_CTX='100' is not allowed: expected a whole number >= 256, or empty"),
@@ -140,6 +140,7 @@ SAMPLES = {
     "VL_API_KEYS": "team:key-0123456789abcdef", "VL_ALLOWED_HOSTS": "pod.example.com", "VL_LOG_REPO": "owner/pod-logs", "VL_CONFIG_REPO": "owner/pod-config",
     "VL_KEY_CONCURRENCY": "4", "VL_CACHE_DIR": "/workspace/caches", "VL_IDLE_STOP_MIN": "30", "VL_MAX_SPEND": "20",
     "VL_WORKERS": "https://abc123-8080.proxy.runpod.net", "VL_WORKER_KEY": "sk-worker-0123456789",
+    "VL_SWAP": "tiny:tiny,big:qwen", "VL_PRELOAD": "owner/other-model", "VL_DESKTOP_PASSWORD": "a-desktop-secret",
 }  # fmt: skip
 INJECTION = "\nPasswordAuthentication yes"  # what a newline did to sshd_config through VL_LISTEN
 NON_FINITE = {"nan": "nan", "inf": "inf", "-inf": "-Infinity", "overflow": "1e999", "10 kB of digits": "9" * 10_240}
@@ -154,6 +155,7 @@ VLLM_ARGUMENTS = (
 # Hostile values a variable accepts on purpose, and why each is harmless there.
 HARMLESS = {
     ("VL_API_KEYS", "traversal inside"): KEYS_ONLY_COMPARED,
+    ("VL_DESKTOP_PASSWORD", "traversal inside"): "a password the desktop's server compares: never a path or a line",
     ("VL_WORKER_KEY", "traversal inside"): "a key the gateway sends in a header: never a path, an argument or a line",
     (
         "VL_ALLOWED_HOSTS",

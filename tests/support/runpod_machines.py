@@ -26,6 +26,7 @@ from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from runtime.engine.tinymodel import write_tiny_model
+from tests.support import signals
 from tests.support.environ import outer_environ
 from tests.support.hub_server import HubServer
 from tests.support.net import Served, free_port
@@ -58,13 +59,7 @@ class Played:
 
     def stop(self) -> None:
         """SIGTERM, and wait for it to end (a test's clean-up; RunPod's stop only signals)."""
-        with contextlib.suppress(ProcessLookupError):
-            self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(60)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        signals.stop(self.process)
 
 
 class Machines:

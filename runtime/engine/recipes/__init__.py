@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import tomllib
 from functools import cache
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -59,6 +59,7 @@ class Recipe(Strict):
     description: str
     repo: str  # Hub repository, or a local directory (see `generate`)
     generate: bool = False  # a local model that runtime.engine.tinymodel writes when the directory is absent
+    generated_answer: Literal["hello", "greetings"] = "hello"  # that model's plain reply (tinymodel.script.ANSWERS)
     native_context: Annotated[int, Field(ge=256)]
     yarn: Yarn | None = None
     aliases: list[str] = []  # names besides the bare name and claude-<name>

@@ -41,6 +41,7 @@ from runtime.engine.tinymodel.script import (
     MARK_TEXT,
     MARK_TOOL,
     MODE_TOKENS,
+    OTHER_ANSWER,
     PONDER_CYCLE,
     PONDER_PIECES,
     SERVED_NAME,
@@ -66,6 +67,7 @@ __all__ = [
     "MARK_TEXT",
     "MARK_TOOL",
     "MODE_TOKENS",
+    "OTHER_ANSWER",
     "PONDER_CYCLE",
     "PONDER_PIECES",
     "SERVED_NAME",
@@ -79,9 +81,9 @@ __all__ = [
 ]
 
 
-def write_tiny_model(directory: Path) -> Path:
-    """Write the tiny model into `directory` and return it (`checkpoint.write_checkpoint`). The writer is imported
-    on call: importing the script's texts never loads torch or tokenizers."""
+def write_tiny_model(directory: Path, answer: str = "hello") -> Path:
+    """Write the tiny model, whose plain reply `answer` names (script.ANSWERS), into `directory` and return it. The
+    writer is imported on call: importing the script's texts never loads torch or tokenizers."""
     from runtime.engine.tinymodel.checkpoint import write_checkpoint
 
-    return write_checkpoint(directory)
+    return write_checkpoint(directory, answer)

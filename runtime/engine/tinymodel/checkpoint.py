@@ -9,7 +9,7 @@ from pathlib import Path
 from safetensors.torch import save_file
 from tokenizers import Tokenizer
 
-from runtime.engine.tinymodel.script import END_OF_TEXT, EOS, Script
+from runtime.engine.tinymodel.script import ANSWERS, END_OF_TEXT, EOS, Script
 from runtime.engine.tinymodel.template import CHAT_TEMPLATE
 from runtime.engine.tinymodel.tokenizer import build_tokenizer
 from runtime.engine.tinymodel.weights import (
@@ -23,15 +23,13 @@ from runtime.engine.tinymodel.weights import (
 )
 
 
-def write_checkpoint(directory: Path) -> Path:
-    """Write the complete model (config, weights, tokenizer and chat template) into `directory`.
-
-    Deterministic: the same bytes on every call. Returns `directory`.
-    """
+def write_checkpoint(directory: Path, answer: str = "hello") -> Path:
+    """Write the complete model (config, weights, tokenizer and chat template) into `directory`; `answer` names its
+    plain reply (script.ANSWERS). Deterministic: the same bytes on every call. Returns `directory`."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer()
-    script = Script.of(tokenizer.get_vocab())
+    script = Script.of(tokenizer.get_vocab(), ANSWERS[answer])
     vocab_size = -(-tokenizer.get_vocab_size() // 64) * 64
     (directory / "tokenizer.json").write_text(tokenizer.to_str(pretty=True))
     write_json(directory / "tokenizer_config.json", tokenizer_config())

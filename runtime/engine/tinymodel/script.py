@@ -27,6 +27,7 @@ AGENT_PROMPT = f"Say hello {MARK_TEXT}"
 # a space; the tool call's pieces are spelt so that hermes streams the arguments exactly.
 THINKING_PIECES = ("The user", " wants the", " scripted reply,", " so I", " give it", " now.")
 ANSWER_PIECES = ("Hello from", " the tiny", " model.")
+OTHER_ANSWER_PIECES = ("Greetings from", " the other", " tiny model.")  # the second model's (recipe tiny2)
 AFTER_TOOL_PIECES = ("The command", " ran.")
 LONG_PIECES = ("On and", " on the", " tiny model", " keeps talking. ")
 PONDER_PIECES = ("Let me", " think about", " it once", " more. ")
@@ -46,11 +47,13 @@ AGENT_CALL_PIECES = (
     json.dumps(AGENT_ARGUMENTS),
     "}\n</tool_call>",
 )
-PIECES = (*THINKING_PIECES, *ANSWER_PIECES, *AFTER_TOOL_PIECES, *LONG_PIECES, *PONDER_PIECES, *TOOL_CALL_PIECES,
-          *AGENT_CALL_PIECES)  # fmt: skip
+PIECES = (*THINKING_PIECES, *ANSWER_PIECES, *OTHER_ANSWER_PIECES, *AFTER_TOOL_PIECES, *LONG_PIECES, *PONDER_PIECES,
+          *TOOL_CALL_PIECES, *AGENT_CALL_PIECES)  # fmt: skip
 
 THINKING = "".join(THINKING_PIECES)
 ANSWER = "".join(ANSWER_PIECES)
+OTHER_ANSWER = "".join(OTHER_ANSWER_PIECES)
+ANSWERS = {"hello": ANSWER_PIECES, "greetings": OTHER_ANSWER_PIECES}  # a generated model's plain reply, by name
 AFTER_TOOL = "".join(AFTER_TOOL_PIECES)
 LONG_CYCLE = "".join(LONG_PIECES)
 PONDER_CYCLE = "".join(PONDER_PIECES)
@@ -88,19 +91,20 @@ class Script:
     think_end: int
 
     @classmethod
-    def of(cls, ids: Mapping[str, int]) -> Script:
-        """The script in the token ids of a vocabulary (`ids`: token → id) that holds every piece and mode token."""
+    def of(cls, ids: Mapping[str, int], answer: tuple[str, ...] = ANSWER_PIECES) -> Script:
+        """The script in the token ids of a vocabulary (`ids`: token → id) that holds every piece and mode token;
+        `answer`: the pieces of its plain reply (ANSWER_PIECES, or OTHER_ANSWER_PIECES for the second model)."""
         paths = [
             [mode_token("think"), *THINKING_PIECES, THINK_END],
             [mode_token("ponder"), *PONDER_PIECES, PONDER_PIECES[0]],
-            [*ANSWER_PIECES, EOS],
+            [*answer, EOS],
             [*TOOL_CALL_PIECES, EOS],
             [*AGENT_CALL_PIECES, EOS],
             [*AFTER_TOOL_PIECES, EOS],
             [*LONG_PIECES, LONG_PIECES[0]],
         ]
-        after_think = {mode_token(m): ANSWER_PIECES[0] for m in REASONING_MODES}
-        for mode, pieces in REPLIES.items():
+        after_think = {mode_token(m): answer[0] for m in REASONING_MODES}
+        for mode, pieces in {**REPLIES, "text": answer}.items():
             paths += [[mode_token(mode), pieces[0]], [mode_token(mode, thinking=True), THINK_END]]
             after_think |= {mode_token(mode): pieces[0], mode_token(mode, thinking=True): pieces[0]}
         follows: dict[int, int] = {}
@@ -111,6 +115,6 @@ class Script:
         return cls(
             follows=follows,
             after_think={ids[m]: ids[t] for m, t in after_think.items()},
-            default=ids[ANSWER_PIECES[0]],
+            default=ids[answer[0]],
             think_end=ids[THINK_END],
         )

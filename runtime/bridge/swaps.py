@@ -1,0 +1,111 @@
+"""The bridge's side of the model swap (VL_SWAP): which recipe a request's model needs, asking the pod for it
+(runtime.swap's files), and the wait until it serves. One request or fifty for the other model: one ask, one swap.
+
+A streamed request waits with pings (RunPod's proxy cuts a silent connection at ~100-125 s; a first
+compile took 368 s in the seeds); an unstreamed one cannot be pinged: it waits UNSTREAMED_WAIT_S, then
+gets a 529 with `retry-after`, which Claude Code and the SDKs retry, while the swap goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from runtime.bridge.errors import BridgeError
+from runtime.bridge.models import Catalog
+from runtime.bridge.upstream import Upstream
+from runtime.swap import SwapState, ask_for, asked, read_state, swap_table
+
+POLL_S = 0.25  # how often a waiting request reads the pod's state file (a few hundred bytes)
+UNSTREAMED_WAIT_S = 60.0  # below the proxy's ~100 s cut: a short swap still answers an unstreamed request
+UNSTREAMED_RETRY_S = 30  # what its 529 tells the client to wait before asking again
+
+
+class Swaps:
+    """VL_SWAP's names and recipes, the pod's state as last read, and the wait for a recipe."""
+
+    def __init__(self, pairs: tuple[str, ...], state_dir: Path, catalog: Catalog, upstream: Upstream) -> None:
+        self.table = swap_table(pairs)
+        self.state_dir = state_dir
+        self.catalog = catalog
+        self.upstream = upstream
+        self.asking = asyncio.Lock()
+
+    def state(self) -> SwapState | None:
+        """What the pod last wrote; None without VL_SWAP (or before the pod wrote it)."""
+        return read_state(self.state_dir) if self.table else None
+
+    def must_wait(self, model: str) -> bool:
+        """Whether a request for `model` cannot go to the engine now: it asks for another recipe, the engine is
+        being swapped, or the catalog has not yet learnt what the pod swapped to."""
+        state = self.state()
+        return state is not None and not self.serves(state, model)
+
+    def recipe_of(self, model: str, state: SwapState) -> str | None:
+        """The recipe that serves `model`: VL_SWAP's name, else one of a swappable recipe's own names (`claude-tiny2`);
+        None for any other name (the loaded model answers it, as without VL_SWAP)."""
+        if model in self.table:
+            return self.table[model]
+        return next((recipe for recipe, names in state.recipe_names.items() if model in names), None)
+
+    def serves(self, state: SwapState, model: str) -> bool:
+        recipe = self.recipe_of(model, state)
+        known = self.catalog.model is not None and self.catalog.model.name in state.names
+        return state.engine_up and recipe in (None, state.loaded) and known
+
+    async def ready_for(self, model: str, timeout_s: float | None = None) -> None:
+        """Return once the engine serves `model`'s recipe, asking the pod to swap to it if need be; BridgeError
+        when the swap failed, or (529) when `timeout_s` passed first."""
+        since, deadline = time.time(), time.monotonic() + (timeout_s or 1e9)
+        while (state := self.state()) is not None and not self.serves(state, model):
+            recipe = self.recipe_of(model, state)
+            if recipe is not None and recipe != state.loaded:
+                failed = state.failed or {}
+                if failed.get("recipe") == recipe and failed.get("at", 0) >= since:
+                    raise BridgeError(500, f"{model} could not be loaded: {failed.get('reason')}")
+                async with self.asking:  # fifty waiting requests: one ask
+                    if await asyncio.to_thread(asked, self.state_dir) != recipe:
+                        await asyncio.to_thread(ask_for, self.state_dir, recipe)
+            elif state.engine_up:  # the swap is done: learn the new model before sending it anything
+                await self.learn(state)
+                continue
+            if time.monotonic() >= deadline:
+                raise BridgeError(529, f"{model} is being loaded ({self.progress(state)}): retry in a while",
+                                  UNSTREAMED_RETRY_S)  # fmt: skip
+            await asyncio.sleep(POLL_S)
+
+    async def learn(self, state: SwapState) -> None:
+        """The served model and its traits, from the engine the pod swapped to."""
+        with contextlib.suppress(BridgeError):  # not answering yet: asked again on the next turn
+            await self.catalog.refresh(self.upstream)
+        self.catalog.traits = replace(self.catalog.traits, thinks_unasked=state.thinks_unasked)
+        if self.catalog.model is None or self.catalog.model.name not in state.names:
+            await asyncio.sleep(POLL_S)
+
+    @staticmethod
+    def progress(state: SwapState) -> str:
+        """The swap as a line says it: `tiny -> tiny2, starting for 12 s`."""
+        if state.target is None:
+            return f"{state.loaded} {state.phase}"
+        return f"{state.loaded} -> {state.target}, {state.phase} for {time.time() - state.phase_since:.0f} s"
+
+    def others(self) -> dict[str, int]:
+        """VL_SWAP's names whose recipe is not loaded, with the window each will have (0: not said): /v1/models
+        lists them beside the loaded model's."""
+        state = self.state()
+        if state is None:
+            return {}
+        names = {name: recipe for recipe, names in state.recipe_names.items() for name in names} | self.table
+        return {name: state.windows.get(recipe, 0) for name, recipe in names.items() if recipe != state.loaded}
+
+    def view(self) -> dict[str, Any] | None:
+        """The swap for /health, the console and `runtime status`; None without VL_SWAP."""
+        state = self.state()
+        if state is None:
+            return None
+        return {"loaded": state.loaded, "phase": state.phase, "target": state.target, "models": self.table,
+                "phase_for_s": round(time.time() - state.phase_since, 1), "last": state.last, "failed": state.failed}  # fmt: skip

@@ -1,0 +1,57 @@
+"""VL_PRELOAD's progress, in one small file of VL_STATE_DIR: written by the pod (every repo waiting, until the first
+model serves) and then by the preload's process as it goes (runtime.preload), read by the bridge's status route for
+the console without asking that process anything (as runtime.enginehealth is for the engines' health).
+
+One entry per repo, in the order they are downloaded: `repo`, `state` (waiting, downloading, done, failed), with
+`done` and `total` bytes while downloading (total once known), and a one-line `reason` when failed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+FILE = "preload.json"
+STATES = ("waiting", "downloading", "done", "failed")
+
+
+@dataclass
+class RepoPreload:
+    """One repo's state in the preload."""
+
+    repo: str
+    state: str = "waiting"
+    done: int | None = None  # bytes in the cache, while downloading
+    total: int | None = None  # bytes the Hub lists for the files vLLM reads
+    reason: str | None = None  # why it failed, in one line
+
+    def as_json(self) -> dict[str, Any]:
+        return {name: value for name, value in asdict(self).items() if value is not None}
+
+
+def write_preload_state(state_dir: Path, repos: Iterable[RepoPreload]) -> None:
+    """Replace the file at once (through a rename: the console never reads half of it)."""
+    path = state_dir / FILE
+    partial = path.with_name(f"{FILE}.{os.getpid()}.partial")  # the pod's and the preload's never collide
+    partial.write_text(json.dumps([repo.as_json() for repo in repos]))
+    os.replace(partial, path)
+
+
+def forget_preload_state(state_dir: Path) -> None:
+    """No file: nothing to preload, never a previous start's progress."""
+    (state_dir / FILE).unlink(missing_ok=True)
+
+
+def read_preload_state(state_dir: Path) -> list[dict[str, Any]] | None:
+    """Each repo's state, or None when the pod preloads nothing (no file) or the file cannot be read."""
+    try:
+        entries = json.loads((state_dir / FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(entries, list):
+        return None
+    return [entry for entry in entries if isinstance(entry, dict) and entry.get("state") in STATES]

@@ -1,0 +1,95 @@
+"""The model swap's two small files in VL_STATE_DIR: the bridge asks for a recipe (`swap.request.json`), the
+pod says what is loaded and how far a swap has come (`swap.state.json`). Files, as for the engines' health:
+the bridge never waits on the pod's process, and each side can restart without the other.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+REQUEST_FILE = "swap.request.json"
+STATE_FILE = "swap.state.json"
+
+SERVING = "serving"  # the loaded recipe answers; nothing asked
+WAITING = "waiting"  # asked, but the loaded recipe has not had VL_SWAP_MIN_S yet (it still answers)
+PREPARING = "preparing"  # the other recipe's engine prepared, its weights downloaded if absent (the old one answers)
+DOWNLOADING = "downloading"  # the same, with a download under way
+STOPPING = "stopping"  # the old engine finishes what it runs, then stops
+STARTING = "starting"  # the new engine starts: nothing answers until it is healthy
+ENGINE_UP = frozenset({SERVING, WAITING, PREPARING, DOWNLOADING})  # phases in which the loaded recipe answers
+
+
+def swap_table(pairs: tuple[str, ...]) -> dict[str, str]:
+    """VL_SWAP's `name:recipe` pairs as a mapping from the name a request sends to the recipe that serves it."""
+    return {name: recipe for name, _, recipe in (pair.rpartition(":") for pair in pairs)}
+
+
+@dataclass(frozen=True)
+class SwapState:
+    """What the pod last wrote: the loaded recipe and its names, the phase, the recipe a swap goes to."""
+
+    loaded: str
+    names: tuple[str, ...] = ()  # the loaded recipe's served names
+    phase: str = SERVING
+    target: str | None = None
+    since: float = 0.0  # when the loaded recipe began serving (VL_SWAP_MIN_S counts from it)
+    phase_since: float = 0.0  # when the phase began
+    thinks_unasked: bool = False  # the loaded recipe's trait, which the bridge's translation needs
+    windows: dict[str, int] = field(default_factory=dict)  # each swappable recipe's context window
+    recipe_names: dict[str, list[str]] = field(default_factory=dict)  # each swappable recipe's own served names
+    failed: dict[str, Any] | None = None  # the last swap that failed: recipe, reason, at
+    last: dict[str, Any] | None = None  # the last swap done: from, to, seconds
+
+    @property
+    def engine_up(self) -> bool:
+        return self.phase in ENGINE_UP
+
+    def as_json(self) -> dict[str, Any]:
+        return {**asdict(self), "names": list(self.names)}
+
+
+def write_json(path: Path, data: Mapping[str, Any]) -> None:
+    """Replace `path` at once: a reader never sees half of it (each writer has its own partial file)."""
+    partial = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.partial")
+    partial.write_text(json.dumps(data))
+    os.replace(partial, path)
+
+
+def write_state(state_dir: Path, state: SwapState) -> None:
+    write_json(state_dir / STATE_FILE, state.as_json())
+
+
+def read_state(state_dir: Path) -> SwapState | None:
+    """The pod's last word, or None without one (no VL_SWAP, or the pod has not written it yet)."""
+    try:
+        data = json.loads((state_dir / STATE_FILE).read_text())
+        return SwapState(**{**data, "names": tuple(data.get("names") or ())})
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def ask_for(state_dir: Path, recipe: str) -> None:
+    """The bridge's request: the pod swaps to `recipe` (a newer request replaces an older one)."""
+    write_json(state_dir / REQUEST_FILE, {"recipe": recipe, "at": time.time()})
+
+
+def asked(state_dir: Path) -> str | None:
+    """The recipe last asked for, or None."""
+    try:
+        recipe = json.loads((state_dir / REQUEST_FILE).read_text()).get("recipe")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return recipe if isinstance(recipe, str) else None
+
+
+def forget_swap(state_dir: Path) -> None:
+    """A new start: no request and no state from the previous one."""
+    for name in (REQUEST_FILE, STATE_FILE):
+        (state_dir / name).unlink(missing_ok=True)
