@@ -241,8 +241,10 @@ def run(args: argparse.Namespace) -> int:
     if not settings.desktop_password:
         print(SettingsError(PASSWORD_VARIABLE, "", "the desktop's password (its port is public)"), file=sys.stderr)
         return 2
-    if missing := missing_pieces():
-        print(refusal(missing), file=sys.stderr)
+    try:
+        check_desktop()
+    except SettingsError as error:
+        print(error, file=sys.stderr)
         return 2
     return Desktop(DesktopLayout.from_settings(settings), os.environ, settings.desktop_password).run()
 

@@ -5,20 +5,17 @@ must never wait on an engine), and the image's HEALTHCHECK prints what `/health`
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Mapping
 from pathlib import Path
+
+from runtime.statefile import read_json, write_json
 
 FILE = "engines.health.json"
 
 
 def write_engine_health(state_dir: Path, healthy: Mapping[str, bool]) -> None:
     """Replace the file at once (readers never see half of it): each engine's name and whether it serves."""
-    path = state_dir / FILE
-    partial = path.with_suffix(".partial")
-    partial.write_text(json.dumps({name: "healthy" if ok else "down" for name, ok in healthy.items()}))
-    os.replace(partial, path)
+    write_json(state_dir / FILE, {name: "healthy" if ok else "down" for name, ok in healthy.items()})
 
 
 def forget_engine_health(state_dir: Path) -> None:
@@ -28,10 +25,7 @@ def forget_engine_health(state_dir: Path) -> None:
 
 def read_engine_health(state_dir: Path) -> dict[str, str] | None:
     """Each engine's state, or None when the pod has one engine (no file) or the file cannot be read."""
-    try:
-        states = json.loads((state_dir / FILE).read_text())
-    except (OSError, ValueError):
-        return None
+    states = read_json(state_dir / FILE)
     return {str(name): str(state) for name, state in states.items()} if isinstance(states, dict) else None
 
 

@@ -184,12 +184,9 @@ async def preload_in_background(
         async for output in process.stdout:
             relay(output.decode(errors="replace"), tell)
         code = await process.wait()
-    except asyncio.CancelledError:  # the pod stops: at once (no cleanup to wait for), then reaped
+    finally:  # cancelled (the pod stops): at once, no cleanup to wait for; ended: what it left in its group
         kill_group(process.pid, signal.SIGKILL)
-        await process.wait()
-        raise
-    finally:
-        kill_group(process.pid, signal.SIGKILL)  # what it left behind in its group
+        await process.wait()  # reaped
         (state_dir / PID_FILE).unlink(missing_ok=True)
     if code not in (0, SOME_FAILED):
         line = f"preload {exit_description(code)}; the repos it had not finished are downloaded by the swap itself"

@@ -8,12 +8,12 @@ One entry per repo, in the order they are downloaded: `repo`, `state` (waiting, 
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from runtime.statefile import read_json, write_json
 
 FILE = "preload.json"
 STATES = ("waiting", "downloading", "done", "failed")
@@ -35,10 +35,7 @@ class RepoPreload:
 
 def write_preload_state(state_dir: Path, repos: Iterable[RepoPreload]) -> None:
     """Replace the file at once (through a rename: the console never reads half of it)."""
-    path = state_dir / FILE
-    partial = path.with_name(f"{FILE}.{os.getpid()}.partial")  # the pod's and the preload's never collide
-    partial.write_text(json.dumps([repo.as_json() for repo in repos]))
-    os.replace(partial, path)
+    write_json(state_dir / FILE, [repo.as_json() for repo in repos])
 
 
 def forget_preload_state(state_dir: Path) -> None:
@@ -48,10 +45,7 @@ def forget_preload_state(state_dir: Path) -> None:
 
 def read_preload_state(state_dir: Path) -> list[dict[str, Any]] | None:
     """Each repo's state, or None when the pod preloads nothing (no file) or the file cannot be read."""
-    try:
-        entries = json.loads((state_dir / FILE).read_text())
-    except (OSError, ValueError):
-        return None
+    entries = read_json(state_dir / FILE)
     if not isinstance(entries, list):
         return None
     return [entry for entry in entries if isinstance(entry, dict) and entry.get("state") in STATES]

@@ -869,6 +869,8 @@ def check_together(values: Mapping[str, Any]) -> None:
     """Settings that are each fine alone but not together; SettingsError names the one to change."""
     if values["desktop"] and not values["desktop_password"]:
         raise SettingsError("VL_DESKTOP", "on", "off while VL_DESKTOP_PASSWORD is empty (the desktop's port is public)")
+    if values["swap"] and not values["bridge"]:
+        raise SettingsError("VL_SWAP", ",".join(values["swap"]), "empty with VL_BRIDGE=off (the bridge asks for swaps)")
 
 
 def not_a_setting(name: str) -> str:

@@ -366,7 +366,7 @@ class Pod:
             self.publish_progress()
             if self.hub.remote is not None:
                 self.hub.remote.start(self.file_arrived)
-            await self.start_desktop()
+            self.start_desktop()
             await self.start_sshd()
             await self.stopping.wait()
             log.info("stopping: SIGTERM to every child, SIGKILL after %.0f s", self.supervisor.grace_s)
@@ -431,7 +431,7 @@ class Pod:
         if argv is not None:
             self.supervisor.start(ChildSpec(SSHD, argv, dict(self.environ)))
 
-    async def start_desktop(self) -> None:
+    def start_desktop(self) -> None:
         """VL_DESKTOP=on: the browser desktop's launcher, a child like the others (restarted when it, or any
         piece of it, dies)."""
         if not self.settings.desktop:
@@ -448,8 +448,10 @@ class Pod:
         serves are in the cache already. Meanwhile the console shows them waiting. Cancelled, it kills the child."""
         forget_preload_state(self.state_dir)  # a previous start's
         command = self.command
-        repos = [repo for repo in self.settings.preload if command is not None and repo not in command.hub_repos]
-        if command is None or not repos:  # a gateway keeps no weights
+        if command is None:  # a gateway keeps no weights
+            return
+        repos = [repo for repo in self.settings.preload if repo not in command.hub_repos]
+        if not repos:
             return
         write_preload_state(self.state_dir, map(RepoPreload, repos))
         await until(lambda: any(self.supervisor.is_healthy(replica.name) for replica in self.replicas), every_s=1.0)
@@ -544,10 +546,11 @@ class Pod:
         command = self.command
         assert command is not None
         recipes = {recipe: load_recipe(recipe) for recipe in swap_table(self.settings.swap).values()}
+        recipes[command.recipe.name] = command.recipe
         if self.swap.loaded != self.settings.model:  # swapped, or changed by a Hub file
             self.swap = replace(self.swap, since=time.time())
         self.swap = replace(
-            self.swap, loaded=self.settings.model, names=command.served_names, phase=phase, target=target,
+            self.swap, loaded=self.settings.model, phase=phase, target=target,
             thinks_unasked=command.recipe.thinks_unasked, recipe_names={r: list(c.names) for r, c in recipes.items()},
             windows={**{r: c.default_window for r, c in recipes.items()}, self.settings.model: command.window},
             phase_since=time.time() if phase != self.swap.phase else self.swap.phase_since,
@@ -673,10 +676,8 @@ class Pod:
 
 
 def check_swap(settings: Settings, engines: int) -> None:
-    """VL_SWAP swaps one engine: several (VL_REPLICAS, VL_DP) would each need the swap at once, refused here; and
-    only the bridge asks for a swap."""
-    if settings.swap and not settings.bridge:
-        raise SettingsError("VL_SWAP", ",".join(settings.swap), "empty with VL_BRIDGE=off (the bridge asks for swaps)")
+    """VL_SWAP swaps one engine: several (VL_REPLICAS, VL_DP) would each need the swap at once, refused here, once
+    the GPUs say how many engines there are (settings.check_together refuses what the settings alone tell)."""
     if settings.swap and engines > 1:
         raise SettingsError("VL_SWAP", ",".join(settings.swap), f"empty on a pod of {engines} engines (a swap "
                             "restarts one engine; serve each model from its own pod behind a gateway)")  # fmt: skip

@@ -5,14 +5,12 @@ the bridge never waits on the pod's process, and each side can restart without t
 
 from __future__ import annotations
 
-import json
-import os
-import threading
 import time
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from runtime.statefile import read_json, write_json
 
 REQUEST_FILE = "swap.request.json"
 STATE_FILE = "swap.state.json"
@@ -33,17 +31,17 @@ def swap_table(pairs: tuple[str, ...]) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class SwapState:
-    """What the pod last wrote: the loaded recipe and its names, the phase, the recipe a swap goes to."""
+    """What the pod last wrote: the loaded recipe, the phase, the recipe a swap goes to, and what the bridge needs to
+    know of each swappable recipe (the loaded one among them)."""
 
     loaded: str
-    names: tuple[str, ...] = ()  # the loaded recipe's served names
     phase: str = SERVING
     target: str | None = None
     since: float = 0.0  # when the loaded recipe began serving (VL_SWAP_MIN_S counts from it)
     phase_since: float = 0.0  # when the phase began
     thinks_unasked: bool = False  # the loaded recipe's trait, which the bridge's translation needs
-    windows: dict[str, int] = field(default_factory=dict)  # each swappable recipe's context window
-    recipe_names: dict[str, list[str]] = field(default_factory=dict)  # each swappable recipe's own served names
+    windows: dict[str, int] = field(default_factory=dict)  # each recipe's context window
+    recipe_names: dict[str, list[str]] = field(default_factory=dict)  # each recipe's own served names
     failed: dict[str, Any] | None = None  # the last swap that failed: recipe, reason, at
     last: dict[str, Any] | None = None  # the last swap done: from, to, seconds
 
@@ -51,27 +49,22 @@ class SwapState:
     def engine_up(self) -> bool:
         return self.phase in ENGINE_UP
 
-    def as_json(self) -> dict[str, Any]:
-        return {**asdict(self), "names": list(self.names)}
-
-
-def write_json(path: Path, data: Mapping[str, Any]) -> None:
-    """Replace `path` at once: a reader never sees half of it (each writer has its own partial file)."""
-    partial = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.partial")
-    partial.write_text(json.dumps(data))
-    os.replace(partial, path)
+    @property
+    def names(self) -> list[str]:
+        """The names the engine serves now (the loaded recipe's)."""
+        return self.recipe_names.get(self.loaded, [])
 
 
 def write_state(state_dir: Path, state: SwapState) -> None:
-    write_json(state_dir / STATE_FILE, state.as_json())
+    write_json(state_dir / STATE_FILE, asdict(state))
 
 
 def read_state(state_dir: Path) -> SwapState | None:
     """The pod's last word, or None without one (no VL_SWAP, or the pod has not written it yet)."""
+    data = read_json(state_dir / STATE_FILE)
     try:
-        data = json.loads((state_dir / STATE_FILE).read_text())
-        return SwapState(**{**data, "names": tuple(data.get("names") or ())})
-    except (OSError, ValueError, TypeError):
+        return SwapState(**data) if isinstance(data, dict) else None
+    except TypeError:  # another version's fields
         return None
 
 
@@ -82,10 +75,8 @@ def ask_for(state_dir: Path, recipe: str) -> None:
 
 def asked(state_dir: Path) -> str | None:
     """The recipe last asked for, or None."""
-    try:
-        recipe = json.loads((state_dir / REQUEST_FILE).read_text()).get("recipe")
-    except (OSError, ValueError, AttributeError):
-        return None
+    request = read_json(state_dir / REQUEST_FILE)
+    recipe = request.get("recipe") if isinstance(request, dict) else None
     return recipe if isinstance(recipe, str) else None
 
 

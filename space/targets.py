@@ -135,12 +135,12 @@ DESKTOP_PACKAGES = ["fonts-dejavu-core", "jwm", "python3-websockify", "tigervnc-
 NOVNC_PACKAGE, NOVNC_DIR = "novnc", "/usr/share/novnc"  # runtime/desktop.py serves NOVNC_DIR (a test compares)
 
 
-def desktop_layers(target: Target) -> list[dict[str, Any]]:
-    """The desktop's layer (none for a target with `desktop = false`): OS packages that change rarely, kept
+def desktop_layer(target: Target) -> dict[str, Any] | None:
+    """The desktop's layer (None for a target with `desktop = false`): OS packages that change rarely, kept
     out of the base layer so that the images without it stay as they were."""
     if not target.desktop:
-        return []
-    return [{"packages": DESKTOP_PACKAGES, "web_package": NOVNC_PACKAGE, "web_dir": NOVNC_DIR}]
+        return None
+    return {"packages": DESKTOP_PACKAGES, "web_package": NOVNC_PACKAGE, "web_dir": NOVNC_DIR}
 
 
 def image_env(target: Target) -> dict[str, str]:
@@ -201,7 +201,7 @@ def template_values(target: Target, versions: dict[str, Any]) -> dict[str, Any]:
         },
         "env": image_env(target),
         "os_packages": os_packages(target, versions),
-        "desktop_layers": desktop_layers(target),
+        "desktop": desktop_layer(target),
         "pip_install": f"pip install --no-cache-dir --cert {CA_BUNDLE}",
         "torch_index_url": packages.torch_index,
         "torch_packages": torch,

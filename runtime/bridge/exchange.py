@@ -13,7 +13,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -90,7 +90,9 @@ class MessagesExchange(Answer):
     async def serve(self, out: Outbox) -> None:
         """Errors up to the upstream's acceptance are HTTP errors; `stream` handles the later ones."""
         swaps = self.serving.swaps
-        if swaps is not None and swaps.must_wait(self.request.model) and self.request.stream:
+        if swaps is not None and not swaps.must_wait(self.request.model):
+            swaps = None  # VL_SWAP, and nothing to wait for
+        if swaps is not None and self.request.stream:
             return await self.serve_after_swap(out, swaps)  # the stream begins now, and pings while the engine swaps
         try:
             if swaps is not None:
@@ -111,12 +113,7 @@ class MessagesExchange(Answer):
         as usual; an error once the stream began (the window's too) is an `event: error`."""
         sink = AnthropicSse()
         translator = StreamTranslator(sink, self.id, self.request.model, guard=self.serving.guard)
-
-        async def announce() -> bytes:
-            translator.begin()
-            return sink.take()
-
-        await out.start(200, SSE_HEADERS, PING, self.serving.ping_s, announce)
+        await out.start(200, SSE_HEADERS, PING, self.serving.ping_s, self.announcer(sink, translator))
         try:
             await self.wait_for_swap(swaps)
             translation = await self.translate()
@@ -125,13 +122,10 @@ class MessagesExchange(Answer):
                 await self.stream(response, out, translation, input_tokens, (sink, translator))
         except BridgeError as error:
             self.trace["error_type"] = error.type
-            out.stop()
             await out.end(sink.take() + error.event())
 
     async def wait_for_swap(self, swaps: Swaps, timeout_s: float | None = None) -> None:
         """Until the engine serves the model asked for (`Swaps.ready_for`); the trace says how long it waited."""
-        if not swaps.must_wait(self.request.model):
-            return
         began = time.monotonic()
         try:
             await swaps.ready_for(self.request.model, timeout_s)
@@ -187,15 +181,7 @@ class MessagesExchange(Answer):
             sink, translator = begun
             translator.input_tokens = input_tokens
 
-        async def announce() -> bytes:
-            """Before a ping, the message_start that the engine's first chunk has not brought yet (a long
-            prefill, a queue): the prompt counted now, unless the window guard counted it already."""
-            if not translator.started and not translator.input_tokens:
-                with contextlib.suppress(BridgeError):
-                    translator.input_tokens, _ = await count_prompt(self.serving.upstream, translation)
-            translator.begin()
-            return sink.take()
-
+        announce = self.announcer(sink, translator, translation)
         if begun is None:
             await out.start(200, SSE_HEADERS, PING, self.serving.ping_s, announce)
         elif out.pings is not None:  # the pings go on, their message_start now with the prompt counted
@@ -216,6 +202,22 @@ class MessagesExchange(Answer):
             out.stop()
             self.serving.open_streams.dec()
             self.record(translator)
+
+    def announcer(
+        self, sink: AnthropicSse, translator: StreamTranslator, translation: Translation | None = None
+    ) -> Callable[[], Awaitable[bytes]]:
+        """What goes before a ping: the message_start that the engine's first chunk has not brought yet (a long
+        prefill, a queue, a swap), with the prompt counted once there is one to count (unless the window guard
+        counted it already)."""
+
+        async def announce() -> bytes:
+            if translation is not None and not translator.started and not translator.input_tokens:
+                with contextlib.suppress(BridgeError):
+                    translator.input_tokens, _ = await count_prompt(self.serving.upstream, translation)
+            translator.begin()
+            return sink.take()
+
+        return announce
 
     async def answer(self, response: aiohttp.ClientResponse, out: Outbox, input_tokens: int) -> None:
         sink = MessageAssembler()

@@ -53,9 +53,9 @@ class Swaps:
         return next((recipe for recipe, names in state.recipe_names.items() if model in names), None)
 
     def serves(self, state: SwapState, model: str) -> bool:
-        recipe = self.recipe_of(model, state)
+        """Whether a request for `model` can go to the engine as it is now."""
         known = self.catalog.model is not None and self.catalog.model.name in state.names
-        return state.engine_up and recipe in (None, state.loaded) and known
+        return state.engine_up and self.recipe_of(model, state) in (None, state.loaded) and known
 
     async def ready_for(self, model: str, timeout_s: float | None = None) -> None:
         """Return once the engine serves `model`'s recipe, asking the pod to swap to it if need be; BridgeError
@@ -70,21 +70,20 @@ class Swaps:
                 async with self.asking:  # fifty waiting requests: one ask
                     if await asyncio.to_thread(asked, self.state_dir) != recipe:
                         await asyncio.to_thread(ask_for, self.state_dir, recipe)
-            elif state.engine_up:  # the swap is done: learn the new model before sending it anything
-                await self.learn(state)
-                continue
+            elif state.engine_up and await self.learned(state):
+                continue  # the swap is done, and its model known before anything is sent to it
             if time.monotonic() >= deadline:
                 raise BridgeError(529, f"{model} is being loaded ({self.progress(state)}): retry in a while",
                                   UNSTREAMED_RETRY_S)  # fmt: skip
             await asyncio.sleep(POLL_S)
 
-    async def learn(self, state: SwapState) -> None:
-        """The served model and its traits, from the engine the pod swapped to."""
+    async def learned(self, state: SwapState) -> bool:
+        """Whether the catalog now knows the model the pod swapped to (with its traits); not yet while the new
+        engine does not answer."""
         with contextlib.suppress(BridgeError):  # not answering yet: asked again on the next turn
             await self.catalog.refresh(self.upstream)
         self.catalog.traits = replace(self.catalog.traits, thinks_unasked=state.thinks_unasked)
-        if self.catalog.model is None or self.catalog.model.name not in state.names:
-            await asyncio.sleep(POLL_S)
+        return self.catalog.model is not None and self.catalog.model.name in state.names
 
     @staticmethod
     def progress(state: SwapState) -> str:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runtime.settings import is_commit_id
+from runtime.statefile import write_atomically
 from runtime.units import human_bytes
 
 log = logging.getLogger(__name__)
@@ -186,14 +187,6 @@ def drop_file(folder: Path, pointer: Path) -> None:
     pointer.unlink(missing_ok=True)
     if blob.is_relative_to((folder / "blobs").resolve()):
         blob.unlink(missing_ok=True)
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """Write `path` through a temporary file and a rename: a reader never sees it half written."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    partial.write_text(text)
-    partial.replace(path)
 
 
 def exact_bytes(count: int) -> str:

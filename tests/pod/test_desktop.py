@@ -8,7 +8,6 @@ tests/build/test_desktop_image.py.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import os
 import subprocess
@@ -137,7 +136,7 @@ def test_start_supervises_the_launcher_as_the_desktop_child(tmp_path: Path, monk
     started: list[ChildSpec] = []
     running = pod(tmp_path)
     monkeypatch.setattr(running.supervisor, "start", started.append)
-    asyncio.run(running.start_desktop())
+    running.start_desktop()
     (spec,) = started
     assert (spec.name, list(spec.argv)) == ("desktop", desktop.launcher_argv())
     assert spec.env is not None and spec.env["VL_DESKTOP_PASSWORD"] == PASSWORD  # the launcher reads it there
@@ -159,7 +158,7 @@ def test_an_image_without_the_desktop_refuses_it_in_one_line_before_vllm_starts(
 
 def test_off_starts_nothing(tmp_path: Path) -> None:
     running = pod(tmp_path, VL_DESKTOP="off")
-    asyncio.run(running.start_desktop())
+    running.start_desktop()
     assert not running.supervisor.children
 
 

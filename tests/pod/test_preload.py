@@ -36,6 +36,7 @@ from tests.support.browser import chromium
 from tests.support.environ import outer_environ
 from tests.support.hub_server import HubServer
 from tests.support.polling import eventually, wait_until
+from tests.support.signals import alive
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 OWNER = HubServer.owner
@@ -130,14 +131,6 @@ def sha256(path: Path) -> str:
 def nice_of_threads(pid: int) -> set[int]:
     """The nice value of each thread of `pid` (Linux keeps it per thread): field 19 of /proc/…/task/…/stat."""
     return {int(stat.read_text().rsplit(")", 1)[1].split()[16]) for stat in Path(f"/proc/{pid}/task").glob("*/stat")}
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state not in ("Z", "X")
 
 
 @pytest.mark.slow

@@ -15,6 +15,7 @@ import pytest
 from runtime.supervisor import Backoff, ChildSpec, Health, Supervisor
 from tests.support.net import free_port
 from tests.support.polling import eventually
+from tests.support.signals import alive
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]  # real child processes, some hung or stubborn on purpose
 Make = Callable[..., Supervisor]
@@ -52,14 +53,6 @@ async def supervisor_for(tmp_path: Path) -> AsyncIterator[Make]:
 
 def python(code: str) -> list[str]:
     return [sys.executable, "-c", code]
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state not in ("Z", "X")
 
 
 def log_of(state: Path, name: str) -> str:

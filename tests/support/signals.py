@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import subprocess
+from pathlib import Path
 
 
 def ctrl_c_as_at_a_terminal() -> None:
@@ -25,3 +26,12 @@ def stop(process: subprocess.Popen, grace_s: float = 60.0) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, exited and not yet reaped, does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state not in ("Z", "X")

@@ -1,0 +1,31 @@
+"""The small JSON files one process of the pod writes and another reads (the engines' health, the swap, the
+preload): replaced whole through a rename, so that a reader never sees half of one, and read as None when absent
+or unreadable, so that a reader never fails on a writer's account."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write `path` through a partial file and a rename; each writer (process and thread) has its own partial file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.partial")
+    partial.write_text(text)
+    os.replace(partial, path)
+
+
+def write_json(path: Path, data: Any) -> None:
+    write_atomically(path, json.dumps(data))
+
+
+def read_json(path: Path) -> Any | None:
+    """What `path` holds, or None when it is absent or no JSON."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
