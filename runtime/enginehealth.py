@@ -7,10 +7,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from runtime.statefile import read_json, write_json
+from runtime.swap import ENGINE_UP
 
 FILE = "engines.health.json"
+SERVING_CONDITIONS = ("ok", "degraded", "swapping")  # what /health says of a pod that answers (a swap: in a while)
 
 
 def write_engine_health(state_dir: Path, healthy: Mapping[str, bool]) -> None:
@@ -29,6 +32,11 @@ def read_engine_health(state_dir: Path) -> dict[str, str] | None:
     return {str(name): str(state) for name, state in states.items()} if isinstance(states, dict) else None
 
 
-def pod_condition(states: Mapping[str, str] | None) -> str:
-    """ "ok" while every engine serves (or the pod has one), "degraded" while some do not."""
+def pod_condition(states: Mapping[str, str] | None, serves: bool = True, swap: Mapping[str, Any] | None = None) -> str:
+    """The pod in one word (CONDITIONS): "swapping" while its engine is down for a swap, "starting" while no model
+    is served yet, "degraded" while some of its engines are down, else "ok"."""
+    if swap is not None and swap.get("phase") not in ENGINE_UP:
+        return "swapping"
+    if not serves:
+        return "starting"
     return "degraded" if states and any(state != "healthy" for state in states.values()) else "ok"

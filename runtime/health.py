@@ -15,8 +15,10 @@ import socket
 import urllib.request
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+from runtime.enginehealth import SERVING_CONDITIONS, read_engine_health  # standard library only, as these
 from runtime.settings import BY_ENV, parse_value  # standard library only, as this module at load
 
 if TYPE_CHECKING:
@@ -116,15 +118,17 @@ class Answers200:
 
 
 def serves_model(status: int, body: bytes) -> bool:
-    """What a /health answer says of the pod: the bridge's names its model once vLLM serves it; an
-    empty 200 is vLLM's own /health (VL_BRIDGE=off), which answers only once the model is loaded."""
+    """What a /health answer says of the pod: to a key, the bridge's names its model once vLLM serves it; to anyone
+    else its condition says it (runtime.enginehealth); an empty 200 is vLLM's own /health (VL_BRIDGE=off), which
+    answers only once the model is loaded."""
     if status != 200:
         return False
     if not body:
         return True
     try:
-        return bool(json.loads(body).get("model"))
-    except (ValueError, AttributeError):
+        answer = json.loads(body)
+        return bool(answer["model"]) if "model" in answer else answer.get("status") in SERVING_CONDITIONS
+    except (ValueError, AttributeError, TypeError):
         return False
 
 
@@ -142,6 +146,12 @@ def pod_health_url(environ: Mapping[str, str]) -> str:
     return health_url(host, parse_value(port, environ.get(port.env) or port.default))
 
 
+def pod_state_dir(environ: Mapping[str, str]) -> Path:
+    """VL_STATE_DIR of the pod's environment (its only source), where the engines' health is kept."""
+    state = BY_ENV["VL_STATE_DIR"]
+    return Path(parse_value(state, environ.get(state.env) or state.default))
+
+
 def pod_serves(
     environ: Mapping[str, str], timeout_s: float = HEALTHCHECK_TIMEOUT_S, say: Callable[[str], object] = print
 ) -> bool:
@@ -154,21 +164,15 @@ def pod_serves(
             status, body = response.status, response.read()
     except OSError:  # refused, timed out, or an HTTP error status
         return False
-    if degraded := degradation(body):
+    if degraded := degradation(read_engine_health(pod_state_dir(environ))):  # /health names them only to keys
         say(degraded)
     return serves_model(status, body)
 
 
-def degradation(body: bytes) -> str:
-    """What a bridge's /health says of engines that are down ("" when none is): `degraded: engine-1 down`."""
-    try:
-        answer = json.loads(body)
-        engines = answer.get("engines") or {}
-    except (ValueError, AttributeError):
-        return ""
-    if answer.get("status") != "degraded":
-        return ""
-    return "degraded: " + ", ".join(f"{name} {state}" for name, state in engines.items() if state != "healthy")
+def degradation(states: Mapping[str, str] | None) -> str:
+    """What the engines' health file says of engines that are down ("" when none is): `degraded: engine-1 down`."""
+    down = [f"{name} {state}" for name, state in (states or {}).items() if state != "healthy"]
+    return "degraded: " + ", ".join(down) if down else ""
 
 
 # --- sshd: its greeting -------------------------------------------------------------------------

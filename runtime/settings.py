@@ -123,7 +123,8 @@ MAX_KEY_CHARS = 256
 MAX_REPLICAS = 8  # engines in one pod: RunPod's largest machines have 8 GPUs
 MIN_PING_S = 1.0  # no proxy cuts a connection silent for less; below it pings only burn CPU (1e-300 s: 134,585/s)
 # `name:key` in VL_API_KEYS: the name labels the key's usage in traces and metrics.
-ADMIN_SUFFIX = ":admin"  # a named entry's role
+ADMIN_SUFFIX = ":admin"  # a named entry's role: sees every key's usage and /metrics, and may swap the model
+SWAP_SUFFIX = ":swap"  # a named entry's right to make the pod swap its model (VL_SWAP): it stops the engine
 NAMED_KEY = re.compile(r"([A-Za-z0-9_.-]{1,64}):(.+)")
 # What an HTTP header carries byte for byte: visible ASCII (no space, control or non-ASCII character).
 HEADER_TOKEN = re.compile(r"[\x21-\x7e]+")
@@ -164,21 +165,25 @@ class ApiKey:
     name: str | None
     key: str = field(repr=False)  # a repr may reach a log: the key never does
     admin: bool = False  # `name:key:admin`: sees every key's usage and /metrics (runtime.bridge.auth)
+    swap: bool = False  # `name:key:swap`: may make the pod swap its model, as the admin may
 
     @property
     def entry(self) -> str:
-        """The entry as written in VL_API_KEYS: `name:key[:admin]`, or the bare key."""
-        return f"{self.name}:{self.key}{ADMIN_SUFFIX if self.admin else ''}" if self.name else self.key
+        """The entry as written in VL_API_KEYS: `name:key[:admin|:swap]`, or the bare key."""
+        role = ADMIN_SUFFIX if self.admin else SWAP_SUFFIX if self.swap else ""
+        return f"{self.name}:{self.key}{role}" if self.name else self.key
 
 
 def key_entry(entry: str) -> ApiKey:
-    """An entry of VL_API_KEYS: `name:key`, `name:key:admin`, or a bare key (no name, no role)."""
+    """An entry of VL_API_KEYS: `name:key`, `name:key:admin`, `name:key:swap`, or a bare key (no name, no role)."""
     named = NAMED_KEY.fullmatch(entry)
     if not named:
         return ApiKey(None, entry)
     name, key = named.groups()
-    admin = key.endswith(ADMIN_SUFFIX) and len(key) > len(ADMIN_SUFFIX)
-    return ApiKey(name, key.removesuffix(ADMIN_SUFFIX) if admin else key, admin)
+    for suffix in (ADMIN_SUFFIX, SWAP_SUFFIX):
+        if key.endswith(suffix) and len(key) > len(suffix):
+            return ApiKey(name, key.removesuffix(suffix), admin=suffix == ADMIN_SUFFIX, swap=suffix == SWAP_SUFFIX)
+    return ApiKey(name, key)
 
 
 def key_entries(raw: str) -> tuple[ApiKey, ...]:
@@ -187,7 +192,7 @@ def key_entries(raw: str) -> tuple[ApiKey, ...]:
 
 
 @allows(
-    f"at most {MAX_KEYS} keys (`key`, `name:key` or `name:key:admin`) separated by commas, each key "
+    f"at most {MAX_KEYS} keys (`key`, `name:key`, `name:key:admin` or `name:key:swap`) separated by commas, each key "
     f"{MIN_KEY_CHARS} to {MAX_KEY_CHARS} visible ASCII characters, or empty"
 )
 def api_keys(raw: str) -> tuple[ApiKey, ...]:
@@ -622,7 +627,8 @@ VARIABLES: tuple[Variable, ...] = (
     _var("VL_API_KEYS", "", api_keys, B,
          "Keys accepted by the bridge (Bearer or x-api-key), or by vLLM itself when VL_BRIDGE=off; empty = open, "
          "with a loud warning. An admin key sees every key's usage and /metrics, the others their own; with none "
-         "marked `:admin`, the first entry is the admin. A key without a name is labelled in traces and metrics "
+         "marked `:admin`, the first entry is the admin. With VL_SWAP, only the admin and keys marked `:swap` may "
+         "ask for a model that is not loaded (a swap stops the engine for everyone). A key without a name is labelled in traces and metrics "
          "by a salted hash (the salt: `key-label.salt` in VL_STATE_DIR).",
          secret=True, max_chars=MAX_KEYS * (MAX_KEY_CHARS + 72)),
     _var("VL_PREFIX_CACHE", "per-key", choice(*PREFIX_CACHES), B,
@@ -871,6 +877,9 @@ def check_together(values: Mapping[str, Any]) -> None:
         raise SettingsError("VL_DESKTOP", "on", "off while VL_DESKTOP_PASSWORD is empty (the desktop's port is public)")
     if values["swap"] and not values["bridge"]:
         raise SettingsError("VL_SWAP", ",".join(values["swap"]), "empty with VL_BRIDGE=off (the bridge asks for swaps)")
+    if values["swap"] and not values["api_keys"]:
+        raise SettingsError("VL_SWAP", ",".join(values["swap"]),
+                            "empty while VL_API_KEYS is empty (anyone could stop the engine with one request)")  # fmt: skip
 
 
 def not_a_setting(name: str) -> str:

@@ -454,8 +454,12 @@ class Pod:
         if not repos:
             return
         write_preload_state(self.state_dir, map(RepoPreload, repos))
-        await until(lambda: any(self.supervisor.is_healthy(replica.name) for replica in self.replicas), every_s=1.0)
+        await self.until_engine_serves()
         await preload_in_background(repos, command.cache, self.state_dir, self.environ, self.hub.tell)
+
+    async def until_engine_serves(self) -> None:
+        """Until an engine of the pod is healthy (its first answer, as the supervisor probes it)."""
+        await until(lambda: any(self.supervisor.is_healthy(replica.name) for replica in self.replicas), every_s=1.0)
 
     async def note_engine_health(self) -> None:
         """Several engines: their health, as the supervisor sees it, in the file the bridge's /health reads."""
@@ -472,6 +476,9 @@ class Pod:
     async def keep_swapping(self) -> None:
         """Swap to the recipe the bridge asks for (runtime.swap's files), one swap at a time, while VL_SWAP
         lists it; a request for the loaded recipe, or for one VL_SWAP no longer lists, changes nothing."""
+        self.tell_swap(SERVING)
+        await self.until_engine_serves()
+        self.swap = replace(self.swap, since=time.time())  # VL_SWAP_MIN_S counts from the first answer
         self.tell_swap(SERVING)
         while True:
             wanted = await asyncio.to_thread(asked, self.state_dir) or ""
@@ -519,7 +526,8 @@ class Pod:
         self.supervisor.restart(replica.name, f"swapping the model to {recipe}", self.engine_spec(replica))
         await until(functools.partial(self.supervisor.is_healthy_after, replica.name, launch))
         seconds = time.monotonic() - asked_at
-        self.swap = replace(self.swap, last={"from": old, "to": recipe, "seconds": round(seconds, 1)})
+        last = {"from": old, "to": recipe, "seconds": round(seconds, 1)}
+        self.swap = replace(self.swap, last=last, since=time.time())  # VL_SWAP_MIN_S counts from now: it serves
         self.tell_swap(SERVING)
         line = f"swapped the model: {recipe} serves ({old} -> {recipe} in {seconds:.0f} s)"
         log.info("%s", line)
@@ -547,11 +555,14 @@ class Pod:
         assert command is not None
         recipes = {recipe: load_recipe(recipe) for recipe in swap_table(self.settings.swap).values()}
         recipes[command.recipe.name] = command.recipe
-        if self.swap.loaded != self.settings.model:  # swapped, or changed by a Hub file
+        # While a swap runs, the old recipe stays the loaded one (the settings already name the new one once it
+        # starts): "from -> to" reads right in every phase, and the new one is loaded only once it serves.
+        loaded = self.settings.model if target is None else self.swap.loaded
+        if self.swap.loaded != loaded:  # changed by a Hub file (a swap sets `since` itself, once the engine serves)
             self.swap = replace(self.swap, since=time.time())
         self.swap = replace(
-            self.swap, loaded=self.settings.model, phase=phase, target=target,
-            thinks_unasked=command.recipe.thinks_unasked, recipe_names={r: list(c.names) for r, c in recipes.items()},
+            self.swap, loaded=loaded, phase=phase, target=target, recipe_names={r: list(c.names) for r, c in recipes.items()},
+            thinks_unasked=command.recipe.thinks_unasked if target is None else self.swap.thinks_unasked,
             windows={**{r: c.default_window for r, c in recipes.items()}, self.settings.model: command.window},
             phase_since=time.time() if phase != self.swap.phase else self.swap.phase_since,
         )  # fmt: skip

@@ -21,7 +21,7 @@ from starlette.routing import Route
 
 from runtime.bridge.accounting import Accounting
 from runtime.bridge.affinity import ROUTING_KEY, routing_key
-from runtime.bridge.auth import RequireKey
+from runtime.bridge.auth import UNGUARDED_CALLER, RequireKey
 from runtime.bridge.connection import read_body
 from runtime.bridge.console import console
 from runtime.bridge.engines import merged_metrics
@@ -55,8 +55,9 @@ class Api:
         parsed = decode(body, MessagesRequest)
         user_id = parsed.metadata.user_id if parsed.metadata else None
         routing = {ROUTING_KEY: routing_key(request.headers, user_id, request.state.key)}
-        salt = request.state.caller.cache_salt
-        return MessagesExchange(self.bridge.serving, parsed, len(body), request.state.trace, routing, salt)
+        caller = request.state.caller
+        return MessagesExchange(self.bridge.serving, parsed, len(body), request.state.trace, routing,
+                                caller.cache_salt, caller.swaps)  # fmt: skip
 
     async def count_tokens(self, request: Request) -> Response:
         parsed = decode(await read_body(request, self.bridge.max_body), CountTokensRequest)
@@ -96,11 +97,15 @@ class Api:
     # --- the bridge itself ---
 
     async def health(self, request: Request) -> Response:
+        """The pod's condition in one word for anyone (the watchdog, RunPod, `pod up`); its model, engines and swap
+        only to a key's holder, or on an open pod: a stranger learns nothing it could time an attack by."""
         model = self.bridge.catalog.model
         engines = read_engine_health(self.bridge.state_dir)  # several engines: as the supervisor last saw them
-        answer = {"status": pod_condition(engines), "model": model.name if model else None,
-                  "context_window": model.context_window if model else None}  # fmt: skip
         swap = self.bridge.swaps.view() if self.bridge.swaps is not None else None
+        answer: dict[str, Any] = {"status": pod_condition(engines, model is not None, swap)}
+        if request.state.caller is UNGUARDED_CALLER and not self.bridge.keys.open:
+            return JSONResponse(answer)
+        answer |= {"model": model.name if model else None, "context_window": model.context_window if model else None}
         return JSONResponse(answer | ({"engines": engines} if engines else {}) | ({"swap": swap} if swap else {}))
 
     async def status(self, request: Request) -> Response:

@@ -1,8 +1,8 @@
 """Who may call the public port: API keys (VL_API_KEYS), or, with none, only what no web page can send.
 
-An entry is `key`, `name:key` or `name:key:admin`; metrics and logs show the name, or a hash of the key
-salted with a secret of the pod's, never the key. An admin sees the whole pod, the others their own
-usage; with several keys, each key's prompts are cached under its own salt (VL_PREFIX_CACHE). Keys
+An entry is `key`, `name:key`, `name:key:admin` or `name:key:swap`; metrics and logs show the name, or a hash
+of the key salted with a secret of the pod's, never the key. An admin sees the whole pod, the others their own
+usage; only the admin and `:swap` keys may make the pod swap its model (VL_SWAP stops the engine for everyone); with several keys, each key's prompts are cached under its own salt (VL_PREFIX_CACHE). Keys
 arrive as `Authorization: Bearer` (ANTHROPIC_AUTH_TOKEN) or `x-api-key` (ANTHROPIC_API_KEY); both
 present and different is refused rather than guessed. Without keys (open), a POST must be
 `application/json` (a cross-site page cannot send that without a CORS preflight, which is never
@@ -80,16 +80,18 @@ def cache_salt_of(key: str, secret: bytes) -> str:
 
 @dataclass(frozen=True)
 class Caller:
-    """Who sent a request: its key's label, whether it sees the whole pod (every key's usage, /metrics),
-    and the salt set on its generations (None: the body's own is left, one tenant or the gateway's)."""
+    """Who sent a request: its key's label, whether it sees the whole pod (every key's usage, /metrics), whether
+    it may make the pod swap its model, and the salt set on its generations (None: the body's own is left, one
+    tenant or the gateway's)."""
 
     label: str
     admin: bool = False
     cache_salt: str | None = None
+    swaps: bool = False  # the admin, or a `:swap` key: may ask for a model that is not loaded (VL_SWAP)
 
 
-OPEN_CALLER = Caller(OPEN_LABEL, admin=True)  # no keys: whoever may reach the bridge owns the pod
-UNGUARDED_CALLER = Caller(OPEN_LABEL)  # on a path that reads nothing of anyone's
+OPEN_CALLER = Caller(OPEN_LABEL, admin=True, swaps=True)  # no keys: whoever may reach the bridge owns the pod
+UNGUARDED_CALLER = Caller(OPEN_LABEL)  # on a path that reads nothing of anyone's, without a valid key
 
 
 class ApiKeys:
@@ -104,7 +106,7 @@ class ApiKeys:
             label = entry.name or label_of(entry.key, secret)
             admin = entry.admin or (not marked and position == 0)  # entries without roles: the first is the owner
             salt = cache_salt_of(entry.key, secret) if salted else None
-            self.keys.append((Caller(label, admin, salt), entry.key.encode()))
+            self.keys.append((Caller(label, admin, salt, swaps=admin or entry.swap), entry.key.encode()))
         if gateway_key:
             self.keys.append((Caller(GATEWAY_LABEL), gateway_key.encode()))
 
@@ -221,13 +223,11 @@ class RequireKey:
 
     def admit(self, scope: Scope) -> Caller:
         """The caller; BridgeError: 401 (key), or when open 403 (`Host`) and 415 (body type)."""
-        if scope["path"] in self.unguarded:
-            return UNGUARDED_CALLER
         headers = dict(scope["headers"])
+        if scope["path"] in self.unguarded:
+            return self.known(headers)
         if not self.keys.open:
-            authorization, api_key = headers.get(b"authorization"), headers.get(b"x-api-key")
-            return self.keys.identify(authorization.decode("latin-1") if authorization is not None else None,
-                                      api_key.decode("latin-1") if api_key is not None else None)  # fmt: skip
+            return self.keys.identify(*presented(headers))
         host = headers.get(b"host")
         if host is not None and not self.hosts.admits(host.decode("latin-1")):
             raise BridgeError(403, "the bridge is open (no VL_API_KEYS), so it answers only to its own names in Host: "
@@ -236,6 +236,23 @@ class RequireKey:
         if scope.get("method") == "POST" and media_type(headers.get(b"content-type")) != JSON_CONTENT_TYPE:
             raise BridgeError(415, f"the body must be sent as Content-Type: {JSON_CONTENT_TYPE}")
         return OPEN_CALLER
+
+    def known(self, headers: Mapping[bytes, bytes]) -> Caller:
+        """On an unguarded path: the caller its key names (a key's holder sees more of /health), else anyone."""
+        authorization, api_key = presented(headers)
+        if self.keys.open or (authorization is None and api_key is None):
+            return UNGUARDED_CALLER
+        try:
+            return self.keys.identify(authorization, api_key)
+        except BridgeError:  # a wrong key on an open path: answered as anyone, never refused
+            return UNGUARDED_CALLER
+
+
+def presented(headers: Mapping[bytes, bytes]) -> tuple[str | None, str | None]:
+    """The `Authorization` and `x-api-key` values a request carries (None: absent)."""
+    authorization, api_key = headers.get(b"authorization"), headers.get(b"x-api-key")
+    return (authorization.decode("latin-1") if authorization is not None else None,
+            api_key.decode("latin-1") if api_key is not None else None)  # fmt: skip
 
 
 async def refuse(error: BridgeError, scope: Scope, receive: Receive, send: Send) -> None:

@@ -75,8 +75,10 @@ class MessagesExchange(Answer):
         trace: dict[str, Any],
         routing: dict[str, str] | None = None,
         cache_salt: str | None = None,
+        may_swap: bool = True,
     ) -> None:
         self.serving = serving
+        self.may_swap = may_swap  # the key's right to make the pod swap its model (VL_SWAP)
         self.routing = routing or {}  # this conversation's key for the router (runtime.bridge.affinity)
         self.cache_salt = cache_salt  # the key's, so that no other key reads its prompts in the cache
         self.request = request
@@ -89,12 +91,10 @@ class MessagesExchange(Answer):
 
     async def serve(self, out: Outbox) -> None:
         """Errors up to the upstream's acceptance are HTTP errors; `stream` handles the later ones."""
-        swaps = self.serving.swaps
-        if swaps is not None and not swaps.must_wait(self.request.model):
-            swaps = None  # VL_SWAP, and nothing to wait for
-        if swaps is not None and self.request.stream:
-            return await self.serve_after_swap(out, swaps)  # the stream begins now, and pings while the engine swaps
         try:
+            swaps = await self.swaps_to_wait_on()
+            if swaps is not None and self.request.stream:
+                return await self.serve_after_swap(out, swaps)  # the stream begins now, and pings while it swaps
             if swaps is not None:
                 await self.wait_for_swap(swaps, UNSTREAMED_WAIT_S)
             translation = await self.translate()
@@ -107,6 +107,19 @@ class MessagesExchange(Answer):
         except BridgeError as error:
             self.trace["error_type"] = error.type
             await error.send(out.send)
+
+    async def swaps_to_wait_on(self) -> Swaps | None:
+        """VL_SWAP's, when this request must wait for the engine (another model, or a swap under way); None when
+        it need not; BridgeError(403) when it would make the pod swap and its key may not."""
+        swaps, model = self.serving.swaps, self.request.model
+        if swaps is None:
+            return None
+        if (refused := swaps.refusal(model, self.may_swap)) is not None:
+            raise refused
+        if swaps.must_wait(model):
+            return swaps
+        await swaps.keep_loaded(model, self.may_swap)
+        return None
 
     async def serve_after_swap(self, out: Outbox, swaps: Swaps) -> None:
         """A streamed request for a model being swapped in: message_start and pings at once, then the answer
@@ -128,7 +141,7 @@ class MessagesExchange(Answer):
         """Until the engine serves the model asked for (`Swaps.ready_for`); the trace says how long it waited."""
         began = time.monotonic()
         try:
-            await swaps.ready_for(self.request.model, timeout_s)
+            await swaps.ready_for(self.request.model, timeout_s, self.may_swap)
         finally:
             self.trace["swap_wait_s"] = round(time.monotonic() - began, 2)
 

@@ -1,5 +1,6 @@
 """The bridge's side of the model swap (VL_SWAP): which recipe a request's model needs, asking the pod for it
 (runtime.swap's files), and the wait until it serves. One request or fifty for the other model: one ask, one swap.
+A swap stops the engine for everyone: only a key with the swap right (the admin, `name:key:swap`) may cause one.
 
 A streamed request waits with pings (RunPod's proxy cuts a silent connection at ~100-125 s; a first
 compile took 368 s in the seeds); an unstreamed one cannot be pinged: it waits UNSTREAMED_WAIT_S, then
@@ -18,7 +19,7 @@ from typing import Any
 from runtime.bridge.errors import BridgeError
 from runtime.bridge.models import Catalog
 from runtime.bridge.upstream import Upstream
-from runtime.swap import SwapState, ask_for, asked, read_state, swap_table
+from runtime.swap import WAITING, SwapState, ask_for, asked, read_state, swap_table
 
 POLL_S = 0.25  # how often a waiting request reads the pod's state file (a few hundred bytes)
 UNSTREAMED_WAIT_S = 60.0  # below the proxy's ~100 s cut: a short swap still answers an unstreamed request
@@ -57,9 +58,31 @@ class Swaps:
         known = self.catalog.model is not None and self.catalog.model.name in state.names
         return state.engine_up and self.recipe_of(model, state) in (None, state.loaded) and known
 
-    async def ready_for(self, model: str, timeout_s: float | None = None) -> None:
-        """Return once the engine serves `model`'s recipe, asking the pod to swap to it if need be; BridgeError
-        when the swap failed, or (529) when `timeout_s` passed first."""
+    def refusal(self, model: str, may_swap: bool, state: SwapState | None = None) -> BridgeError | None:
+        """The 403 for a request that would make the pod change its model from a key that may not (None: it may,
+        or it asks for nothing new: the loaded recipe, a name of no recipe, or the swap already under way)."""
+        state = state or self.state()
+        if may_swap or state is None:
+            return None
+        recipe = self.recipe_of(model, state)
+        if recipe in (None, state.loaded, state.target):
+            return None
+        return BridgeError(403, f"this key may not change the loaded model ({state.loaded} is loaded; {model} would "
+                                f"restart the engine on {recipe}): ask for {state.loaded}, or use a key allowed to "
+                                "swap (VL_API_KEYS: name:key:swap)")  # fmt: skip
+
+    async def keep_loaded(self, model: str, may_swap: bool) -> None:
+        """A request for the loaded recipe from a key that may swap drops a swap still waiting for its turn
+        (VL_SWAP_MIN_S): the traffic asks for what is loaded again. A name of no recipe changes nothing."""
+        state = self.state()
+        if may_swap and state is not None and state.phase == WAITING and self.recipe_of(model, state) == state.loaded:
+            async with self.asking:
+                await asyncio.to_thread(ask_for, self.state_dir, state.loaded)
+
+    async def ready_for(self, model: str, timeout_s: float | None = None, may_swap: bool = True) -> None:
+        """Return once the engine serves `model`'s recipe, asking the pod to swap to it if need be (and `may_swap`);
+        BridgeError when the swap failed, when it would need a swap this key may not ask for (403), or (529) when
+        `timeout_s` passed first."""
         since, deadline = time.time(), time.monotonic() + (timeout_s or 1e9)
         while (state := self.state()) is not None and not self.serves(state, model):
             recipe = self.recipe_of(model, state)
@@ -67,8 +90,10 @@ class Swaps:
                 failed = state.failed or {}
                 if failed.get("recipe") == recipe and failed.get("at", 0) >= since:
                     raise BridgeError(500, f"{model} could not be loaded: {failed.get('reason')}")
+                if (refused := self.refusal(model, may_swap, state)) is not None:
+                    raise refused  # another swap ended meanwhile: this one would be this key's doing
                 async with self.asking:  # fifty waiting requests: one ask
-                    if await asyncio.to_thread(asked, self.state_dir) != recipe:
+                    if may_swap and await asyncio.to_thread(asked, self.state_dir) != recipe:
                         await asyncio.to_thread(ask_for, self.state_dir, recipe)
             elif state.engine_up and await self.learned(state):
                 continue  # the swap is done, and its model known before anything is sent to it
@@ -106,5 +131,7 @@ class Swaps:
         state = self.state()
         if state is None:
             return None
+        now = time.time()
         return {"loaded": state.loaded, "phase": state.phase, "target": state.target, "models": self.table,
-                "phase_for_s": round(time.time() - state.phase_since, 1), "last": state.last, "failed": state.failed}  # fmt: skip
+                "phase_for_s": round(now - state.phase_since, 1), "serving_for_s": round(now - state.since, 1),
+                "last": state.last, "failed": state.failed}  # fmt: skip

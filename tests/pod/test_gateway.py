@@ -69,7 +69,7 @@ class Team:
 
     def health(self) -> dict:
         try:
-            return httpx.get(f"{self.gateway.url}/health", timeout=10).json()
+            return httpx.get(f"{self.gateway.url}/health", headers={"x-api-key": CLIENT_KEY}, timeout=10).json()
         except httpx.HTTPError:
             return {}  # not listening yet
 

@@ -69,3 +69,6 @@ def test_the_pod_serves_once_its_health_names_a_model_or_is_vllms_own():
     assert not serves_model(200, b'{"status": "ok", "model": null, "context_window": null}')
     assert not serves_model(503, b"")
     assert not serves_model(200, b"<html>a proxy's page</html>")
+    for condition in ("ok", "degraded", "swapping"):  # what /health says to anyone without a key
+        assert serves_model(200, b'{"status": "%s"}' % condition.encode())
+    assert not serves_model(200, b'{"status": "starting"}')

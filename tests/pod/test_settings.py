@@ -142,6 +142,7 @@ SAMPLES = {
     "VL_WORKERS": "https://abc123-8080.proxy.runpod.net", "VL_WORKER_KEY": "sk-worker-0123456789",
     "VL_SWAP": "tiny:tiny,big:qwen", "VL_PRELOAD": "owner/other-model", "VL_DESKTOP_PASSWORD": "a-desktop-secret",
 }  # fmt: skip
+NEEDS = {"VL_SWAP": {"VL_API_KEYS": SAMPLES["VL_API_KEYS"]}}  # a sample valid only beside another setting
 INJECTION = "\nPasswordAuthentication yes"  # what a newline did to sshd_config through VL_LISTEN
 NON_FINITE = {"nan": "nan", "inf": "inf", "-inf": "-Infinity", "overflow": "1e999", "10 kB of digits": "9" * 10_240}
 KEYS_ONLY_COMPARED = (
@@ -209,7 +210,7 @@ HOSTILE = [(v.env, kind, value) for v in VARIABLES for kind, value in hostile_va
 
 @pytest.mark.parametrize("variable", VARIABLES, ids=[v.env for v in VARIABLES])
 def test_every_default_and_sample_is_accepted(variable: Variable) -> None:
-    load_settings({variable.env: sample(variable)})
+    load_settings({variable.env: sample(variable)} | NEEDS.get(variable.env, {}))
 
 
 @pytest.mark.parametrize(("name", "kind", "value"), HOSTILE, ids=[f"{name}-{kind}" for name, kind, _ in HOSTILE])

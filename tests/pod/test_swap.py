@@ -10,6 +10,7 @@ keeps serving while a swap waits). The timeline of a swap
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import threading
@@ -27,6 +28,7 @@ from playwright.sync_api import expect
 from runtime.engine.tinymodel import ANSWER, MARK_TEXT, OTHER_ANSWER, write_tiny_model
 from runtime.engine.volume import hub_cache
 from runtime.engine.weights import is_complete
+from runtime.swap import asked
 from tests.support.bridge import pod_status
 from tests.support.browser import chromium
 from tests.support.environ import outer_environ
@@ -44,7 +46,8 @@ HUB_LOG = f"etat/{POD_ID}.log"
 CONFIG_FILE = "swap.env"
 START_S = 600.0  # a vLLM cold start: ~30 s alone, far more on two shared cores
 SWAP_S = 900.0  # a swap: the old engine drained, the other one cold-started
-KEY = "sk-swap-0123456789abcdef"
+KEY = "sk-swap-0123456789abcdef"  # the first entry, no role marked: the admin, who may swap
+READER_KEY = "sk-reader-0123456789abcdef"  # an ordinary key: may use the loaded model, never change it
 PRELOADED = "pod-owner/swap-preloaded"  # a model repo of the test Hub, for VL_PRELOAD
 
 
@@ -61,7 +64,7 @@ class SwapPod(Played):
     def health(self) -> dict[str, Any]:
         """The bridge's /health; {} while it restarts (a Hub file's bridge setting)."""
         try:
-            return httpx.get(f"{self.url}/health", timeout=10).json()
+            return httpx.get(f"{self.url}/health", headers={"x-api-key": KEY}, timeout=10).json()
         except httpx.HTTPError:
             return {}
 
@@ -87,7 +90,7 @@ def pod(hub: HubServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sw
     hub.put_folder(PRELOADED, baked)
     (root / "image_prebaked").write_text('{"target": "cpu"}\n')
     env = outer_environ() | hub.env() | {
-        "RUNPOD_POD_ID": POD_ID, "VL_API_KEYS": KEY,
+        "RUNPOD_POD_ID": POD_ID, "VL_API_KEYS": f"{KEY},reader:{READER_KEY}",
         "VL_MODEL": "tiny", "VL_SWAP": "tiny:tiny tiny2:tiny2", "VL_BRIDGE_PING_S": "1",
         "VL_PRELOAD": PRELOADED, "VL_CACHE_DIR": str(root / "cache"),
         "VL_STATE_DIR": str(state), "VL_VENV": sys.prefix, "VL_PREBAKED_MARKER": str(root / "image_prebaked"),
@@ -120,6 +123,23 @@ def test_the_models_listing_names_every_swappable_model(pod: SwapPod) -> None:
     assert pod.swap()["phase"] == "serving" and pod.swap()["models"] == {"tiny": "tiny", "tiny2": "tiny2"}
 
 
+def test_a_key_without_the_swap_right_cannot_change_the_loaded_model_and_strangers_learn_one_word(
+    pod: SwapPod,
+) -> None:
+    reader = anthropic.Anthropic(base_url=pod.url, api_key=READER_KEY, max_retries=0, timeout=60)
+    message = {"max_tokens": 8, "messages": [{"role": "user", "content": f"{MARK_TEXT} hello"}]}
+    for stream in (False, True):
+        with pytest.raises(anthropic.PermissionDeniedError) as refused:
+            reader.messages.create(model="tiny2", stream=stream, **message)
+        assert "this key may not change the loaded model (tiny is loaded;" in refused.value.message
+    assert asked(pod.state) is None and pod.swap()["phase"] == "serving"  # no swap was asked
+    answer = reader.messages.create(model="tiny", **message)
+    assert answer.content[0].text == ANSWER  # the loaded model is the reader's to use
+    assert httpx.get(f"{pod.url}/health", timeout=10).json() == {"status": "ok"}  # no key: one word
+    wrong = httpx.get(f"{pod.url}/health", headers={"x-api-key": "sk-wrong-0123456789abcdef"}, timeout=10)
+    assert wrong.json() == {"status": "ok"}
+
+
 def test_the_preload_downloads_its_repo_once_the_first_model_serves(pod: SwapPod) -> None:
     def preload() -> list[dict[str, Any]]:
         return pod_status(pod.url, KEY)["preload"] or []
@@ -146,8 +166,20 @@ def test_two_requests_for_the_other_model_make_one_swap_and_are_answered_by_it_a
     for thread in threads:
         thread.start()
     wait_until(lambda: pod.swap().get("target") == "tiny2", "/health to show the swap under way", 60.0, every_s=0.1)
+    phases: set[tuple[str, str]] = set()
+    last_starting = [0.0]  # when /health last said the new engine was starting
+
+    def noted_until_answered() -> bool:  # the swap as /health tells it, phase by phase, until both are answered
+        if (swap := pod.swap()).get("target") == "tiny2":
+            phases.add((swap["loaded"], swap["phase"]))
+            last_starting[0] = time.time() if swap["phase"] == "starting" else last_starting[0]
+        return not any(thread.is_alive() for thread in threads)
+
+    wait_until(noted_until_answered, "both requests answered", SWAP_S, every_s=0.2)
     for thread in threads:
         thread.join(SWAP_S)
+    assert ("tiny", "starting") in phases and all(loaded == "tiny" for loaded, _ in phases)  # "tiny -> tiny2" each
+    assert time.time() - pod.swap()["serving_for_s"] >= last_starting[0] - 0.1  # VL_SWAP_MIN_S: from its serving
     for events in results:
         assert events is not None
         names = [name for name, _ in events]
@@ -158,7 +190,8 @@ def test_two_requests_for_the_other_model_make_one_swap_and_are_answered_by_it_a
     assert log.count("swapping the model to tiny2") == 1, log  # two requests, one swap
 
     def traces() -> list[str]:  # written as each answer ends, just after its last byte
-        return [line for line in (pod.state / "bridge.log").read_text().splitlines() if "model=tiny2" in line]
+        lines = (pod.state / "bridge.log").read_text().splitlines()  # the reader's refusals are traced too: 403
+        return [line for line in lines if "model=tiny2" in line and " 200 key=" in line]
 
     wait_until(lambda: len(traces()) == 2, "both requests' traces", 60.0, every_s=0.2)
     assert all("swap_wait_ms=" in line for line in traces()), traces()
@@ -182,10 +215,17 @@ def test_two_requests_for_the_other_model_make_one_swap_and_are_answered_by_it_a
     pod.timeline["swap as the pod measured it"] = pod.swap()["last"]["seconds"]
 
 
-def test_an_unstreamed_request_waits_for_a_short_swap_and_is_answered(pod: SwapPod) -> None:
+def test_an_unstreamed_request_waits_for_the_swap_or_is_told_when_to_retry_and_is_answered(pod: SwapPod) -> None:
     began = time.monotonic()
     assert pod.ask("claude-sonnet-4-5") == OTHER_ANSWER  # no swappable model's name: the loaded one answers
-    assert pod.ask("claude-tiny") == ANSWER  # tiny's own name: the swap back, waited for (under a minute here)
+    try:
+        answer = pod.ask("claude-tiny")  # tiny's own name: the swap back, waited for up to a minute
+    except anthropic.APIStatusError as error:  # a slower swap: the documented 529, to retry while it goes on
+        assert error.status_code == 529 and "tiny is being loaded" in error.message
+        assert error.response.headers["retry-after"] == "30" and error.response.headers["x-should-retry"] == "true"
+        wait_until(lambda: pod.swap().get("loaded") == "tiny", "the swap back", SWAP_S, every_s=0.5)
+        answer = pod.ask("claude-tiny")
+    assert answer == ANSWER
     pod.timeline["unstreamed swap back"] = time.monotonic() - began
     assert pod.swap()["loaded"] == "tiny"
 
@@ -206,7 +246,18 @@ def test_a_swap_waits_for_the_loaded_models_minimum_time_which_keeps_serving(pod
         pass
     wait_until(lambda: pod.swap().get("phase") == "waiting", "the swap held back", 60.0, every_s=0.2)
     assert pod.swap()["target"] == "tiny2"
-    assert pod.ask("tiny") == ANSWER  # the loaded model serves meanwhile
+    reader = anthropic.Anthropic(base_url=pod.url, api_key=READER_KEY, max_retries=0, timeout=60)
+    answer = reader.messages.create(model="tiny", max_tokens=64, messages=[{"role": "user", "content": "hi"}])
+    assert answer.content[0].text == ANSWER  # the loaded model serves meanwhile, and a reader's ask changes nothing
+    assert pod.swap()["phase"] == "waiting" and asked(pod.state) == "tiny2"
+    assert pod.ask("tiny") == ANSWER  # the owner asks for the loaded model again: the waiting swap is dropped
+    wait_until(lambda: pod.swap().get("phase") == "serving", "the waiting swap dropped", 60.0, every_s=0.2)
+    assert pod.swap()["loaded"] == "tiny" and pod.swap()["target"] is None
+    with contextlib.suppress(anthropic.APIStatusError, anthropic.APITimeoutError):  # asked again: waits its turn
+        pod.client().with_options(timeout=5.0).messages.create(
+            model="tiny2", max_tokens=8, messages=[{"role": "user", "content": "hello"}]
+        )
+    wait_until(lambda: pod.swap().get("phase") == "waiting", "the swap held back again", 60.0, every_s=0.2)
     pod.hub.put_file(POD_CONFIG_REPO, CONFIG_FILE, "VL_SWAP_MIN_S=0\n")
     wait_until(lambda: pod.swap().get("loaded") == "tiny2" and pod.swap().get("phase") == "serving",
                "the held-back swap, once its minimum time is gone", SWAP_S, every_s=0.5)  # fmt: skip

@@ -12,6 +12,7 @@ import pytest
 
 from runtime import swap
 from runtime.bridge import swaps as swaps_module
+from runtime.bridge.auth import ApiKeys
 from runtime.bridge.errors import BridgeError
 from runtime.bridge.models import Catalog
 from runtime.bridge.swaps import Swaps
@@ -19,11 +20,12 @@ from runtime.settings import SettingsError, load_settings
 from runtime.start import check_swap
 from runtime.swap import REQUEST_FILE, SwapState, asked, read_state, swap_table, write_state
 
+KEYS = {"VL_API_KEYS": "owner:sk-owner-0123456789abcdef"}  # VL_SWAP takes keys: a stranger could stop the engine
 LISTING = json.dumps({"data": [{"id": "tiny", "max_model_len": 65536}, {"id": "claude-tiny"}]}).encode()
 
 
 def test_swap_pairs_read_as_a_table_and_bad_ones_are_refused_in_one_line() -> None:
-    settings = load_settings({"VL_SWAP": "tiny:tiny, other:model:tiny2"})
+    settings = load_settings({"VL_SWAP": "tiny:tiny, other:model:tiny2"} | KEYS)
     assert swap_table(settings.swap) == {"tiny": "tiny", "other:model": "tiny2"}  # split at the last colon
     for bad in ("tiny:nope", "tiny", "a:tiny a:tiny2", "-x:tiny"):
         with pytest.raises(SettingsError) as refused:
@@ -32,12 +34,25 @@ def test_swap_pairs_read_as_a_table_and_bad_ones_are_refused_in_one_line() -> No
 
 
 def test_a_swap_is_refused_on_a_pod_of_several_engines_or_without_the_bridge() -> None:
-    settings = load_settings({"VL_SWAP": "tiny:tiny tiny2:tiny2"})
+    settings = load_settings({"VL_SWAP": "tiny:tiny tiny2:tiny2"} | KEYS)
     check_swap(settings, 1)
     with pytest.raises(SettingsError, match=r"VL_SWAP=.* empty on a pod of 2 engines"):
         check_swap(settings, 2)
     with pytest.raises(SettingsError, match=r"^VL_SWAP='tiny:tiny' is not allowed: expected empty with VL_BRIDGE=off"):
-        load_settings({"VL_SWAP": "tiny:tiny", "VL_BRIDGE": "off"})  # `runtime settings` says it too
+        load_settings({"VL_SWAP": "tiny:tiny", "VL_BRIDGE": "off"} | KEYS)  # `runtime settings` says it too
+
+
+def test_a_swap_without_keys_is_refused_in_one_line_and_only_the_admin_and_swap_keys_may_swap() -> None:
+    with pytest.raises(SettingsError) as refused:
+        load_settings({"VL_SWAP": "tiny:tiny tiny2:tiny2"})
+    assert str(refused.value) == ("VL_SWAP='tiny:tiny,tiny2:tiny2' is not allowed: expected empty while VL_API_KEYS "
+                                  "is empty (anyone could stop the engine with one request)")  # fmt: skip
+    entries = "owner:sk-owner-0123456789abcdef:admin,ops:sk-ops-0123456789abcdef:swap,dev:sk-dev-0123456789abcdef"
+    keys = ApiKeys(load_settings({"VL_API_KEYS": entries}).api_keys, b"")
+    rights = {caller.label: (caller.admin, caller.swaps) for caller, _ in keys.keys}
+    assert rights == {"owner": (True, True), "ops": (False, True), "dev": (False, False)}
+    unmarked = ApiKeys(load_settings({"VL_API_KEYS": "a:sk-a-0123456789abcdef,b:sk-b-0123456789abcdef"}).api_keys, b"")
+    assert [caller.swaps for caller, _ in unmarked.keys] == [True, False]  # no roles: the first entry is the admin
 
 
 def test_the_state_file_reads_back_and_a_broken_one_reads_as_none(tmp_path: Path) -> None:
@@ -97,3 +112,30 @@ def test_a_failed_swap_is_the_waiting_requests_error(tmp_path: Path) -> None:
     swaps = swaps_on(tmp_path, SwapState(loaded="tiny", recipe_names={"tiny": ["tiny"]}, failed=failed))
     with pytest.raises(BridgeError, match="tiny2 could not be loaded: no such checkpoint"):
         asyncio.run(swaps.ready_for("tiny2"))
+
+
+def test_a_key_without_the_swap_right_is_refused_a_swap_and_asks_for_nothing(tmp_path: Path) -> None:
+    swaps = swaps_on(tmp_path, SwapState(loaded="tiny", recipe_names={"tiny": ["tiny", "claude-tiny"]}))
+    refused = swaps.refusal("tiny2", may_swap=False)
+    assert refused is not None and refused.status == 403 and refused.type == "permission_error"
+    assert refused.message.startswith("this key may not change the loaded model (tiny is loaded; tiny2 would restart")
+    with pytest.raises(BridgeError, match="may not change the loaded model"):
+        asyncio.run(swaps.ready_for("tiny2", 0.5, may_swap=False))
+    assert asked(tmp_path) is None  # no swap asked
+    for allowed in ("tiny", "claude-tiny", "claude-sonnet-4-5"):  # the loaded recipe, or a name of none
+        assert swaps.refusal(allowed, may_swap=False) is None
+    assert swaps.refusal("tiny2", may_swap=True) is None
+    under_way = SwapState(loaded="tiny", recipe_names={"tiny": ["tiny"]}, phase="starting", target="tiny2")
+    write_state(tmp_path, under_way)
+    assert swaps.refusal("tiny2", may_swap=False) is None  # the swap under way is not this key's doing: it may wait
+
+
+def test_a_waiting_swap_is_dropped_when_a_key_that_may_swap_asks_for_the_loaded_model(tmp_path: Path) -> None:
+    waiting = SwapState(loaded="tiny", recipe_names={"tiny": ["tiny", "claude-tiny"]}, phase="waiting", target="tiny2")
+    swaps = swaps_on(tmp_path, waiting)
+    swap.ask_for(tmp_path, "tiny2")
+    for model, may_swap in (("claude-sonnet-4-5", True), ("tiny", False)):  # a name of no recipe; a key that may not
+        asyncio.run(swaps.keep_loaded(model, may_swap))
+        assert asked(tmp_path) == "tiny2"
+    asyncio.run(swaps.keep_loaded("claude-tiny", may_swap=True))
+    assert asked(tmp_path) == "tiny"  # the pod drops the waiting swap (Pod.swap_to)

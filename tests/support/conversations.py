@@ -62,7 +62,8 @@ class Endpoint:
     router_port: int
 
     def health(self) -> dict:
-        return httpx.get(f"{self.url}/health", timeout=10).json()
+        """/health as a key's holder reads it (anyone else gets the condition alone)."""
+        return httpx.get(f"{self.url}/health", headers={"x-api-key": self.key}, timeout=10).json()
 
     def served(self) -> list[float]:
         return served(self.engines)
