@@ -7,8 +7,11 @@ from __future__ import annotations
 import json
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
 
 
 def write_atomically(path: Path, text: str) -> None:
@@ -29,3 +32,25 @@ def read_json(path: Path) -> Any | None:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+
+
+class Watched(Generic[T]):
+    """A state file read again only when it was replaced (another inode, time or size: each write is a rename), so
+    that a reader asking on every request pays one `stat`, not a read and a parse."""
+
+    def __init__(self, path: Path, convert: Callable[[Any], T | None]) -> None:
+        self.path, self.convert = path, convert
+        self.stamp: tuple[int, int, int] | None = None
+        self.value: T | None = None
+
+    def read(self) -> T | None:
+        """What the file holds now (its JSON through `convert`; None when absent), kept while it is unchanged."""
+        try:
+            status = os.stat(self.path)
+        except OSError:
+            self.stamp, self.value = None, None
+            return None
+        stamp = (status.st_ino, status.st_mtime_ns, status.st_size)
+        if stamp != self.stamp:
+            self.stamp, self.value = stamp, self.convert(read_json(self.path))
+        return self.value

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runtime.statefile import read_json, write_json
+from runtime.statefile import Watched, read_json, write_json
 
 REQUEST_FILE = "swap.request.json"
 STATE_FILE = "swap.state.json"
@@ -61,11 +61,20 @@ def write_state(state_dir: Path, state: SwapState) -> None:
 
 def read_state(state_dir: Path) -> SwapState | None:
     """The pod's last word, or None without one (no VL_SWAP, or the pod has not written it yet)."""
-    data = read_json(state_dir / STATE_FILE)
+    return as_state(read_json(state_dir / STATE_FILE))
+
+
+def as_state(data: Any) -> SwapState | None:
+    """The state a file's JSON holds, or None (not the pod's, or another version's fields)."""
     try:
         return SwapState(**data) if isinstance(data, dict) else None
-    except TypeError:  # another version's fields
+    except TypeError:
         return None
+
+
+def state_watch(state_dir: Path) -> Watched[SwapState]:
+    """The state file as a bridge reads it on every request: parsed again only once the pod replaced it."""
+    return Watched(state_dir / STATE_FILE, as_state)
 
 
 def ask_for(state_dir: Path, recipe: str) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 from runtime.bridge.errors import BridgeError
 from runtime.bridge.models import Catalog
 from runtime.bridge.upstream import Upstream
-from runtime.swap import WAITING, SwapState, ask_for, asked, read_state, swap_table
+from runtime.swap import WAITING, SwapState, ask_for, asked, state_watch, swap_table
 
 POLL_S = 0.25  # how often a waiting request reads the pod's state file (a few hundred bytes)
 UNSTREAMED_WAIT_S = 60.0  # below the proxy's ~100 s cut: a short swap still answers an unstreamed request
@@ -35,10 +35,11 @@ class Swaps:
         self.catalog = catalog
         self.upstream = upstream
         self.asking = asyncio.Lock()
+        self.watched = state_watch(state_dir)  # read on every request: parsed once per change of the pod's
 
     def state(self) -> SwapState | None:
         """What the pod last wrote; None without VL_SWAP (or before the pod wrote it)."""
-        return read_state(self.state_dir) if self.table else None
+        return self.watched.read() if self.table else None
 
     def must_wait(self, model: str) -> bool:
         """Whether a request for `model` cannot go to the engine now: it asks for another recipe, the engine is

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime import swap
+from runtime import statefile, swap
 from runtime.bridge import swaps as swaps_module
 from runtime.bridge.auth import ApiKeys
 from runtime.bridge.errors import BridgeError
@@ -62,6 +62,21 @@ def test_the_state_file_reads_back_and_a_broken_one_reads_as_none(tmp_path: Path
     assert read_state(tmp_path) == state
     (tmp_path / "swap.state.json").write_text("{not json")
     assert read_state(tmp_path) is None
+
+
+def test_the_bridge_parses_the_state_file_once_per_change_of_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    parsed: list[Path] = []
+    monkeypatch.setattr(statefile, "read_json", lambda path: parsed.append(path) or swap.read_json(path))
+    swaps = swaps_on(tmp_path, SwapState(loaded="tiny", recipe_names={"tiny": ["tiny"]}))
+    for _ in range(3):
+        assert swaps.state() == SwapState(loaded="tiny", recipe_names={"tiny": ["tiny"]})
+    assert len(parsed) == 1  # one parse for three requests' reads
+    write_state(tmp_path, SwapState(loaded="tiny", recipe_names={"tiny": ["tiny"]}, phase="waiting", target="tiny2"))
+    assert swaps.state().phase == "waiting" and len(parsed) == 2  # the pod replaced it: read anew
+    (tmp_path / "swap.state.json").unlink()
+    assert swaps.state() is None
 
 
 def swaps_on(tmp_path: Path, state: SwapState) -> Swaps:
