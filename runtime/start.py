@@ -27,35 +27,32 @@ from typing import TYPE_CHECKING
 
 from runtime.engine.command import RUNTIME_ROOT, EngineCommand
 from runtime.engine.install import InstallError, ensure_runtime, is_prebaked, runs_in_venv
-from runtime.engine.prepare import prepare_engine
 from runtime.engine.volume import cache_root
 from runtime.engine.weights import WeightsError
 from runtime.enginehealth import forget_engine_health, write_engine_health
+from runtime.engines import ChangeRefused, Engines, check_swap
 from runtime.gateway import check_roles, keep_workers
-from runtime.gpu import GpuError, inspect_gpu
+from runtime.gpu import GpuError
 from runtime.health import Answers200, engine_generates, health_url
 from runtime.logfiles import BRIDGE, ENGINE, SSHD, log_file
 from runtime.preload import preload_in_background
 from runtime.preloadstate import RepoPreload, forget_preload_state, write_preload_state
-from runtime.replicas import DRAIN_S, Replica, drained, plan_replicas
-from runtime.router import ROUTER, RouterControl, RouterError, check_router, router_argv, router_url
+from runtime.replicas import Replica
+from runtime.router import ROUTER, RouterError, check_router, router_argv, router_url
 from runtime.selfstop import SelfStop
 from runtime.settings import Scope, Settings, SettingsError, load_settings, unknown_settings
 from runtime.settingsfile import FileRefused, SettingsFile, settings_with_file
 from runtime.sshd import SshdLayout, prepare_sshd
-from runtime.supervisor import ChildSpec, Health, Supervisor, until
+from runtime.supervisor import ChildSpec, Health, Supervisor
 from runtime.swap import (
     DOWNLOADING,
     PREPARING,
     SERVING,
-    STARTING,
-    STOPPING,
     WAITING,
-    SwapState,
+    Phase,
     asked,
     forget_swap,
     swap_table,
-    write_state,
 )
 
 if TYPE_CHECKING:
@@ -274,26 +271,33 @@ class Pod:
     supervisor, and the live changes from the Hub file."""
 
     def __init__(self, settings: Settings, environ: Mapping[str, str], hub: PodHub) -> None:
-        self.settings, self.environ, self.hub = settings, environ, hub
+        self.environ, self.hub = environ, hub
         self.state_dir = Path(settings.state_dir)
         self.supervisor = Supervisor(self.state_dir, on_incident=hub.tell)
         if hub.log is not None:
             hub.log.is_healthy = self.supervisor.healthy
-        self.accelerator, self.gpus = "cpu", 0
-        self.engine_env: Mapping[str, str] = {}
-        self.command: EngineCommand | None = None
-        self.replicas: tuple[Replica, ...] = ()  # the engines (VL_REPLICAS): one, or several behind the router
-        self.rolling: asyncio.Task[None] | None = None  # an engine change, applied one engine at a time
+        self.engines = Engines(settings, self.supervisor, self.engine_spec)  # what they run, and every change of it
         self.loop: asyncio.AbstractEventLoop | None = None
         # The HEALTHCHECK asks the same URL (runtime.health.pod_health_url): both read the pod scope.
         self.bridge_probe = Answers200(health_url(settings.listen, settings.port))
         self.bridge_health = BRIDGE_HEALTH(self.bridge_probe)
         self.stopping = asyncio.Event()
         self.changes: asyncio.Queue[SettingsFile] = asyncio.Queue()
-        self.engine_change = asyncio.Lock()  # a Hub file's and a swap's: one engine change at a time
         self.self_stop = SelfStop.from_settings(settings, environ)  # VL_IDLE_STOP_MIN, VL_MAX_SPEND
-        self.swap = SwapState(loaded=settings.model, since=time.time())  # VL_SWAP: what the bridge reads
-        self.base_settings = settings  # as the environment and the Hub file say, whatever a swap loaded since
+
+    @property
+    def settings(self) -> Settings:
+        """The settings in force (Engines.settings: the configured ones, on the swapped model after a swap)."""
+        return self.engines.settings
+
+    @property
+    def command(self) -> EngineCommand | None:
+        return self.engines.command
+
+    @property
+    def replicas(self) -> tuple[Replica, ...]:
+        """The engines (VL_REPLICAS): one, or several behind the router; none on a gateway."""
+        return self.engines.replicas
 
     def prepare(self) -> None:
         """Everything before vLLM's launch: the GPU, the engine (installed unless prebaked), the weights;
@@ -314,12 +318,7 @@ class Pod:
             return
         if not is_prebaked(self.settings):
             self.publish_progress()
-        gpu = inspect_gpu(self.settings, self.environ)
-        self.accelerator, self.engine_env = gpu.accelerator, gpu.engine_env(self.environ)
-        self.command = prepare_engine(self.settings, self.accelerator, self.engine_env, self.publish_progress)
-        self.gpus = len(gpu.host.gpus)
-        self.replicas = plan_replicas(self.settings, self.command, self.accelerator, self.gpus)
-        check_swap(self.settings, len(self.replicas))
+        self.engines.prepare(self.environ, self.publish_progress)
         if self.routed:
             version = check_router(self.settings)
             log.info("%d engines behind the router (smg %s, %s)", len(self.replicas), version, self.settings.routing)
@@ -372,7 +371,7 @@ class Pod:
             log.info("stopping: SIGTERM to every child, SIGKILL after %.0f s", self.supervisor.grace_s)
         finally:
             applying.cancel()
-            for task in (budget, engines_seen, self.rolling, swapping, preloading):
+            for task in (budget, engines_seen, self.engines.rolling, swapping, preloading):
                 if task is not None:
                     task.cancel()
             if self.hub.remote is not None:
@@ -454,12 +453,8 @@ class Pod:
         if not repos:
             return
         write_preload_state(self.state_dir, map(RepoPreload, repos))
-        await self.until_engine_serves()
+        await self.engines.until_serving()
         await preload_in_background(repos, command.cache, self.state_dir, self.environ, self.hub.tell)
-
-    async def until_engine_serves(self) -> None:
-        """Until an engine of the pod is healthy (its first answer, as the supervisor probes it)."""
-        await until(lambda: any(self.supervisor.is_healthy(replica.name) for replica in self.replicas), every_s=1.0)
 
     async def note_engine_health(self) -> None:
         """Several engines: their health, as the supervisor sees it, in the file the bridge's /health reads."""
@@ -471,15 +466,16 @@ class Pod:
                 last = now
             await asyncio.sleep(ENGINE_HEALTH_NOTE_S)
 
-    # --- the model swap (VL_SWAP) ---
+    # --- the model swap (VL_SWAP): the damping here, the engine change in Engines ---
 
     async def keep_swapping(self) -> None:
         """Swap to the recipe the bridge asks for (runtime.swap's files), one swap at a time, while VL_SWAP
         lists it; a request for the loaded recipe, or for one VL_SWAP no longer lists, changes nothing."""
-        self.tell_swap(SERVING)
-        await self.until_engine_serves()
-        self.swap = replace(self.swap, since=time.time())  # VL_SWAP_MIN_S counts from the first answer
-        self.tell_swap(SERVING)
+        engines = self.engines
+        engines.tell(SERVING)
+        await engines.until_serving()
+        engines.swap = replace(engines.swap, since=time.time())  # VL_SWAP_MIN_S counts from the first answer
+        engines.tell(SERVING)
         while True:
             wanted = await asyncio.to_thread(asked, self.state_dir) or ""
             if wanted in swap_table(self.settings.swap).values() and wanted != self.settings.model:
@@ -487,87 +483,64 @@ class Pod:
             await asyncio.sleep(SWAP_POLL_S)
 
     async def swap_to(self, recipe: str) -> None:
-        """Restart the engine on `recipe`: after the loaded one's VL_SWAP_MIN_S, its weights ready first (the old
-        engine answers meanwhile), the old engine drained; a swap that cannot be prepared leaves it serving."""
+        """Restart the engine on `recipe` after the loaded one's VL_SWAP_MIN_S (a waiting swap is dropped when asked
+        back for the loaded one); its weights ready first (the old engine answers meanwhile), then Engines' change."""
         old, asked_at = self.settings.model, time.monotonic()
         if (due := self.swap_due_in()) > 0:
             log.info("swap to %s asked: %s stays at least %.0f s more (VL_SWAP_MIN_S)", recipe, old, due)
-            self.tell_swap(WAITING, recipe)
+            self.engines.tell(WAITING, recipe)
             while self.swap_due_in() > 0:  # VL_SWAP_MIN_S read anew: a Hub file may change it meanwhile
                 await asyncio.sleep(min(self.swap_due_in(), SWAP_WAIT_LOOK_S))
                 if await asyncio.to_thread(asked, self.state_dir) != recipe:
-                    self.tell_swap(SERVING)
+                    self.engines.tell(SERVING)
                     return  # asked back meanwhile: the loop swaps to whatever is asked now
-        async with self.engine_change:
-            await self.swap_now(old, recipe, asked_at)
-
-    async def swap_now(self, old: str, recipe: str, asked_at: float) -> None:
-        self.tell_swap(PREPARING, recipe)
-        self.hub.tell(f"swapping the model: {old} -> {recipe} (asked by a request)")
-        new = self.on_recipe(self.settings, recipe)
-        try:
-            command = await asyncio.to_thread(
-                prepare_engine, new, self.accelerator, self.engine_env, lambda: self.downloading(recipe)
-            )
-        except (SettingsError, InstallError, WeightsError) as error:
-            line = f"swap to {recipe} refused: {error}; {old} keeps serving"
-            log.error("%s", line)
-            self.hub.tell(line)
-            self.swap = replace(self.swap, failed={"recipe": recipe, "reason": str(error), "at": time.time()})
-            self.tell_swap(SERVING)
+        async with self.engines.changing:
+            restarts = await self.swap_now(old, recipe)
+        if restarts is None:
             return
-        (replica,) = plan_replicas(new, command, self.accelerator, self.gpus)
-        self.tell_swap(STOPPING, recipe)
-        if not await drained(self.replicas[0].command, DRAIN_S):
-            log.warning("%s still ran requests after %.0f s: they are cut by the swap", old, DRAIN_S)
-        launch = self.supervisor.children[replica.name].launches
-        self.settings, self.command, self.replicas = new, command, (replica,)
-        self.tell_swap(STARTING, recipe)
-        self.supervisor.restart(replica.name, f"swapping the model to {recipe}", self.engine_spec(replica))
-        await until(functools.partial(self.supervisor.is_healthy_after, replica.name, launch))
+        try:
+            await restarts
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if restarts.cancelled() and current is not None and not current.cancelling():
+                log.info("swap to %s taken over by a newer change", recipe)
+                self.engines.tell(SERVING)
+                return
+            raise
         seconds = time.monotonic() - asked_at
         last = {"from": old, "to": recipe, "seconds": round(seconds, 1)}
-        self.swap = replace(self.swap, last=last, since=time.time())  # VL_SWAP_MIN_S counts from now: it serves
-        self.tell_swap(SERVING)
+        self.engines.swap = replace(self.engines.swap, last=last, since=time.time())  # VL_SWAP_MIN_S: from now
+        self.engines.tell(SERVING)
         line = f"swapped the model: {recipe} serves ({old} -> {recipe} in {seconds:.0f} s)"
         log.info("%s", line)
         self.hub.tell(line)
 
+    async def swap_now(self, old: str, recipe: str) -> asyncio.Task[None] | None:
+        """The engine change to `recipe` begun (its restarts, returned), or refused in one line (None)."""
+        engines = self.engines
+        engines.tell(PREPARING, recipe)
+        self.hub.tell(f"swapping the model: {old} -> {recipe} (asked by a request)")
+        try:
+            return await engines.change_to(
+                engines.on_recipe(self.settings, recipe), f"swapping the model to {recipe}", recipe,
+                lambda: self.downloading(recipe),
+            )  # fmt: skip
+        except ChangeRefused as error:
+            line = f"swap to {recipe} refused: {error}; {old} keeps serving"
+            log.error("%s", line)
+            self.hub.tell(line)
+            engines.swap = replace(engines.swap, failed={"recipe": recipe, "reason": str(error), "at": time.time()})
+            engines.tell(SERVING)
+            return None
+
     def swap_due_in(self) -> float:
         """Seconds before the loaded recipe has had its VL_SWAP_MIN_S (a swap away from it waits that long)."""
-        return self.swap.since + self.settings.swap_min_s - time.time()
-
-    def on_recipe(self, settings: Settings, recipe: str) -> Settings:
-        """`settings` serving `recipe`: VL_REPO, another checkpoint of the pod's own recipe, only with that recipe."""
-        repo = self.base_settings.repo if recipe == self.base_settings.model else None
-        return Settings({**settings.raw(), "model": recipe, "repo": repo}, {**settings.sources, "model": "swap"})
+        return self.engines.swap.since + self.settings.swap_min_s - time.time()
 
     def downloading(self, recipe: str) -> None:
         """prepare_engine's word before a download (on its thread): the phase, and the Hub log's progress."""
-        self.tell_swap(DOWNLOADING, recipe)
+        self.engines.tell(DOWNLOADING, recipe)
         self.publish_progress()
-
-    def tell_swap(self, phase: str, target: str | None = None) -> None:
-        """Write what the bridge reads of the swap (/health, the console, a waiting request): with VL_SWAP only."""
-        from runtime.engine.recipes import load_recipe  # pydantic: a stock image's bare python loads this module
-
-        command = self.command
-        assert command is not None
-        recipes = {recipe: load_recipe(recipe) for recipe in swap_table(self.settings.swap).values()}
-        recipes[command.recipe.name] = command.recipe
-        # While a swap runs, the old recipe stays the loaded one (the settings already name the new one once it
-        # starts): "from -> to" reads right in every phase, and the new one is loaded only once it serves.
-        loaded = self.settings.model if target is None else self.swap.loaded
-        if self.swap.loaded != loaded:  # changed by a Hub file (a swap sets `since` itself, once the engine serves)
-            self.swap = replace(self.swap, since=time.time())
-        self.swap = replace(
-            self.swap, loaded=loaded, phase=phase, target=target, recipe_names={r: list(c.names) for r, c in recipes.items()},
-            thinks_unasked=command.recipe.thinks_unasked if target is None else self.swap.thinks_unasked,
-            windows={**{r: c.default_window for r, c in recipes.items()}, self.settings.model: command.window},
-            phase_since=time.time() if phase != self.swap.phase else self.swap.phase_since,
-        )  # fmt: skip
-        if self.settings.swap:
-            write_state(self.state_dir, self.swap)
 
     async def stop_when_due(self, stopper: SelfStop) -> None:
         """VL_IDLE_STOP_MIN and VL_MAX_SPEND: the reason said in the Hub log first, then RunPod stops the pod
@@ -604,14 +577,24 @@ class Pod:
         while True:
             await self.reconfigure(await self.changes.get())
 
+    async def bridge_gives_way(self) -> None:
+        """VL_BRIDGE=off: the bridge stopped before vLLM restarts on its port."""
+        log.info("stopping the bridge: with VL_BRIDGE=off, vLLM itself serves port %d", self.settings.port)
+        await self.supervisor.stop(BRIDGE)
+
+    def bridge_takes_over(self) -> None:
+        """VL_BRIDGE=on again: the bridge started once vLLM has left the public port (it serves on its own now)."""
+        self.supervisor.start(self.bridge_spec())
+
     async def reconfigure(self, file: SettingsFile) -> None:
         """The one place a new Hub file is judged, compared with what runs, and acted on: restart what
-        the change needs, and only that; a refused file changes nothing. Never during a swap's engine change."""
-        async with self.engine_change:
+        the change needs, and only that; a refused file changes nothing. One engine change at a time."""
+        async with self.engines.changing:
             await self.reconfigure_now(file)
 
     async def reconfigure_now(self, file: SettingsFile) -> None:
-        new = judged(self.base_settings, self.environ, file, self.hub)
+        engines = self.engines
+        new = judged(engines.configured, self.environ, file, self.hub)
         if new is None:
             return
         try:
@@ -619,79 +602,36 @@ class Pod:
         except SettingsError as error:
             refuse(f"refused {file.where}: {error}", self.hub)
             return
-        base = new
-        if self.settings.model != new.model == self.base_settings.model:
-            new = self.on_recipe(new, self.settings.model)  # the file left the model alone: the swapped one stays
+        configured = new
+        if self.settings.model != new.model == engines.configured.model:
+            new = engines.on_recipe(new, self.settings.model)  # the file left the model alone: the swapped one stays
         scopes = self.settings.changed_scopes(new)
         if self.gateway and Scope.ENGINE in scopes:
             log.info("engine settings from %s are ignored: a gateway has no engine (its workers do)", file.where)
             scopes.discard(Scope.ENGINE)
         if not scopes:
-            self.base_settings = base
+            engines.configured = configured
             return
-        command, replicas = self.command, self.replicas
+        bridge_runs = BRIDGE in self.supervisor.children
         if Scope.ENGINE in scopes:
+            stop_bridge = self.bridge_gives_way if bridge_runs and not new.bridge else None
+            start_bridge = self.bridge_takes_over if new.bridge and not bridge_runs else None
             try:
-                command = await asyncio.to_thread(prepare_engine, new, self.accelerator, self.engine_env)
-                replicas = plan_replicas(new, command, self.accelerator, self.gpus)
-            except (SettingsError, InstallError, WeightsError) as error:
+                await engines.change_to(new, "its settings changed", before=stop_bridge, after=start_bridge)
+            except ChangeRefused as error:
                 refuse(f"refused {file.where}: {error}", self.hub)
                 return
-            if len(replicas) != len(self.replicas):
-                refuse(f"refused {file.where}: it would make {len(replicas)} engines of this pod's "
-                       f"{len(self.replicas)} (set VL_TP and VL_REPLICAS in the pod's environment)", self.hub)  # fmt: skip
-                return
+        else:
+            engines.plan = replace(engines.plan, settings=new)
+        engines.configured = configured
         log.info("new settings from %s: restarting %s", file.where, " and ".join(sorted(s.value for s in scopes)))
-        self.settings, self.command, self.replicas, self.base_settings = new, command, replicas, base
-        if Scope.ENGINE in scopes or Scope.BRIDGE in scopes:
-            self.tell_swap(SERVING)  # another recipe, or another VL_SWAP
-        bridge_runs = BRIDGE in self.supervisor.children
+        if Scope.ENGINE in scopes:
+            engines.tell(SERVING)  # another recipe
+        elif Scope.BRIDGE in scopes:
+            engines.tell(Phase(engines.swap.phase), engines.swap.target)  # another VL_SWAP: a swap's phase as it is
         if Scope.BRIDGE in scopes and bridge_runs and new.bridge:
             self.supervisor.restart(BRIDGE, "its settings changed", self.bridge_spec())
-        if Scope.ENGINE in scopes:
-            if bridge_runs and not new.bridge:
-                log.info("stopping the bridge: with VL_BRIDGE=off, vLLM itself serves port %d", new.port)
-                await self.supervisor.stop(BRIDGE)  # first: the port must be free for vLLM
-            if self.routed:
-                self.roll()
-            else:
-                self.supervisor.restart(ENGINE, "its settings changed", self.engine_spec(replicas[0]))
-            if new.bridge and not bridge_runs:
-                self.supervisor.start(self.bridge_spec())
-            # A running bridge stays: it learns the new model from vLLM's /v1/models.
-
-    def roll(self) -> None:
-        """Restart the engines one at a time (a newer change starts its own roll over this one's)."""
-        if self.rolling is not None:
-            self.rolling.cancel()
-        self.rolling = asyncio.create_task(self.restart_one_by_one(self.replicas))
-
-    async def restart_one_by_one(self, replicas: Sequence[Replica]) -> None:
-        """Each engine in turn: withdrawn from the router, left to finish what it runs (at most DRAIN_S),
-        restarted, healthy and routed to again before the next: the others answer meanwhile, and an
-        engine the change breaks stops the roll with the rest still serving."""
-        router = RouterControl(router_url(self.settings))
-        for replica in replicas:
-            engine = replica.command.base_url
-            if not await router.withdraw(engine):
-                log.warning("the router kept routing to %s; restarting it all the same", replica.name)
-            if not await drained(replica.command, DRAIN_S):
-                log.warning("%s still ran requests after %.0f s: they are cut", replica.name, DRAIN_S)
-            launch = self.supervisor.children[replica.name].launches
-            why = "its settings changed (one engine at a time)"
-            self.supervisor.restart(replica.name, why, self.engine_spec(replica))
-            await until(functools.partial(self.supervisor.is_healthy_after, replica.name, launch))
-            if not await router.admit(engine):
-                log.warning("the router did not take %s back in time", replica.name)
-            log.info("%s serves the new settings", replica.name)
-
-
-def check_swap(settings: Settings, engines: int) -> None:
-    """VL_SWAP swaps one engine: several (VL_REPLICAS, VL_DP) would each need the swap at once, refused here, once
-    the GPUs say how many engines there are (settings.check_together refuses what the settings alone tell)."""
-    if settings.swap and engines > 1:
-        raise SettingsError("VL_SWAP", ",".join(settings.swap), f"empty on a pod of {engines} engines (a swap "
-                            "restarts one engine; serve each model from its own pod behind a gateway)")  # fmt: skip
+        # A running bridge stays: it learns the new model from vLLM's /v1/models.
 
 
 USAGE_LEDGER = "usage-ledger.jsonl"  # each key's totals, across restarts (runtime/bridge/ledger.py)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -15,13 +16,30 @@ from runtime.statefile import Watched, read_json, write_json
 REQUEST_FILE = "swap.request.json"
 STATE_FILE = "swap.state.json"
 
-SERVING = "serving"  # the loaded recipe answers; nothing asked
-WAITING = "waiting"  # asked, but the loaded recipe has not had VL_SWAP_MIN_S yet (it still answers)
-PREPARING = "preparing"  # the other recipe's engine prepared, its weights downloaded if absent (the old one answers)
-DOWNLOADING = "downloading"  # the same, with a download under way
-STOPPING = "stopping"  # the old engine finishes what it runs, then stops
-STARTING = "starting"  # the new engine starts: nothing answers until it is healthy
+
+class Phase(StrEnum):
+    """Where the swap stands, as the state file says it (the values are the file's words)."""
+
+    SERVING = "serving"  # the loaded recipe answers; nothing asked
+    WAITING = "waiting"  # asked, but the loaded recipe has not had VL_SWAP_MIN_S yet (it still answers)
+    PREPARING = "preparing"  # the other recipe's engine prepared, its weights downloaded if absent (the old answers)
+    DOWNLOADING = "downloading"  # the same, with a download under way
+    STOPPING = "stopping"  # the old engine finishes what it runs, then stops
+    STARTING = "starting"  # the new engine starts: nothing answers until it is healthy
+
+
+SERVING, WAITING, PREPARING, DOWNLOADING, STOPPING, STARTING = Phase
 ENGINE_UP = frozenset({SERVING, WAITING, PREPARING, DOWNLOADING})  # phases in which the loaded recipe answers
+# The legal moves, from each phase (the same phase again: a state rewritten, another VL_SWAP or Hub file). A swap
+# that cannot be prepared goes back to serving; one taken over by a newer change (a Hub file) too, from any phase.
+NEXT: dict[Phase, frozenset[Phase]] = {
+    SERVING: frozenset({SERVING, WAITING, PREPARING}),
+    WAITING: frozenset({WAITING, SERVING, PREPARING}),
+    PREPARING: frozenset({PREPARING, DOWNLOADING, STOPPING, SERVING}),
+    DOWNLOADING: frozenset({DOWNLOADING, STOPPING, SERVING}),
+    STOPPING: frozenset({STARTING, SERVING}),
+    STARTING: frozenset({STARTING, SERVING}),
+}
 
 
 def swap_table(pairs: tuple[str, ...]) -> dict[str, str]:
@@ -35,7 +53,7 @@ class SwapState:
     know of each swappable recipe (the loaded one among them)."""
 
     loaded: str
-    phase: str = SERVING
+    phase: str = Phase.SERVING
     target: str | None = None
     since: float = 0.0  # when the loaded recipe began serving (VL_SWAP_MIN_S counts from it)
     phase_since: float = 0.0  # when the phase began

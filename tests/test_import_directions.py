@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -181,3 +182,65 @@ def cycles_from(start: str, graph: dict[str, set[str]]) -> Iterator[list[str]]:
                 yield [*path, start]
             elif successor not in path:
                 stack.append((successor, [*path, successor]))
+
+
+def test_no_import_cycles_on_the_build_side_either() -> None:
+    """The same rule for build.py, space/ and docker/: every importer's edges, not the runtime's alone."""
+    graph: dict[str, set[str]] = {}
+    for i in IMPORTS:
+        importer = module_name(ROOT / i.source)
+        if importer.startswith(i.target + "."):
+            continue
+        graph.setdefault(importer, set()).add(i.target)
+    cycles = {" → ".join(cycle) for start in graph for cycle in cycles_from(start, graph)}
+    assert not cycles, "import cycles:\n  " + "\n  ".join(sorted(cycles))
+
+
+# Names that are loggers' only, never imported: a logger named like a module that does not exist.
+LOGGER_NAMES = frozenset({"runtime.tracebacks", "runtime.hub.log", "runtime.hub.config"})
+DOTTED = re.compile(r"runtime(?:\.\w+)+")
+
+
+def named_in_strings(path: Path) -> Iterator[tuple[str, int, str]]:
+    """(file, line, name) for each string that names one of our modules (or a module's attribute), as the
+    commands table, vLLM's --middleware, websockify's auth plugin and `python -m` lines do; loggers' names and
+    the arguments of getLogger are left out."""
+    tree = ast.parse(path.read_text())
+    loggers = {
+        id(argument)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) == "getLogger"
+        for argument in node.args
+    }
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in loggers:
+            for name in DOTTED.findall(node.value):
+                if name not in LOGGER_NAMES:
+                    yield str(path.relative_to(ROOT)), node.lineno, name
+
+
+def resolves(name: str) -> bool:
+    """Whether `name` is one of our modules, or a top-level name a module of ours defines."""
+    if is_module(name):
+        return True
+    module, _, attribute = name.rpartition(".")
+    if not is_module(module):
+        return False
+    base = ROOT.joinpath(*module.split("."))
+    path = base.with_suffix(".py") if base.with_suffix(".py").is_file() else base / "__init__.py"
+    defined = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            defined.add(node.name)
+        elif isinstance(node, ast.Assign):
+            defined |= {target.id for target in node.targets if isinstance(target, ast.Name)}
+    return attribute in defined
+
+
+def test_every_module_named_in_a_string_resolves() -> None:
+    """A module named in a string (the commands table, vLLM's --middleware, websockify's auth plugin, the vLLM
+    CLI's `python -m`) is checked by no import: a rename would break it only on a pod."""
+    named = [entry for path in sources() for entry in named_in_strings(path)]
+    assert {"runtime.bridge.auth.EngineKeys", "runtime.engine.vllm_cli", "runtime.pods"} <= {n for _, _, n in named}
+    unresolved = [f"{source}:{line} names {name}" for source, line, name in named if not resolves(name)]
+    assert not unresolved, "strings name modules that do not exist:\n  " + "\n  ".join(unresolved)

@@ -24,6 +24,7 @@ from playwright.sync_api import Browser, expect
 from runtime.engine.command import engine_command
 from runtime.engine.tinymodel import write_tiny_model
 from runtime.engine.weights import is_complete, repo_folder
+from runtime.engines import Plan
 from runtime.preload import PID_FILE, RedactingFormatter, relay
 from runtime.preloadstate import FILE, read_preload_state
 from runtime.redact import Redactor
@@ -247,8 +248,8 @@ async def pod(hub: HubServer, tmp_path: Path) -> AsyncIterator[tuple[Pod, StandI
     running = Pod(settings, env, PodHub())
     told: list[str] = []
     running.hub.tell = told.append  # the Hub log: what the pod would publish
-    running.command = engine_command(settings, environ=env)
-    running.replicas = plan_replicas(settings, running.command, "cpu", 0)
+    command = engine_command(settings, environ=env)
+    running.engines.plan = Plan(settings, command, plan_replicas(settings, command, "cpu", 0))
     engine = StandInEngine()
     health = Health(
         engine.probe, interval_s=0.05, timeout_s=5.0, failures_before_restart=10**6, starting_interval_s=0.05

@@ -303,6 +303,9 @@ def test_an_engine_change_restarts_vllm_with_the_new_settings(pod: RunningPod) -
     assert pod.engine_window() == 4096
     assert "my-alias" in pod.model_ids()
     assert pod.pid("bridge") == bridge, "the bridge learns the new model without a restart"
+    # The one drain policy (runtime.engines), as for a swap and a roll: drained, restarted, healthy.
+    wait_until(lambda: "engine serves the new settings: drained, restarted, healthy (its settings changed)"
+               in pod.boot_log(), "the change's one line", 60.0, every_s=0.2)  # fmt: skip
 
 
 def test_a_hung_bridge_is_restarted_after_two_failed_checks(pod: RunningPod) -> None:

@@ -187,7 +187,7 @@ def test_two_requests_for_the_other_model_make_one_swap_and_are_answered_by_it_a
         assert names.index("ping") < names.index("content_block_delta")  # pings while the engine swapped
         assert text_of(events) == OTHER_ANSWER  # answered by the other model
     log = pod.boot_log()
-    assert log.count("swapping the model to tiny2") == 1, log  # two requests, one swap
+    assert log.count("restarting engine: swapping the model to tiny2") == 1, log  # two requests, one swap
 
     def traces() -> list[str]:  # written as each answer ends, just after its last byte
         lines = (pod.state / "bridge.log").read_text().splitlines()  # the reader's refusals are traced too: 403
@@ -196,6 +196,7 @@ def test_two_requests_for_the_other_model_make_one_swap_and_are_answered_by_it_a
     wait_until(lambda: len(traces()) == 2, "both requests' traces", 60.0, every_s=0.2)
     assert all("swap_wait_ms=" in line for line in traces()), traces()
     assert "swapped the model: tiny2 serves (tiny -> tiny2 in" in log
+    assert "engine serves the new settings: drained, restarted, healthy (swapping the model to tiny2)" in log
     assert pod.swap()["loaded"] == "tiny2" and pod.swap()["last"]["to"] == "tiny2"
     shown = subprocess.run([sys.executable, "-m", "runtime", "status", pod.url, "--key", KEY], cwd=REPO_ROOT,
                            capture_output=True, text=True, timeout=60)  # fmt: skip

@@ -16,8 +16,8 @@ from runtime.bridge.auth import ApiKeys
 from runtime.bridge.errors import BridgeError
 from runtime.bridge.models import Catalog
 from runtime.bridge.swaps import Swaps
+from runtime.engines import check_swap
 from runtime.settings import SettingsError, load_settings
-from runtime.start import check_swap
 from runtime.swap import REQUEST_FILE, SwapState, asked, read_state, swap_table, write_state
 
 KEYS = {"VL_API_KEYS": "owner:sk-owner-0123456789abcdef"}  # VL_SWAP takes keys: a stranger could stop the engine

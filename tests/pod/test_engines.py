@@ -1,0 +1,80 @@
+"""The engines' owner (runtime.engines) without an engine running: a refused change leaves the plan in force, and
+the swap's phases move only as their table allows. Each change's drain-and-health sequence, the same for a Hub
+file, a swap and a roll, is asserted where real engines run it: test_start.py, test_swap.py, test_replicas.py."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import pytest
+
+from runtime.engine.command import engine_command
+from runtime.engines import ChangeRefused, Engines, Plan
+from runtime.replicas import plan_replicas
+from runtime.settings import load_settings
+from runtime.supervisor import ChildSpec, Supervisor
+from runtime.swap import PREPARING, SERVING, STARTING, STOPPING, WAITING, read_state
+from tests.support.environ import outer_environ
+
+KEYS = {"VL_API_KEYS": "owner:sk-owner-0123456789abcdef"}
+
+
+def pod_env(root: Path, **extra: str) -> dict[str, str]:
+    return outer_environ() | {
+        "VL_MODEL": "tiny", "VL_STATE_DIR": str(root), "VL_CACHE_DIR": str(root / "cache"), "VL_VENV": sys.prefix,
+    } | extra  # fmt: skip
+
+
+def no_restart(replica: object) -> ChildSpec:
+    raise AssertionError("a refused change restarts nothing")
+
+
+def engines_on(env: dict[str, str]) -> Engines:
+    """The owner of one planned engine (tiny, on the CPU), as Engines.prepare leaves it."""
+    settings = load_settings(env)
+    engines = Engines(settings, Supervisor(Path(settings.state_dir)), no_restart)
+    command = engine_command(settings, environ=env)
+    engines.plan = Plan(settings, command, plan_replicas(settings, command, "cpu", 0))
+    return engines
+
+
+def test_a_change_to_another_number_of_engines_is_refused_and_leaves_the_plan_in_force(tmp_path: Path) -> None:
+    env = pod_env(tmp_path)
+    engines = engines_on(env)
+    before = engines.plan
+
+    async def change() -> None:
+        async with engines.changing:
+            await engines.change_to(load_settings(env | {"VL_REPLICAS": "2", "VL_CTX": "4096"}), "a Hub file")
+
+    with pytest.raises(ChangeRefused, match=r"^it would make 2 engines of this pod's 1 \(set VL_TP and VL_REPLICAS"):
+        asyncio.run(change())
+    assert engines.plan is before and engines.rolling is None
+
+
+def test_a_change_is_decided_one_at_a_time(tmp_path: Path) -> None:
+    engines = engines_on(pod_env(tmp_path))
+    with pytest.raises(AssertionError, match="one change at a time"):
+        asyncio.run(engines.change_to(engines.settings, "unlocked"))
+
+
+def test_the_swap_moves_only_as_its_table_allows_and_the_old_model_stays_loaded_until_the_new_serves(
+    tmp_path: Path,
+) -> None:
+    engines = engines_on(pod_env(tmp_path, VL_SWAP="tiny:tiny tiny2:tiny2", **KEYS))
+    engines.tell(SERVING)
+    engines.tell(PREPARING, "tiny2")
+    with pytest.raises(RuntimeError, match="the swap cannot go from preparing to waiting"):
+        engines.tell(WAITING, "tiny2")
+    engines.tell(STOPPING, "tiny2")
+    engines.plan = engines_on(pod_env(tmp_path, VL_MODEL="tiny2", VL_SWAP="tiny:tiny tiny2:tiny2", **KEYS)).plan
+    engines.tell(STARTING, "tiny2")  # the plan names tiny2 now; the file still says tiny is loaded
+    state = read_state(tmp_path)
+    assert state is not None and (state.loaded, state.phase, state.target) == ("tiny", "starting", "tiny2")
+    with pytest.raises(RuntimeError, match="the swap cannot go from starting to preparing"):
+        engines.tell(PREPARING, "tiny2")
+    engines.tell(SERVING)
+    state = read_state(tmp_path)
+    assert state is not None and (state.loaded, state.phase, state.target) == ("tiny2", "serving", None)
