@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "preload": ("runtime.preload", "download VL_PRELOAD's repos into the cache, at the lowest priority, as a pod does"),
     "logs": ("runtime.hub.logtail", "tail a pod's remote log on the Hub"),
     "connect": ("runtime.connect", "check an endpoint and print Claude Code's environment"),
+    "check": ("runtime.check", "prove the pod's model answers right under load: needle, prefills, tools, cache…"),
     "pod": ("runtime.pods", "start, watch, stop and delete your pods on RunPod (up, watch, status, stop, start, down)"),
     "status": ("runtime.status", "show a running pod's console in the terminal: engine, traffic, keys, GPUs, cost"),
     "desktop": ("runtime.desktop", "run the browser desktop on port 6080 (VL_DESKTOP=on; `start` supervises it)"),
