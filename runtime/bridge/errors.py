@@ -29,6 +29,8 @@ ERROR_TYPES: dict[int, str] = {
 # A key over its share (429) waits for a held slot to free, seconds to minutes later; a full or
 # starting engine (529) is worth asking again sooner.
 RETRY_AFTER_S: dict[int, int] = {429: 5, 529: 2}
+# Never worth asking again: Claude Code retries a 401 with backoff for ~3 minutes unless told not to.
+NEVER_RETRY = frozenset({401, 501})
 
 
 def error_type(status: int) -> str:
@@ -54,7 +56,10 @@ class BridgeError(Exception):
         return error_type(self.status)
 
     def headers(self) -> dict[str, str]:
-        """When to retry, for an overload: other errors say nothing (the client's own rules apply)."""
+        """When to retry, for an overload; never, for a wrong key or what the pod does not do; other errors say
+        nothing (the client's own rules apply)."""
+        if self.status in NEVER_RETRY:
+            return {"x-should-retry": "false"}
         wait = self.retry_after_s or RETRY_AFTER_S.get(self.status)
         return {} if wait is None else {"retry-after": str(wait), "x-should-retry": "true"}
 

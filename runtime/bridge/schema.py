@@ -114,6 +114,10 @@ class ThinkingAdaptive(Struct, tag_field="type", tag="adaptive"):
     pass
 
 
+class ThinkingBetweenTools(Struct, tag_field="type", tag="between_tools"):
+    """Claude Code 2.1.332's thinking between tool calls only: vLLM and the SDK map it to no thinking."""
+
+
 class JsonFormat(Struct, tag_field="type", tag="json_schema"):
     schema: dict[str, Any]
 
@@ -135,7 +139,7 @@ class CountTokensRequest(Struct, kw_only=True):
     system: str | list[Text] | None = None
     tools: list[Tool] | None = None
     tool_choice: ChoiceAuto | ChoiceAny | ChoiceTool | ChoiceNone | None = None
-    thinking: ThinkingEnabled | ThinkingDisabled | ThinkingAdaptive | None = None
+    thinking: ThinkingEnabled | ThinkingDisabled | ThinkingAdaptive | ThinkingBetweenTools | None = None
     output_config: OutputConfig | None = None
 
 

@@ -27,6 +27,7 @@ from runtime.bridge.schema import (
     TextSource,
     Thinking,
     ThinkingAdaptive,
+    ThinkingBetweenTools,
     ThinkingDisabled,
     ThinkingEnabled,
     ToolResult,
@@ -210,7 +211,7 @@ class Translator:
         if thinking is not None or not self.traits.thinks_unasked:
             asked = isinstance(thinking, (ThinkingEnabled, ThinkingAdaptive))
             payload["chat_template_kwargs"] = {"enable_thinking": asked}
-        if isinstance(thinking, ThinkingDisabled):
+        if isinstance(thinking, (ThinkingDisabled, ThinkingBetweenTools)):
             return
         budget = thinking_budget_of(request)
         if budget is not None and self.traits.thinking_budget:

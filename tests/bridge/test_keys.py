@@ -44,6 +44,7 @@ def test_refused_without_a_valid_key(guarded: Process, headers: dict[str, str]) 
         response = httpx.request(method, guarded.url + path, json=ASK, headers=headers)
         assert response.status_code == 401
         assert response.json()["error"]["type"] == "authentication_error"
+        assert response.headers["x-should-retry"] == "false"  # Claude Code would retry for ~3 minutes
 
 
 @pytest.mark.parametrize(

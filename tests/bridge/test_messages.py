@@ -85,8 +85,9 @@ def test_no_thinking_unless_asked_as_in_anthropic_s_api(client: anthropic.Anthro
     assert blocks(message) == [("text", tiny.ANSWER)] and message.content[0].text == tiny.ANSWER
 
 
-def test_thinking_disabled_turns_reasoning_off(client: anthropic.Anthropic, stream: bool) -> None:
-    message = ask(client, stream, messages=user("hello"), thinking={"type": "disabled"})
+@pytest.mark.parametrize("off", ["disabled", "between_tools"])  # 2.1.332's between_tools: no thinking, as in vLLM
+def test_thinking_disabled_turns_reasoning_off(client: anthropic.Anthropic, stream: bool, off: str) -> None:
+    message = ask(client, stream, messages=user("hello"), thinking={"type": off})
     assert blocks(message) == [("text", tiny.ANSWER)]
 
 
