@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "preload": ("runtime.preload", "download VL_PRELOAD's repos into the cache, at the lowest priority, as a pod does"),
     "logs": ("runtime.hub.logtail", "tail a pod's remote log on the Hub"),
     "connect": ("runtime.connect", "check an endpoint and print Claude Code's environment"),
+    "launch": ("runtime.launch", "check the pod's endpoint, then run Claude Code on it (-- passes claude's arguments)"),
     "check": ("runtime.check", "prove the pod's model answers right under load: needle, prefills, tools, cache…"),
     "pod": ("runtime.pods", "start, watch, stop and delete your pods on RunPod (up, watch, status, stop, start, down)"),
     "status": ("runtime.status", "show a running pod's console in the terminal: engine, traffic, keys, GPUs, cost"),
@@ -51,4 +52,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     module = importlib.import_module(module_name)
     parser = argparse.ArgumentParser(prog=f"python -m runtime {name}", description=summary)
     module.configure(parser)
+    if getattr(module, "PASSES_ON", False) and "--" in rest:  # what follows `--` is another program's
+        parsed = parser.parse_args(rest[: rest.index("--")])
+        parsed.passed_on = rest[rest.index("--") + 1 :]
+        return module.run(parsed)
     return module.run(parser.parse_args(rest))

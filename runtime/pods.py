@@ -25,6 +25,7 @@ import httpx
 from runtime.client import USER_AGENT, pod_key
 from runtime.connect import EndpointError, check_endpoint, print_environment
 from runtime.health import serves_model
+from runtime.launch import remember_pod
 from runtime.liveline import LiveLine
 from runtime.runpod import KEY_VARIABLE, RunPodClient, RunPodError
 
@@ -184,6 +185,7 @@ def up_team(pods: Pods, args: argparse.Namespace, body: dict[str, Any], gpus: li
         if status:
             return status
     print_environment(check_endpoint(proxy_url(gateway["id"]), pod_key(args.key) or "x"))
+    remember_pod(proxy_url(gateway["id"]))  # `runtime launch` without a URL: this team's gateway
     every = " ".join(pod["id"] for pod in [gateway, *workers])
     print(f"\n# the team: python -m runtime pod status; pod stop {every}; pod down {every}")
     return 0
@@ -255,6 +257,7 @@ def watch_boot(pods: Pods, pod_id: str, args: argparse.Namespace, env: Mapping[s
     status = boot(pods, pod_id, env, time.monotonic() + args.timeout * 60)
     if not status:
         print_environment(check_endpoint(proxy_url(pod_id), pod_key(args.key) or "x"))
+        remember_pod(proxy_url(pod_id))  # `runtime launch` without a URL: this pod
     return status
 
 

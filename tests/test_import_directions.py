@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 OURS = ("runtime", "space")
 # The pod's entry points: what `python -m runtime …` runs. They use the packages, never the reverse.
 ENTRY_POINTS = ("runtime.start", "runtime.cli", "runtime.supervisor", "runtime.connect", "runtime.builder_page",
-                "runtime.status", "runtime.settings_command", "runtime.pods", "runtime.check", "runtime.__main__")  # fmt: skip
+                "runtime.status", "runtime.settings_command", "runtime.pods", "runtime.check", "runtime.launch", "runtime.__main__")  # fmt: skip
 BRIDGE_NEVER = ("runtime.engine", "runtime.hub", "runtime.sshd", *ENTRY_POINTS)  # the supervisor and start among them
 # What the build side (build.py, space/, docker/) may take from the runtime: standard-library-only leaves.
 BUILD_MAY = (

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from runtime.engine import tinymodel as tiny
+from runtime.launch import remember_pod
 from tests.support.bridge import ROOT, Process, clean_environment, start_bridge
 from tests.support.claude_code import CLAUDE, TIMEOUT_S, parse_result, quiet_environment, require_claude_code
 from tests.support.net import free_port
@@ -88,3 +89,35 @@ def test_an_unreachable_endpoint() -> None:
 def test_a_bridge_whose_engine_still_loads(tmp_path: Path) -> None:
     with start_bridge(f"http://127.0.0.1:{free_port()}", tmp_path / "bridge.log") as bridge:
         assert "the bridge answers but its engine serves no model yet" in refused(connect(bridge.url))
+
+
+def test_launch_runs_claude_code_on_the_pod_up_brought_up_without_the_paid_api_key(
+    keyed_bridge: Process, tmp_path: Path
+) -> None:
+    require_claude_code()
+    home = tmp_path / "home"
+    home.mkdir()
+    # As a user's shell: Claude Code on PATH, a paid key left over (the bridge refuses two different keys), and
+    # the pod's key in Claude Code's own variable.
+    environment = quiet_environment(home) | {
+        "PATH": f"{CLAUDE.parent}:{quiet_environment(home)['PATH']}", "ANTHROPIC_API_KEY": "sk-ant-left-over",
+        "ANTHROPIC_AUTH_TOKEN": KEY, "PYTHONPATH": str(ROOT),
+    }  # fmt: skip
+    remember_pod(keyed_bridge.url, environment)  # what `pod up` does once its pod serves
+    ran = subprocess.run(
+        [sys.executable, "-m", "runtime", "launch", "--", "-p", f"Say hello {tiny.MARK_TEXT}", "--output-format", "json"],
+        cwd=home, env=environment, capture_output=True, text=True, timeout=TIMEOUT_S,
+    )  # fmt: skip
+    assert parse_result(ran)["result"] == tiny.ANSWER
+    assert f"launch: Claude Code on 'tiny' at {keyed_bridge.url} (65,536-token window)" in ran.stderr
+
+
+def test_launch_prints_the_environment_or_says_which_url_it_needs(keyed_bridge: Process, tmp_path: Path) -> None:
+    environment = clean_environment({"XDG_CONFIG_HOME": str(tmp_path)})
+    launch = [sys.executable, "-m", "runtime", "launch"]
+    printed = subprocess.run([*launch, keyed_bridge.url, "--key", KEY, "--print"], cwd=ROOT, env=environment,
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert printed.returncode == 0 and "export ANTHROPIC_MODEL=tiny\n" in printed.stdout
+    nowhere = subprocess.run(launch, cwd=ROOT, env=environment, capture_output=True, text=True, timeout=120)
+    assert nowhere.returncode == 2 and nowhere.stdout == ""
+    assert nowhere.stderr == "launch: no URL, and no pod brought up by `pod up` yet: give the pod's URL\n"
