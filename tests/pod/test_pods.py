@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from runtime.client import USER_AGENT
+from runtime.launch import last_pod
 from space import runpod
 from tests.support.environ import outer_environ
 from tests.support.hub_server import HubServer
@@ -40,12 +41,14 @@ class Account:
     hub: HubServer
     machines: Machines
     template_id: str
+    config: Path  # the user's config folder (XDG_CONFIG_HOME), where `pod up` remembers its pod for `launch`
 
     def pod(self, *args: str, timeout_s: float = 1200) -> subprocess.CompletedProcess[str]:
         env = outer_environ("RUNPOD_", "ANTHROPIC_") | {
             "RUNPOD_API_KEY": self.runpod.api_key, "RUNPOD_API_URL": self.runpod.url,
             "RUNPOD_PROXY_URL": self.machines.proxy_url,  # RunPod's proxy in front of the machines
             "HF_ENDPOINT": self.hub.endpoint, "HF_TOKEN": self.hub.read_token, "ANTHROPIC_API_KEY": KEY,
+            "XDG_CONFIG_HOME": str(self.config),
         }  # fmt: skip
         return subprocess.run(
             [sys.executable, "-m", "runtime", "pod", *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
@@ -63,7 +66,7 @@ def account(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Account]:
         template_id = server.add_template(body)
         secrets_of_the_account = {"HF_TOKEN": hub.write_token, "VL_API_KEYS": KEY}
         with Machines(server, hub, tmp_path_factory.mktemp("machines"), secrets_of_the_account) as machines:
-            yield Account(server, hub, machines, template_id)
+            yield Account(server, hub, machines, template_id, tmp_path_factory.mktemp("config"))
         assert not server.faults, server.faults
 
 
@@ -86,6 +89,7 @@ def test_up_places_the_pod_on_the_next_gpu_watches_its_boot_and_prints_claude_co
     )
     assert f"export ANTHROPIC_BASE_URL={account.url(account.runpod.pods[0]['id'])}" in result.stdout
     assert "export ANTHROPIC_MODEL=tiny" in result.stdout and "one token generated" in result.stdout
+    assert last_pod({"XDG_CONFIG_HOME": str(account.config)}) == account.url(account.runpod.pods[0]["id"])  # launch's
     assert {r.headers.get("user-agent") for r in account.runpod.received} == {USER_AGENT}
 
 
