@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from runtime.diagnosis import explain
 from runtime.engine.command import RUNTIME_ROOT, EngineCommand
 from runtime.engine.install import InstallError, ensure_runtime, is_prebaked, runs_in_venv
 from runtime.engine.volume import cache_root
@@ -43,7 +44,7 @@ from runtime.selfstop import SelfStop
 from runtime.settings import Scope, Settings, SettingsError, load_settings, unknown_settings
 from runtime.settingsfile import FileRefused, SettingsFile, settings_with_file
 from runtime.sshd import SshdLayout, prepare_sshd
-from runtime.supervisor import ChildSpec, Health, Supervisor
+from runtime.supervisor import ChildSpec, Health, StartLimit, Supervisor
 from runtime.swap import (
     DOWNLOADING,
     PREPARING,
@@ -68,6 +69,7 @@ ROUTER_HEALTH = functools.partial(Health, interval_s=10.0, timeout_s=10.0, failu
 # a saturated engine queues the probe behind real work, and restarting a busy engine is a disaster.
 ENGINE_PROBE_S = 60.0
 ENGINE_HEALTH = functools.partial(Health, interval_s=15.0, timeout_s=ENGINE_PROBE_S, failures_before_restart=3)
+ENGINE_START_TRIES = 3  # failed starts in a row (never healthy) before the engine is left stopped: each costs minutes
 ENGINE_HEALTH_NOTE_S = 1.0  # how often the engines' health is compared with what /health last read
 HUB_LAST_WORDS_S = 20.0  # how long a refused start waits for its one line to reach the Hub log
 REFUSED = 2  # exit status of a start refused by a setting, the GPU or the install
@@ -391,7 +393,8 @@ class Pod:
     def engine_spec(self, replica: Replica) -> ChildSpec:
         command = replica.command
         health = ENGINE_HEALTH(engine_generates(command, ENGINE_PROBE_S))
-        return ChildSpec(replica.name, command.argv, {**self.environ, **command.env}, health)
+        limit = StartLimit(ENGINE_START_TRIES, explain)  # an engine that cannot start is not restarted for ever
+        return ChildSpec(replica.name, command.argv, {**self.environ, **command.env}, health, limit)
 
     def router_spec(self) -> ChildSpec:
         """The router in front of the engines; health-checked like the bridge (its /health is its own)."""

@@ -45,13 +45,24 @@ class Health:
 
 
 @dataclass(frozen=True)
+class StartLimit:
+    """A child that keeps dying before it ever turns healthy is left stopped after `tries` launches in a row, or at
+    the first when `explain` says no try can help: a restart loop only bills. `explain` reads its log: (the likely
+    cause in one line, whether retrying is hopeless)."""
+
+    tries: int
+    explain: Callable[[Path], tuple[str, bool]]
+
+
+@dataclass(frozen=True)
 class ChildSpec:
-    """What to run: a name (its log is `<name>.log`), argv, environment, optional health check."""
+    """What to run: a name (its log is `<name>.log`), argv, environment, optional health check and start limit."""
 
     name: str
     argv: Sequence[str]
     env: Mapping[str, str] | None = None
     health: Health | None = None
+    start_limit: StartLimit | None = None
 
 
 @dataclass(frozen=True)
@@ -250,18 +261,33 @@ class Supervisor:
         exited.cancel()
         return child.take_request()
 
-    def _after_death(self, child: Child) -> float:
-        """Count the death, say so (log and Hub), and return how long to wait before relaunching."""
+    def _after_death(self, child: Child) -> float | None:
+        """Count the death, say so (log and Hub), and return how long to wait before relaunching; None: it is left
+        stopped (its start limit), until a restart or a stop is asked."""
         stable = child.healthy_since_launch or (
             child.spec.health is None and time.monotonic() - child.launched_at >= STABLE_AFTER_S
         )
         child.deaths = 1 if stable else child.deaths + 1
         child.healthy = False
-        delay = self.backoff.delay(child.deaths)
         how = exit_description(child.process.returncode if child.process else None)
+        if not stable and (why := self._hopeless(child)) is not None:
+            self._report(logging.ERROR, f"{child.spec.name} {how}; {why}")
+            return None
+        delay = self.backoff.delay(child.deaths)
         in_a_row = f" ({child.deaths} times in a row, backing off)" if child.deaths > 1 else ""
         self._report(logging.WARNING, f"{child.spec.name} {how}{in_a_row}; restarting in {delay:.0f} s")
         return delay
+
+    def _hopeless(self, child: Child) -> str | None:
+        """Why the child is not relaunched (its start limit reached, or a failure no retry can help), or None."""
+        limit = child.spec.start_limit
+        if limit is None:
+            return None
+        cause, hopeless = limit.explain(log_file(self.state_dir, child.spec.name))
+        if not hopeless and child.deaths < limit.tries:
+            return None
+        starts = f"{child.deaths} failed start{'s' if child.deaths > 1 else ''} in a row"
+        return f"not restarted after {starts}: {cause} (a Hub file that changes it, or a new pod, starts it again)"
 
     async def _terminate(self, child: Child) -> None:
         process = child.process

@@ -13,6 +13,9 @@ import pytest
 from runtime.settings import BY_ENV
 from tests.support.environ import outer_environ
 from tests.support.hub_server import HubServer
+from tests.support.net import free_port
+from tests.support.polling import wait_until
+from tests.support.signals import stop
 
 pytestmark = pytest.mark.slow  # `runtime start` run as a process for each bad value
 
@@ -132,3 +135,27 @@ def test_an_unexpected_error_is_one_published_line_with_its_traceback_in_boot_lo
     published = (hub_server.file(f"{hub_server.owner}/pod-logs", "etat/crashed-pod.log") or b"").decode()
     assert re.search(r"^note +\| \S+ " + re.escape(line), published, re.MULTILINE), published
     assert not list((tmp_path / "state").glob("*.pid")), "nothing was launched"
+
+
+def test_an_engine_that_cannot_start_is_left_stopped_after_three_tries_with_its_likely_cause(tmp_path: Path) -> None:
+    """A flag real vLLM refuses: three launches, then one line naming the cause and the setting, not a restart loop
+    that bills; the pod itself keeps running (a Hub file that fixes the setting starts the engine again)."""
+    (tmp_path / "image_prebaked").write_text('{"target": "cpu"}\n')
+    env = outer_environ() | {
+        "VL_STATE_DIR": str(tmp_path / "state"), "VL_PREBAKED_MARKER": str(tmp_path / "image_prebaked"),
+        "VL_VENV": sys.prefix, "VL_MODEL": "tiny", "VL_EXTRA_ARGS": "--no-such-flag", "VL_SSH": "off",
+        "VL_BRIDGE": "off", "VL_LISTEN": "127.0.0.1", "VL_PORT": str(free_port()),
+    }  # fmt: skip
+    boot = tmp_path / "state" / "boot.log"
+    process = subprocess.Popen([sys.executable, "-m", "runtime", "start"], cwd=REPO_ROOT, env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    try:
+        wait_until(lambda: boot.exists() and "not restarted after" in boot.read_text(), "the engine left stopped",
+                   600.0, every_s=0.5)  # fmt: skip
+        assert process.poll() is None, "the pod itself keeps running"
+    finally:
+        stop(process)
+    log = boot.read_text()
+    assert log.count("engine started (pid") == 3
+    assert ("engine exited with code 2; not restarted after 3 failed starts in a row: vLLM refused its command line "
+            "(--no-such-flag): check VL_EXTRA_ARGS") in log  # fmt: skip

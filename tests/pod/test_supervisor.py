@@ -12,7 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from runtime.supervisor import Backoff, ChildSpec, Health, Supervisor
+from runtime.diagnosis import explain
+from runtime.supervisor import Backoff, ChildSpec, Health, StartLimit, Supervisor
 from tests.support.net import free_port
 from tests.support.polling import eventually
 from tests.support.signals import alive
@@ -220,3 +221,39 @@ async def test_a_child_that_cannot_be_launched_backs_off_until_a_new_spec_fixes_
     supervisor.restart("engine", "fixed settings", ChildSpec("engine", python(SLEEP.replace("ready", "fixed"))))
     await eventually(lambda: said(tmp_path, "engine", "fixed"))
     assert incidents.count("restarting engine: new settings") == 1
+
+
+REFUSED_FLAG = "import sys; print('vllm serve: error: unrecognized arguments: --no-such-flag', flush=True); sys.exit(2)"
+SICK_HOST = "import sys; print('RuntimeError: No CUDA GPUs are available', flush=True); sys.exit(1)"
+
+
+async def test_a_child_that_cannot_start_is_left_stopped_with_its_likely_cause_until_a_new_spec(
+    tmp_path: Path, supervisor_for: Make
+) -> None:
+    incidents: list[str] = []
+    supervisor = supervisor_for(on_incident=incidents.append, backoff=Backoff(first_s=0.1, most_s=0.2))
+    limit = StartLimit(3, explain)
+    supervisor.start(ChildSpec("engine", python(REFUSED_FLAG), start_limit=limit))
+    await eventually(lambda: len(incidents) >= 3)
+    assert incidents == [
+        "engine exited with code 2; restarting in 0 s",
+        "engine exited with code 2 (2 times in a row, backing off); restarting in 0 s",
+        "engine exited with code 2; not restarted after 3 failed starts in a row: vLLM refused its command line "
+        "(--no-such-flag): check VL_EXTRA_ARGS (a Hub file that changes it, or a new pod, starts it again)",
+    ]
+    assert supervisor.children["engine"].launches == 3 and not supervisor.children["engine"].running
+    supervisor.restart("engine", "its settings changed", ChildSpec("engine", python(SLEEP), start_limit=limit))
+    await eventually(lambda: said(tmp_path, "engine", "ready"))  # a new spec: launched again
+
+
+async def test_a_sick_host_is_not_retried_at_all(tmp_path: Path, supervisor_for: Make) -> None:
+    incidents: list[str] = []
+    supervisor = supervisor_for(on_incident=incidents.append, backoff=Backoff(first_s=0.1))
+    supervisor.start(ChildSpec("engine", python(SICK_HOST), start_limit=StartLimit(3, explain)))
+    await eventually(lambda: incidents)
+    assert incidents == [
+        "engine exited with code 1; not restarted after 1 failed start in a row: this host is sick: recreate the pod "
+        "(python -m runtime pod down, then pod up: a new pod lands elsewhere): a GPU the machine lists is lost to "
+        "CUDA (a Hub file that changes it, or a new pod, starts it again)"
+    ]
+    assert supervisor.children["engine"].launches == 1
