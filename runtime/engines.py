@@ -120,6 +120,7 @@ class Engines:
             self.rolling.cancel()  # a newer change takes over from one still under way
         previous, self.plan = self.plan, Plan(settings, command, replicas)
         self.rolling = asyncio.create_task(self.restart_each(previous.replicas, why, target, before, after))
+        self.rolling.add_done_callback(lambda task: task.cancelled() or task.exception())  # a Hub change awaits none
         return self.rolling
 
     async def restart_each(
@@ -132,7 +133,8 @@ class Engines:
     ) -> None:
         """Each engine in turn: withdrawn from the router (when there is one), left to finish what it runs (at most
         DRAIN_S: then what it still runs is cut), restarted, healthy and readmitted before the next: the others answer
-        meanwhile, and an engine the change breaks stops the change with the rest still serving."""
+        meanwhile, and an engine the change breaks (left stopped by its start limit) stops the change with the rest
+        still serving: ChangeRefused says why."""
         if before is not None:
             await before()
         router = RouterControl(router_url(self.settings)) if len(self.replicas) > 1 else None
@@ -147,13 +149,19 @@ class Engines:
             if target is not None:
                 self.tell(Phase.STARTING, target)
             self.supervisor.restart(replica.name, why, self.spec(replica))
-            await until(functools.partial(self.supervisor.is_healthy_after, replica.name, launch))
+            await until(functools.partial(self.settled, replica.name, launch))
+            if (given_up := self.supervisor.given_up(replica.name)) is not None:
+                raise ChangeRefused(f"{replica.name} {given_up}")  # the others keep the old settings
             steps += ["restarted", "healthy"]
             if router is not None:
                 steps.append("readmitted" if await router.admit(replica.command.base_url) else "not readmitted in time")
             log.info("%s serves the new settings: %s (%s)", replica.name, ", ".join(steps), why)
         if after is not None:
             after()
+
+    def settled(self, name: str, launch: int) -> bool:
+        """Whether engine `name`, launched again since its launch number `launch`, is healthy or left stopped."""
+        return self.supervisor.is_healthy_after(name, launch) or self.supervisor.given_up(name) is not None
 
     async def until_serving(self) -> None:
         """Until an engine of the pod is healthy (its first answer, as the supervisor probes it)."""

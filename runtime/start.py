@@ -503,6 +503,9 @@ class Pod:
             return
         try:
             await restarts
+        except ChangeRefused as error:  # its engine could not start: left stopped, and the requests told why
+            self.swap_failed(recipe, error)
+            return
         except asyncio.CancelledError:
             current = asyncio.current_task()
             if restarts.cancelled() and current is not None and not current.cancelling():
@@ -529,12 +532,18 @@ class Pod:
                 lambda: self.downloading(recipe),
             )  # fmt: skip
         except ChangeRefused as error:
-            line = f"swap to {recipe} refused: {error}; {old} keeps serving"
-            log.error("%s", line)
-            self.hub.tell(line)
-            engines.swap = replace(engines.swap, failed={"recipe": recipe, "reason": str(error), "at": time.time()})
-            engines.tell(SERVING)
+            self.swap_failed(recipe, error, f"{old} keeps serving")
             return None
+
+    def swap_failed(self, recipe: str, error: ChangeRefused, after: str = "the engine is left stopped") -> None:
+        """A swap that could not be prepared, or whose engine could not start: said in one line, and recorded for the
+        requests that wait for it (they get a 500 naming the reason)."""
+        line = f"swap to {recipe} refused: {error}; {after}"
+        log.error("%s", line)
+        self.hub.tell(line)
+        engines = self.engines
+        engines.swap = replace(engines.swap, failed={"recipe": recipe, "reason": str(error), "at": time.time()})
+        engines.tell(SERVING)
 
     def swap_due_in(self) -> float:
         """Seconds before the loaded recipe has had its VL_SWAP_MIN_S (a swap away from it waits that long)."""

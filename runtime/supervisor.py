@@ -103,6 +103,7 @@ class Child:
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     output: OutputPump | None = None  # its running process's output, on its way to the log
+    given_up: str | None = None  # why it is left stopped (its start limit), until it is launched again
 
     @property
     def running(self) -> bool:
@@ -182,6 +183,11 @@ class Supervisor:
         child = self.children.get(name)
         return child is not None and child.healthy and child.running
 
+    def given_up(self, name: str) -> str | None:
+        """Why child `name` is left stopped (its start limit), or None while it is kept alive."""
+        child = self.children.get(name)
+        return child.given_up if child is not None else None
+
     def is_healthy_after(self, name: str, launch: int) -> bool:
         """Whether child `name` was launched again after its launch number `launch` and is healthy now."""
         child = self.children.get(name)
@@ -218,6 +224,7 @@ class Supervisor:
         if keep_old_log and log_path.exists():
             log_path.rename(self.state_dir / f"{spec.name}.hung.{time.strftime('%Y%m%dT%H%M%S')}.log")
         child.healthy = child.healthy_since_launch = False
+        child.given_up = None
         child.launches += 1
         child.launched_at = time.monotonic()
         output = ChildLog(log_path, self.log_cap_bytes)
@@ -271,7 +278,8 @@ class Supervisor:
         child.healthy = False
         how = exit_description(child.process.returncode if child.process else None)
         if not stable and (why := self._hopeless(child)) is not None:
-            self._report(logging.ERROR, f"{child.spec.name} {how}; {why}")
+            child.given_up = f"{how}; {why}"
+            self._report(logging.ERROR, f"{child.spec.name} {child.given_up}")
             return None
         delay = self.backoff.delay(child.deaths)
         in_a_row = f" ({child.deaths} times in a row, backing off)" if child.deaths > 1 else ""

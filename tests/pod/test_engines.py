@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from runtime.diagnosis import explain
 from runtime.engine.command import engine_command
 from runtime.engines import ChangeRefused, Engines, Plan
 from runtime.replicas import plan_replicas
 from runtime.settings import load_settings
-from runtime.supervisor import ChildSpec, Supervisor
+from runtime.supervisor import Backoff, ChildSpec, StartLimit, Supervisor
 from runtime.swap import PREPARING, SERVING, STARTING, STOPPING, WAITING, read_state
 from tests.support.environ import outer_environ
 
@@ -78,3 +79,26 @@ def test_the_swap_moves_only_as_its_table_allows_and_the_old_model_stays_loaded_
     engines.tell(SERVING)
     state = read_state(tmp_path)
     assert state is not None and (state.loaded, state.phase, state.target) == ("tiny2", "serving", None)
+
+
+@pytest.mark.slow
+def test_a_change_whose_engine_cannot_start_ends_with_the_reason_instead_of_waiting_for_ever(tmp_path: Path) -> None:
+    env = pod_env(tmp_path)
+    refusing = [sys.executable, "-c", "print('error: unrecognized arguments: --no-such-flag'); raise SystemExit(2)"]
+
+    async def change() -> None:
+        supervisor = Supervisor(tmp_path, backoff=Backoff(first_s=0.05, most_s=0.1))
+        engines = engines_on(env)
+        engines.supervisor = supervisor
+        engines.spec = lambda replica: ChildSpec(replica.name, refusing, start_limit=StartLimit(2, explain))
+        supervisor.start(ChildSpec(engines.replicas[0].name, [sys.executable, "-c", "import time; time.sleep(600)"]))
+        try:
+            async with engines.changing:
+                restarts = await engines.change_to(load_settings(env | {"VL_CTX": "4096"}), "a Hub file")
+            await restarts
+        finally:
+            await supervisor.stop()
+
+    with pytest.raises(ChangeRefused, match=r"^engine exited with code 2; not restarted after 2 failed starts in a row: "
+                       r"vLLM refused its command line \(--no-such-flag\)"):  # fmt: skip
+        asyncio.run(change())
