@@ -255,14 +255,24 @@ CHECKS: dict[str, Callable[[Pod], Awaitable[str]]] = {
 }
 
 
-async def run_checks(url: str, key: str, names: list[str], say: Callable[[Outcome], None]) -> list[Outcome]:
-    """Each named check in order against the pod at `url`; each outcome said as soon as it is known."""
-    endpoint = await asyncio.to_thread(check_endpoint, url, key)
+async def run_checks(
+    url: str,
+    key: str,
+    names: list[str],
+    say: Callable[[Outcome], None],
+    model: str | None = None,
+    before_each: Callable[[], Awaitable[None]] | None = None,
+) -> list[Outcome]:
+    """Each named check in order against the pod at `url` (on `model`, else the served model's bare name); each
+    outcome said as soon as it is known; `before_each` awaited before each check (the pod's own: its users first)."""
+    endpoint = await asyncio.to_thread(check_endpoint, url, key, model)
     headers = {"anthropic-version": ANTHROPIC_VERSION, "authorization": f"Bearer {key}", "user-agent": USER_AGENT}
     outcomes = []
     async with httpx.AsyncClient(base_url=endpoint.base_url, headers=headers, timeout=REQUEST_S) as client:
         pod = Pod(client, endpoint.model, endpoint.window)
         for name in names:
+            if before_each is not None:
+                await before_each()
             try:
                 outcome = Outcome(name, "passed", await CHECKS[name](pod))
             except Skipped as why:
@@ -279,6 +289,7 @@ async def run_checks(url: str, key: str, names: list[str], say: Callable[[Outcom
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("url", nargs="?", default=DEFAULT_URL, help=f"the pod's URL (default {DEFAULT_URL})")
     parser.add_argument("--key", default="", help="a key of the pod's VL_API_KEYS")
+    parser.add_argument("--model", help="the model id to check (default: the served model's bare name)")
     parser.add_argument("--only", action="append", choices=list(CHECKS), help="run only these checks (repeatable)")
     parser.add_argument("--json", action="store_true", help='print {"checks": [{"name", "ok", "status", "detail"}]}')
 
@@ -291,7 +302,7 @@ def run(args: argparse.Namespace) -> int:
     names = args.only or list(CHECKS)
     say: Callable[[Outcome], None] = (lambda outcome: None) if args.json else (lambda o: print(line_of(o), flush=True))
     try:
-        outcomes = asyncio.run(run_checks(args.url, args.key, names, say))
+        outcomes = asyncio.run(run_checks(args.url, args.key, names, say, args.model))
     except EndpointError as error:
         print(f"runtime check: {error}", file=sys.stderr)
         return 2

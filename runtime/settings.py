@@ -616,6 +616,10 @@ VARIABLES: tuple[Variable, ...] = (
     _var("VL_PRELOAD", "", model_repos, P,
          "Hub model repos downloaded into the cache in the background once the first model serves (at the "
          "lowest CPU and I/O priority), so that a later swap downloads nothing."),
+    _var("VL_SELFCHECK", "auto", choice("auto", "on", "off"), P,
+         "Once the model first serves, the pod runs `runtime check` against itself (a key of its own, one check at "
+         "a time, each once no user request is in flight) and publishes the verdict: the Hub log, /health "
+         "(`checked`), the console and `runtime status`. auto = on with a GPU, off on the CPU."),
     _var("VL_EXTRA_ARGS", "", engine_arguments, E,
          "Appended to the vLLM command (the flags the runtime sets are refused: the settings above own them).",
          max_chars=8192),
@@ -758,6 +762,7 @@ class Settings:
     swap: tuple[str, ...]
     swap_min_s: float
     preload: tuple[str, ...]
+    selfcheck: str
     extra_args: str
     # the bridge
     bridge: bool

@@ -16,6 +16,7 @@ import functools
 import importlib.util
 import logging
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -38,8 +39,9 @@ from runtime.health import Answers200, engine_generates, health_url
 from runtime.logfiles import BRIDGE, ENGINE, SSHD, log_file
 from runtime.preload import preload_in_background
 from runtime.preloadstate import RepoPreload, forget_preload_state, write_preload_state
-from runtime.replicas import Replica
+from runtime.replicas import DRAIN_S, Replica, drained
 from runtime.router import ROUTER, RouterError, check_router, router_argv, router_url
+from runtime.selfcheckstate import SELFCHECK_KEY, checked, forget_selfcheck, read_selfcheck, write_selfcheck
 from runtime.selfstop import SelfStop
 from runtime.settings import Scope, Settings, SettingsError, load_settings, unknown_settings
 from runtime.settingsfile import FileRefused, SettingsFile, settings_with_file
@@ -286,6 +288,7 @@ class Pod:
         self.stopping = asyncio.Event()
         self.changes: asyncio.Queue[SettingsFile] = asyncio.Queue()
         self.self_stop = SelfStop.from_settings(settings, environ)  # VL_IDLE_STOP_MIN, VL_MAX_SPEND
+        self.selfcheck_key = secrets.token_urlsafe(32)  # VL_SELFCHECK's key: the bridge's alone, never published
 
     @property
     def settings(self) -> Settings:
@@ -355,6 +358,7 @@ class Pod:
             engines_seen = asyncio.create_task(self.note_engine_health())
         swapping = asyncio.create_task(self.keep_swapping()) if self.replicas else None
         preloading = asyncio.create_task(self.preload_when_serving())
+        checking = asyncio.create_task(self.check_when_serving())
         try:
             for replica in self.replicas:
                 self.supervisor.start(self.engine_spec(replica))
@@ -373,7 +377,7 @@ class Pod:
             log.info("stopping: SIGTERM to every child, SIGKILL after %.0f s", self.supervisor.grace_s)
         finally:
             applying.cancel()
-            for task in (budget, engines_seen, self.engines.rolling, swapping, preloading):
+            for task in (budget, engines_seen, self.engines.rolling, swapping, preloading, checking):
                 if task is not None:
                     task.cancel()
             if self.hub.remote is not None:
@@ -417,7 +421,7 @@ class Pod:
             argv += [word for engine in engines for word in ("--engine", engine)]
         argv += ["--ledger", str(cache_root(settings) / USAGE_LEDGER)]  # on the volume, when the pod has one
         # Every setting the bridge reads, as they are now: its own, and the pod's (state folder, image facts).
-        env = {**self.environ, **settings.environ(Scope.BRIDGE, Scope.POD)}
+        env = {**self.environ, **settings.environ(Scope.BRIDGE, Scope.POD), SELFCHECK_KEY: self.selfcheck_key}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(RUNTIME_ROOT), env.get("PYTHONPATH"))))
         return ChildSpec(BRIDGE, argv, env, self.bridge_health)
 
@@ -458,6 +462,49 @@ class Pod:
         write_preload_state(self.state_dir, map(RepoPreload, repos))
         await self.engines.until_serving()
         await preload_in_background(repos, command.cache, self.state_dir, self.environ, self.hub.tell)
+
+    @property
+    def self_checks(self) -> bool:
+        """VL_SELFCHECK: on, or auto on a GPU; through the bridge, so never on a gateway or with VL_BRIDGE=off."""
+        wanted = self.settings.selfcheck == "on" or (
+            self.settings.selfcheck == "auto" and self.engines.accelerator == "cuda"
+        )
+        return wanted and self.settings.bridge and self.command is not None
+
+    async def check_when_serving(self) -> None:
+        """VL_SELFCHECK: once the model first serves, `runtime check` against the pod's own bridge, one check at a
+        time and each once no user request is in flight; every outcome to the Hub log and selfcheck.json."""
+        from runtime.check import CHECKS, Outcome, run_checks  # httpx: not on the light path to vLLM's launch
+        from runtime.connect import EndpointError
+
+        forget_selfcheck(self.state_dir)  # a previous start's
+        if not self.self_checks:
+            return
+        command = self.command
+        assert command is not None
+        await self.engines.until_serving()
+        outcomes: list[dict[str, str]] = []
+        write_selfcheck(self.state_dir, "running", outcomes)
+
+        def said(outcome: Outcome) -> None:
+            outcomes.append({"name": outcome.name, "status": outcome.status, "detail": outcome.detail})
+            write_selfcheck(self.state_dir, "running", outcomes)
+            self.hub.tell(f"self-check {outcome.name}: {outcome.status}: {outcome.detail}")
+
+        async def users_first() -> None:
+            while not await drained(self.command or command, DRAIN_S):
+                pass
+
+        url = health_url(self.settings.listen, self.settings.port).removesuffix("/health")
+        try:
+            await run_checks(url, self.selfcheck_key, list(CHECKS), said, command.served_names[0], users_first)
+        except EndpointError as error:
+            said(Outcome("endpoint", "failed", str(error)))
+        failed = any(outcome["status"] == "failed" for outcome in outcomes)
+        write_selfcheck(self.state_dir, "failed" if failed else "passed", outcomes)
+        line = f"self-check: {checked(read_selfcheck(self.state_dir))}"
+        log.log(logging.WARNING if failed else logging.INFO, "%s", line)
+        self.hub.tell(line)
 
     async def note_engine_health(self) -> None:
         """Several engines: their health, as the supervisor sees it, in the file the bridge's /health reads."""

@@ -17,6 +17,7 @@ import httpx
 
 from runtime.client import KEY_VARIABLES, USER_AGENT, pod_key
 from runtime.logsafe import strip_controls
+from runtime.selfcheckstate import checked
 
 STATUS_PATH = "/v1/pod/status"
 WATCH_EVERY_S = 2.0
@@ -97,7 +98,16 @@ def overview(state: Mapping[str, Any]) -> str:
     ]
     if swap := state.get("swap"):  # VL_SWAP
         rows.insert(2, ("Swap", swapping(swap)))
+    if verdict := state.get("selfcheck"):  # VL_SELFCHECK
+        rows.insert(2, ("Checked", self_checked(verdict)))
     return "\n".join(f"{name:<8}{value}" for name, value in rows)
+
+
+def self_checked(verdict: Mapping[str, Any]) -> str:
+    """The pod's self-check in one line: its verdict, and how many of its checks passed."""
+    ran = [check for check in verdict["checks"] if check.get("status") != "skipped"]
+    passed = sum(1 for check in ran if check.get("status") == "passed")
+    return f"{checked(verdict)} ({passed} of {len(ran)} checks passed)"
 
 
 def swapping(swap: Mapping[str, Any]) -> str:

@@ -36,6 +36,7 @@ from runtime.bridge.state import Bridge
 from runtime.bridge.translate import Translator
 from runtime.enginehealth import pod_condition, read_engine_health
 from runtime.logsafe import loggable
+from runtime.selfcheckstate import checked, read_selfcheck
 
 log = logging.getLogger("runtime.bridge")
 GENERATIONS = frozenset({"/v1/chat/completions", "/v1/completions"})  # what reads vLLM's prefix cache
@@ -105,7 +106,8 @@ class Api:
         answer: dict[str, Any] = {"status": pod_condition(engines, model is not None, swap)}
         if request.state.caller is UNGUARDED_CALLER and not self.bridge.keys.open:
             return JSONResponse(answer)
-        answer |= {"model": model.name if model else None, "context_window": model.context_window if model else None}
+        answer |= {"model": model.name if model else None, "context_window": model.context_window if model else None,
+                   "checked": checked(read_selfcheck(self.bridge.state_dir))}  # fmt: skip
         return JSONResponse(answer | ({"engines": engines} if engines else {}) | ({"swap": swap} if swap else {}))
 
     async def status(self, request: Request) -> Response:

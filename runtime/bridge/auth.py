@@ -23,6 +23,7 @@ from pathlib import Path
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from runtime.bridge.errors import JSON_CONTENT_TYPE, BridgeError
+from runtime.selfcheckstate import SELFCHECK_KEY
 from runtime.settings import BY_ENV, ApiKey, Settings, parse_value
 
 log = logging.getLogger("runtime.bridge")
@@ -32,6 +33,7 @@ GATEWAY_LABEL = "gateway"  # a worker pod's label for its gateway's key (VL_WORK
 # Claude Code's probes (HEAD / and /api/hello), the watchdog, the console's page: none carries data.
 UNGUARDED = frozenset({"/", "/api/hello", "/health", "/console"})
 ENGINE_UNGUARDED = frozenset({"/health"})  # vLLM's as the public server: no console, no warm-up route of ours
+SELFCHECK_LABEL = "selfcheck"  # the pod's own key for its self-check (VL_SELFCHECK, runtime.selfcheckstate)
 SALT_FILE = "key-label.salt"  # in VL_STATE_DIR: made once, so labels survive bridge restarts
 SALT_BYTES = 32  # 256 bits: a label cannot be tested against guessed keys without the salt
 LABEL_HEX = 12  # 48 bits of the HMAC: enough to tell a pod's keys apart, all a label needs
@@ -99,7 +101,7 @@ class ApiKeys:
     gateway's key (VL_WORKER_KEY) too, labelled `gateway`: the team's traffic, salted by the gateway."""
 
     def __init__(self, entries: Sequence[ApiKey], secret: bytes, gateway_key: str | None = None,
-                 salted: bool = False) -> None:  # fmt: skip
+                 salted: bool = False, selfcheck_key: str | None = None) -> None:  # fmt: skip
         marked = any(entry.admin for entry in entries)
         self.keys: list[tuple[Caller, bytes]] = []
         for position, entry in enumerate(entries):
@@ -109,6 +111,8 @@ class ApiKeys:
             self.keys.append((Caller(label, admin, salt, swaps=admin or entry.swap), entry.key.encode()))
         if gateway_key:
             self.keys.append((Caller(GATEWAY_LABEL), gateway_key.encode()))
+        if self.keys and selfcheck_key:  # an open pod needs no key of its own
+            self.keys.append((Caller(SELFCHECK_LABEL), selfcheck_key.encode()))
 
     @classmethod
     def for_pod(cls, settings: Settings) -> ApiKeys:
@@ -118,7 +122,8 @@ class ApiKeys:
         several = len(keys) + bool(gateway_key) > 1  # one tenant has no one to hide its prompts from
         salted = several and settings.prefix_cache == "per-key"
         needs_secret = salted or any(entry.name is None for entry in keys)
-        return cls(keys, label_salt(Path(settings.state_dir)) if needs_secret else b"", gateway_key, salted)
+        secret = label_salt(Path(settings.state_dir)) if needs_secret else b""
+        return cls(keys, secret, gateway_key, salted, os.environ.get(SELFCHECK_KEY))  # the pod's own, for VL_SELFCHECK
 
     @property
     def labels(self) -> set[str]:

@@ -21,6 +21,7 @@ from runtime.bridge.state import Bridge
 from runtime.logfiles import tail
 from runtime.preloadstate import read_preload_state
 from runtime.redact import Redactor
+from runtime.selfcheckstate import read_selfcheck
 
 BOOT_LOG_LINES = 20
 SESSIONS_SHOWN = 8  # the console's and `runtime status`'s: the sessions seen last
@@ -82,6 +83,7 @@ async def pod_status(bridge: Bridge, caller: Caller) -> dict[str, Any]:
         "model": {"name": model.name, "context_window": model.context_window or None} if model else None,
         "engine": {"state": state, "boot_log": boot_log},
         "engines": [engine.as_json(index) for index, engine in enumerate(engines)],
+        "selfcheck": read_selfcheck(bridge.state_dir),  # VL_SELFCHECK's verdict (runtime.check); None when off
         "preload": read_preload_state(bridge.state_dir),  # VL_PRELOAD's repos (runtime.preload); None without
         "uptime_s": round(uptime_s, 1),
         "image": bridge.image,

@@ -78,7 +78,7 @@ def test_relayed_stream_is_aborted_when_the_client_leaves(bridge: Process, vllm_
 
 def test_health_and_warm_up_need_no_engine_call(bridge: Process) -> None:
     health = httpx.get(f"{bridge.url}/health").json()
-    assert health == {"status": "ok", "model": tiny.SERVED_NAME, "context_window": 65536}
+    assert health == {"status": "ok", "model": tiny.SERVED_NAME, "context_window": 65536, "checked": "off"}
     assert httpx.head(f"{bridge.url}/").status_code == 200  # Claude Code's warm-up
 
 

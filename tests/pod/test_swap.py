@@ -28,6 +28,7 @@ from playwright.sync_api import expect
 from runtime.engine.tinymodel import ANSWER, MARK_TEXT, OTHER_ANSWER, write_tiny_model
 from runtime.engine.volume import hub_cache
 from runtime.engine.weights import is_complete
+from runtime.selfcheckstate import SELFCHECK_KEY
 from runtime.swap import asked
 from tests.support.bridge import pod_status
 from tests.support.browser import chromium
@@ -92,7 +93,7 @@ def pod(hub: HubServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sw
     env = outer_environ() | hub.env() | {
         "RUNPOD_POD_ID": POD_ID, "VL_API_KEYS": f"{KEY},reader:{READER_KEY}",
         "VL_MODEL": "tiny", "VL_SWAP": "tiny:tiny tiny2:tiny2", "VL_BRIDGE_PING_S": "1",
-        "VL_PRELOAD": PRELOADED, "VL_CACHE_DIR": str(root / "cache"),
+        "VL_PRELOAD": PRELOADED, "VL_CACHE_DIR": str(root / "cache"), "VL_SELFCHECK": "on",
         "VL_STATE_DIR": str(state), "VL_VENV": sys.prefix, "VL_PREBAKED_MARKER": str(root / "image_prebaked"),
         "VL_LISTEN": "127.0.0.1", "VL_PORT": str(free_port()), "VL_ENGINE_PORT": str(free_port()), "VL_SSH": "off",
         "VL_LOG_REPO": POD_LOG_REPO, "VL_LOG_INTERVAL_S": "5",
@@ -106,6 +107,9 @@ def pod(hub: HubServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sw
         wait_until(lambda: "engine is healthy" in running.boot_log(), "the engine's first healthy probe", START_S,
                    every_s=0.5)  # fmt: skip
         wait_until(lambda: running.swap().get("loaded") == "tiny", "/health to show the swap", 60.0, every_s=0.2)
+        # VL_SELFCHECK: its verdict before the tests begin (its checks and theirs would share the two cores)
+        wait_until(lambda: running.health().get("checked", "").startswith(("passed", "failed")), "the self-check",
+                   START_S, every_s=1.0)  # fmt: skip
         yield running
     finally:
         running.stop()
@@ -138,6 +142,25 @@ def test_a_key_without_the_swap_right_cannot_change_the_loaded_model_and_strange
     assert httpx.get(f"{pod.url}/health", timeout=10).json() == {"status": "ok"}  # no key: one word
     wrong = httpx.get(f"{pod.url}/health", headers={"x-api-key": "sk-wrong-0123456789abcdef"}, timeout=10)
     assert wrong.json() == {"status": "ok"}
+
+
+def test_the_pod_checks_itself_once_it_serves_and_says_the_verdict_everywhere(pod: SwapPod) -> None:
+    """VL_SELFCHECK=on: `runtime check` against its own bridge with a key of its own; the tiny model cannot find a
+    needle, and the pod says so honestly: /health, the Hub log (one line per check), `runtime status`."""
+    assert pod.health()["checked"] == "failed: needle"
+    assert httpx.get(f"{pod.url}/health", timeout=10).json() == {"status": "ok"}  # a stranger: one word still
+    wait_until(lambda: "self-check: failed: needle" in pod.hub_log(), "the verdict in the Hub log", 300.0, every_s=1.0)
+    log = pod.hub_log()
+    assert "self-check needle: failed: not found at 10% of 4,096 tokens" in log
+    assert "self-check tool-round-trip: passed: Bash(" in log and "self-check vision: skipped: " in log
+    shown = subprocess.run([sys.executable, "-m", "runtime", "status", pod.url, "--key", KEY], cwd=REPO_ROOT,
+                           capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert "Checked failed: needle (6 of 7 checks passed)" in shown.stdout, shown.stdout
+    bridge = int((pod.state / "bridge.pid").read_text())
+    environ = dict(entry.split(b"=", 1) for entry in Path(f"/proc/{bridge}/environ").read_bytes().split(b"\0") if entry)
+    key = environ[SELFCHECK_KEY.encode()].decode()  # the pod's own key, in its bridge's environment alone
+    for published in (pod.hub_log(), pod.boot_log(), (pod.state / "bridge.log").read_text()):
+        assert key not in published
 
 
 def test_the_preload_downloads_its_repo_once_the_first_model_serves(pod: SwapPod) -> None:
@@ -209,6 +232,7 @@ def test_two_requests_for_the_other_model_make_one_swap_and_are_answered_by_it_a
         expect(page.get_by_test_id("swap")).to_contain_text(
             "Loaded: tiny2; on demand: tiny. Last swap: tiny → tiny2 in"
         )
+        expect(page.get_by_test_id("selfcheck")).to_contain_text("Self-check: failed (6 of 7 passed). Failed: needle")
     wait_until(lambda: "swapping the model: tiny -> tiny2" in pod.hub_log(), "the Hub log to tell the swap", 300.0,
                every_s=1.0)  # fmt: skip
     pod.timeline["request -> first ping"] = min(s["ping"] for s in seen)
