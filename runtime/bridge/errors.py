@@ -109,5 +109,11 @@ def internal_failure() -> BridgeError:
     return BridgeError(500, "internal error in the bridge (see its log)")
 
 
+def capability_rejected(what: str) -> BridgeError:
+    """Claude Code's gateway contract: a 400 whose message is exactly `capability_rejected: <class>` makes the
+    client drop that thing (an image, a document…) and retry once, instead of failing the turn."""
+    return BridgeError(400, f"capability_rejected: {what}")
+
+
 def from_upstream(status: int, body: bytes) -> BridgeError:
     return BridgeError(status_from_upstream(status), upstream_message(body))

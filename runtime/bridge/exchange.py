@@ -21,7 +21,13 @@ import aiohttp
 import msgspec
 
 from runtime.bridge.answer import Answer, Outbox, Serving
-from runtime.bridge.errors import JSON_RESPONSE_HEADERS, BridgeError, from_upstream, internal_failure
+from runtime.bridge.errors import (
+    JSON_RESPONSE_HEADERS,
+    BridgeError,
+    capability_rejected,
+    from_upstream,
+    internal_failure,
+)
 from runtime.bridge.guard import BlockedWrite
 from runtime.bridge.schema import MessagesRequest
 from runtime.bridge.sse import PING, AnthropicSse, SseParser
@@ -39,6 +45,9 @@ SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-
 # this margin cannot be too long: the /tokenize round trip is skipped (images are always counted).
 TEMPLATE_MARGIN_TOKENS = 16384
 VLLM_TOO_LONG = re.compile(r"maximum context length is (\d+) tokens.*?(\d+) input tokens", re.S)
+# vLLM's refusals of images, by what the client can drop: every image (a text-only model), or some (VL_MM_IMAGES).
+NO_IMAGES = re.compile(r"is not a multimodal model|At most 0 image\(s\)")
+TOO_MANY_IMAGES = re.compile(r"At most [1-9]\d* image\(s\)")
 
 
 def too_long(count: int, window: int) -> BridgeError:
@@ -47,10 +56,16 @@ def too_long(count: int, window: int) -> BridgeError:
 
 
 def upstream_refusal(error: BridgeError) -> BridgeError:
-    """vLLM's own context-length refusal, reworded so that Claude Code compacts on it too."""
-    found = VLLM_TOO_LONG.search(error.message)
-    if error.status == 400 and found:
+    """vLLM's own refusals in the words Claude Code acts on: its context-length refusal reworded so that the client
+    compacts; an image it cannot take as `capability_rejected: <class>`, so that the client drops it and retries."""
+    if error.status != 400:
+        return error
+    if found := VLLM_TOO_LONG.search(error.message):
         return too_long(int(found.group(2)), int(found.group(1)))
+    if NO_IMAGES.search(error.message):
+        return capability_rejected("image_block")  # vLLM's wording blamed the user for the model's limit
+    if TOO_MANY_IMAGES.search(error.message):
+        return capability_rejected("media_budget")
     return error
 
 
@@ -59,7 +74,7 @@ async def count_prompt(upstream: Upstream, translation: Translation) -> tuple[in
     body = msgspec.json.encode(translation.tokenize_payload())
     status, content, _ = await upstream.fetch("POST", "/tokenize", body, JSON_HEADERS)
     if status != 200:
-        raise from_upstream(status, content)
+        raise upstream_refusal(from_upstream(status, content))
     answer = msgspec.json.decode(content)
     return int(answer["count"]), int(answer["max_model_len"])
 

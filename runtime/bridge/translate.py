@@ -9,7 +9,7 @@ from typing import Any
 
 import msgspec
 
-from runtime.bridge.errors import BridgeError
+from runtime.bridge.errors import BridgeError, capability_rejected
 from runtime.bridge.schema import (
     Base64Source,
     ChoiceAny,
@@ -273,8 +273,6 @@ def image_url(source: Base64Source | UrlSource) -> str:
 
 
 def document_text(block: Document) -> str:
-    if not isinstance(block.source, TextSource):
-        raise BridgeError(
-            400, "invalid request: only plain-text documents are supported (no PDF reader behind this model)"
-        )
+    if not isinstance(block.source, TextSource):  # no PDF reader behind the model: the client drops it and retries
+        raise capability_rejected("document_block")
     return f"{block.title}\n\n{block.source.data}" if block.title else block.source.data

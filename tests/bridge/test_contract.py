@@ -14,7 +14,8 @@ import anthropic
 import httpx
 import pytest
 
-from runtime.bridge.errors import RETRY_AFTER_S
+from runtime.bridge.errors import RETRY_AFTER_S, BridgeError
+from runtime.bridge.exchange import upstream_refusal
 from runtime.engine import tinymodel as tiny
 from tests.support.bridge import Process, start_bridge
 from tests.support.net import free_port
@@ -164,6 +165,43 @@ def test_an_ordinary_refusal_says_nothing_of_retrying(guarded: Process) -> None:
     refused = httpx.post(f"{guarded.url}/v1/messages", json={"model": "claude-tiny"}, headers=AUTH)
     assert refused.status_code == 400 and refused.json()["error"]["type"] == "invalid_request_error"
     assert "retry-after" not in refused.headers and "x-should-retry" not in refused.headers
+
+
+PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC"  # 1x1 pixel
+PDF = "JVBERi0xLjQKJcfsj6IKMSAwIG9iago8PD4+CmVuZG9iagp0cmFpbGVyCjw8Pj4KJSVFT0YK"
+
+
+@pytest.mark.parametrize(
+    ("block", "rejected"),
+    [({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG}}, "image_block"),
+     ({"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": PDF}},
+      "document_block")],
+    ids=["image-to-a-text-model", "pdf"],
+)  # fmt: skip
+def test_what_the_model_cannot_take_is_a_capability_the_client_drops_and_retries_without(
+    guarded: Process, block: dict, rejected: str
+) -> None:
+    body = {**ASK, "messages": [{"role": "user", "content": [block, {"type": "text", "text": "What is it?"}]}]}
+    for path in ("/v1/messages", "/v1/messages/count_tokens"):
+        refused = httpx.post(guarded.url + path, json=body, headers=AUTH, timeout=60)
+        assert refused.status_code == 400, refused.text
+        assert refused.json()["error"] == {
+            "type": "invalid_request_error",
+            "message": f"capability_rejected: {rejected}",
+        }
+
+
+def test_vllms_image_refusals_map_to_their_classes_and_the_rest_is_relayed_as_it_is() -> None:
+    refusals = {  # as vLLM 0.32 words them
+        "tiny is not a multimodal model": "capability_rejected: image_block",
+        "At most 0 image(s) may be provided in one prompt.": "capability_rejected: image_block",
+        "At most 4 image(s) may be provided in one prompt.": "capability_rejected: media_budget",
+        "This model's maximum context length is 4096 tokens. However, you requested 5000 input tokens":
+            "prompt is too long: 5000 tokens > 4095 maximum",
+        "temperature must be non-negative": "temperature must be non-negative",
+    }  # fmt: skip
+    for said, relayed in refusals.items():
+        assert upstream_refusal(BridgeError(400, said)).message == relayed
 
 
 # --- model discovery ---

@@ -179,7 +179,8 @@ def test_reply_after_a_tool_result(client: anthropic.Anthropic, stream: bool, re
     assert blocks(message) == [("text", tiny.AFTER_TOOL)]
 
 
-# --- images: translated to image parts, which this text-only model refuses with its own words ---
+# --- images: translated to image parts, which this text-only model refuses (its words mapped to Claude Code's
+# `capability_rejected: image_block`, which only vLLM's own refusal of the image parts yields) ---
 
 
 @pytest.mark.parametrize(
@@ -194,13 +195,16 @@ def test_images_reach_vllm_as_image_parts(client: anthropic.Anthropic, stream: b
     content = [{"type": "image", "source": source}, {"type": "text", "text": "what is it?"}]
     with pytest.raises(anthropic.BadRequestError) as refused:
         ask(client, stream, messages=[{"role": "user", "content": content}])
-    assert refused.value.body["error"] == {"type": "invalid_request_error", "message": "tiny is not a multimodal model"}
+    assert refused.value.body["error"] == {
+        "type": "invalid_request_error",
+        "message": "capability_rejected: image_block",
+    }
 
 
 def test_images_inside_a_tool_result_reach_vllm(client: anthropic.Anthropic) -> None:
     image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG}}
     result = {"content": [{"type": "text", "text": "a screenshot"}, image]}
-    with pytest.raises(anthropic.BadRequestError, match="not a multimodal model"):
+    with pytest.raises(anthropic.BadRequestError, match=r"capability_rejected: image_block"):
         ask(client, False, messages=tool_round(client, result), tools=TOOLS)
 
 
