@@ -2,7 +2,7 @@
 reaches it) that its model answers right under the load it promises, one named check at a time.
 
 The field notes' lessons, each a check: never trust a capacity on one request (two near-full-window prefills at
-once killed an engine that had passed one); a token count can be right while the content is wrong (a fact planted
+once killed an engine that had passed one); a token count can be right while the content is wrong (a fact hidden
 deep in a long prompt must come back, exactly); `/v1/models` answered 200 while every real request failed (the last
 check is a real generation). Each prompt is salted, so that the prefix cache never flatters a figure.
 """
@@ -29,7 +29,7 @@ from runtime.engine.tinymodel.script import MARK_TOOL
 DEFAULT_URL = "http://127.0.0.1:8080"
 REQUEST_S = 900.0  # one near-full-window prefill on a slow card; a hung engine is a failure past it
 NEEDLE_BUDGET_S = 300.0  # the needle's search stops growing past it, and says how far it got
-NEEDLE_DEPTHS = (0.1, 0.5, 0.9)  # where the fact is planted, as a share of the prompt
+NEEDLE_DEPTHS = (0.1, 0.5, 0.9)  # where the fact is hidden, as a share of the prompt
 FULL_SHARE = 0.9  # "near the window": room left for the question, the answer and the chat template
 CACHE_READ_SHARE = 0.9  # the second of two identical prompts reads at least this much from the prefix cache
 THINKING_BUDGET = 256  # a small budget: the thought must close within it
@@ -99,7 +99,7 @@ def quoted(text: str, limit: int = 60) -> str:
 
 
 async def needle(pod: Pod) -> str:
-    """A fact planted at 10, 50 and 90 % of ever longer prompts, up to near the window, within the time budget."""
+    """A fact hidden at 10, 50 and 90 % of ever longer prompts, up to near the window, within the time budget."""
     began, sizes = time.monotonic(), sorted({min(4096, int(pod.window * FULL_SHARE)), int(pod.window * FULL_SHARE)})
     reached = ""
     for size in sizes:
