@@ -55,6 +55,12 @@ def module_name(path: Path) -> str:
 
 
 @functools.cache
+def parsed(path: Path) -> ast.Module:
+    """A source file's tree, parsed once for every rule that reads it."""
+    return ast.parse(path.read_text(), filename=str(path))
+
+
+@functools.cache
 def is_module(name: str) -> bool:
     base = ROOT.joinpath(*name.split("."))
     return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
@@ -89,7 +95,7 @@ def imports_of(path: Path) -> Iterator[Import]:
             types = for_types or (isinstance(node, ast.If) and is_type_checking(node.test) and child in node.body)
             yield from visit(child, inside, types)
 
-    tree = ast.parse(path.read_text(), filename=source)
+    tree = parsed(path)
     yield from (i for i in visit(tree, False, False) if i.target.split(".")[0] in OURS)
 
 
@@ -205,7 +211,7 @@ def named_in_strings(path: Path) -> Iterator[tuple[str, int, str]]:
     """(file, line, name) for each string that names one of our modules (or a module's attribute), as the
     commands table, vLLM's --middleware, websockify's auth plugin and `python -m` lines do; loggers' names and
     the arguments of getLogger are left out."""
-    tree = ast.parse(path.read_text())
+    tree = parsed(path)
     loggers = {
         id(argument)
         for node in ast.walk(tree)
@@ -229,7 +235,7 @@ def resolves(name: str) -> bool:
     base = ROOT.joinpath(*module.split("."))
     path = base.with_suffix(".py") if base.with_suffix(".py").is_file() else base / "__init__.py"
     defined = set()
-    for node in ast.parse(path.read_text()).body:
+    for node in parsed(path).body:
         if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
             defined.add(node.name)
         elif isinstance(node, ast.Assign):

@@ -126,14 +126,9 @@ class MessagesExchange(Answer):
     async def swaps_to_wait_on(self) -> Swaps | None:
         """VL_SWAP's, when this request must wait for the engine (another model, or a swap under way); None when
         it need not; BridgeError(403) when it would make the pod swap and its key may not."""
-        swaps, model = self.serving.swaps, self.request.model
-        if swaps is None:
-            return None
-        if (refused := swaps.refusal(model, self.may_swap)) is not None:
-            raise refused
-        if swaps.must_wait(model):
+        swaps = self.serving.swaps
+        if swaps is not None and await swaps.must_wait_for(self.request.model, self.may_swap):
             return swaps
-        await swaps.keep_loaded(model, self.may_swap)
         return None
 
     async def serve_after_swap(self, out: Outbox, swaps: Swaps) -> None:

@@ -41,12 +41,6 @@ class Swaps:
         """What the pod last wrote; None without VL_SWAP (or before the pod wrote it)."""
         return self.watched.read() if self.table else None
 
-    def must_wait(self, model: str) -> bool:
-        """Whether a request for `model` cannot go to the engine now: it asks for another recipe, the engine is
-        being swapped, or the catalog has not yet learnt what the pod swapped to."""
-        state = self.state()
-        return state is not None and not self.serves(state, model)
-
     def recipe_of(self, model: str, state: SwapState) -> str | None:
         """The recipe that serves `model`: VL_SWAP's name, else one of a swappable recipe's own names (`claude-tiny2`);
         None for any other name (the loaded model answers it, as without VL_SWAP)."""
@@ -59,11 +53,24 @@ class Swaps:
         known = self.catalog.model is not None and self.catalog.model.name in state.names
         return state.engine_up and self.recipe_of(model, state) in (None, state.loaded) and known
 
-    def refusal(self, model: str, may_swap: bool, state: SwapState | None = None) -> BridgeError | None:
+    async def must_wait_for(self, model: str, may_swap: bool) -> bool:
+        """A request's first question, on one reading of the pod's state: whether it must wait for the engine;
+        BridgeError(403) when it would make the pod swap and its key may not; a key that may swap asking for the
+        loaded recipe drops a swap still waiting for its turn."""
+        state = self.state()
+        if state is None:
+            return False
+        if (refused := self.refusal(model, may_swap, state)) is not None:
+            raise refused
+        if not self.serves(state, model):
+            return True
+        await self.keep_loaded(model, may_swap, state)
+        return False
+
+    def refusal(self, model: str, may_swap: bool, state: SwapState) -> BridgeError | None:
         """The 403 for a request that would make the pod change its model from a key that may not (None: it may,
         or it asks for nothing new: the loaded recipe, a name of no recipe, or the swap already under way)."""
-        state = state or self.state()
-        if may_swap or state is None:
+        if may_swap:
             return None
         recipe = self.recipe_of(model, state)
         if recipe in (None, state.loaded, state.target):
@@ -72,11 +79,10 @@ class Swaps:
                                 f"restart the engine on {recipe}): ask for {state.loaded}, or use a key allowed to "
                                 "swap (VL_API_KEYS: name:key:swap)")  # fmt: skip
 
-    async def keep_loaded(self, model: str, may_swap: bool) -> None:
+    async def keep_loaded(self, model: str, may_swap: bool, state: SwapState) -> None:
         """A request for the loaded recipe from a key that may swap drops a swap still waiting for its turn
         (VL_SWAP_MIN_S): the traffic asks for what is loaded again. A name of no recipe changes nothing."""
-        state = self.state()
-        if may_swap and state is not None and state.phase == WAITING and self.recipe_of(model, state) == state.loaded:
+        if may_swap and state.phase == WAITING and self.recipe_of(model, state) == state.loaded:
             async with self.asking:
                 await asyncio.to_thread(ask_for, self.state_dir, state.loaded)
 

@@ -41,6 +41,21 @@ def engines_on(env: dict[str, str]) -> Engines:
     return engines
 
 
+def test_a_change_that_cannot_be_prepared_is_refused_and_leaves_the_plan_in_force(tmp_path: Path) -> None:
+    env = pod_env(tmp_path)
+    engines = engines_on(env)
+    before = engines.plan
+
+    async def change() -> None:
+        async with engines.changing:
+            await engines.change_to(load_settings(env | {"VL_CTX": "10000000"}), "a Hub file")
+
+    with pytest.raises(ChangeRefused, match=r"^VL_CTX='10000000' is not allowed: expected at most "):
+        asyncio.run(change())
+    assert engines.plan is before and engines.rolling is None
+
+
+@pytest.mark.slow  # the change is prepared: the tiny model written first (seconds)
 def test_a_change_to_another_number_of_engines_is_refused_and_leaves_the_plan_in_force(tmp_path: Path) -> None:
     env = pod_env(tmp_path)
     engines = engines_on(env)

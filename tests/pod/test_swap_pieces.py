@@ -92,11 +92,15 @@ def test_only_a_request_for_an_unloaded_recipe_waits_and_the_listing_names_it(tm
     swaps = swaps_on(
         tmp_path, SwapState(loaded="tiny", recipe_names={"tiny": ["tiny", "claude-tiny"]}, windows={"tiny2": 4096})
     )
-    assert not swaps.must_wait("tiny") and not swaps.must_wait("claude-sonnet-4-5")  # no VL_SWAP name: the loaded one
-    assert swaps.must_wait("tiny2")
+
+    def must_wait(model: str) -> bool:
+        return asyncio.run(swaps.must_wait_for(model, may_swap=True))
+
+    assert not must_wait("tiny") and not must_wait("claude-sonnet-4-5")  # no VL_SWAP name: the loaded one
+    assert must_wait("tiny2")
     assert "tiny2" in swaps.catalog.names() and swaps.catalog.anthropic_info("tiny2")["max_input_tokens"] == 4096
     write_state(tmp_path, SwapState(loaded="tiny", recipe_names={"tiny": ["tiny"]}, phase="starting", target="tiny2"))
-    assert swaps.must_wait("tiny")  # the engine is down for the swap: every request waits
+    assert must_wait("tiny")  # the engine is down for the swap: every request waits
 
 
 def test_many_waiting_requests_ask_once_and_an_unstreamed_one_gets_a_529_to_retry(
@@ -131,18 +135,25 @@ def test_a_failed_swap_is_the_waiting_requests_error(tmp_path: Path) -> None:
 
 def test_a_key_without_the_swap_right_is_refused_a_swap_and_asks_for_nothing(tmp_path: Path) -> None:
     swaps = swaps_on(tmp_path, SwapState(loaded="tiny", recipe_names={"tiny": ["tiny", "claude-tiny"]}))
-    refused = swaps.refusal("tiny2", may_swap=False)
-    assert refused is not None and refused.status == 403 and refused.type == "permission_error"
-    assert refused.message.startswith("this key may not change the loaded model (tiny is loaded; tiny2 would restart")
+
+    def must_wait(model: str, may_swap: bool) -> bool:  # a request's first question, as MessagesExchange asks it
+        return asyncio.run(swaps.must_wait_for(model, may_swap))
+
+    with pytest.raises(BridgeError) as refused:
+        must_wait("tiny2", may_swap=False)
+    assert refused.value.status == 403 and refused.value.type == "permission_error"
+    assert refused.value.message.startswith(
+        "this key may not change the loaded model (tiny is loaded; tiny2 would restart"
+    )
     with pytest.raises(BridgeError, match="may not change the loaded model"):
         asyncio.run(swaps.ready_for("tiny2", 0.5, may_swap=False))
     assert asked(tmp_path) is None  # no swap asked
-    for allowed in ("tiny", "claude-tiny", "claude-sonnet-4-5"):  # the loaded recipe, or a name of none
-        assert swaps.refusal(allowed, may_swap=False) is None
-    assert swaps.refusal("tiny2", may_swap=True) is None
+    for allowed in ("tiny", "claude-tiny", "claude-sonnet-4-5"):  # the loaded recipe, or a name of none: served
+        assert must_wait(allowed, may_swap=False) is False
+    assert must_wait("tiny2", may_swap=True) is True  # the owner's request waits, and its wait asks for the swap
     under_way = SwapState(loaded="tiny", recipe_names={"tiny": ["tiny"]}, phase="starting", target="tiny2")
     write_state(tmp_path, under_way)
-    assert swaps.refusal("tiny2", may_swap=False) is None  # the swap under way is not this key's doing: it may wait
+    assert must_wait("tiny2", may_swap=False) is True  # the swap under way is not this key's doing: it may wait
 
 
 def test_a_waiting_swap_is_dropped_when_a_key_that_may_swap_asks_for_the_loaded_model(tmp_path: Path) -> None:
@@ -150,7 +161,7 @@ def test_a_waiting_swap_is_dropped_when_a_key_that_may_swap_asks_for_the_loaded_
     swaps = swaps_on(tmp_path, waiting)
     swap.ask_for(tmp_path, "tiny2")
     for model, may_swap in (("claude-sonnet-4-5", True), ("tiny", False)):  # a name of no recipe; a key that may not
-        asyncio.run(swaps.keep_loaded(model, may_swap))
+        assert asyncio.run(swaps.must_wait_for(model, may_swap)) is False  # served by the loaded model meanwhile
         assert asked(tmp_path) == "tiny2"
-    asyncio.run(swaps.keep_loaded("claude-tiny", may_swap=True))
+    assert asyncio.run(swaps.must_wait_for("claude-tiny", may_swap=True)) is False
     assert asked(tmp_path) == "tiny"  # the pod drops the waiting swap (Pod.swap_to)
