@@ -416,7 +416,8 @@ class Pod:
         if not self.routed:
             argv = bridge_argv(self.replicas[0].command.base_url, settings.listen, settings.port, unasked)
         else:  # generations through the router; the rest (and aborts) to the engines, or the pods, themselves
-            engines = settings.workers if self.gateway else [replica.command.base_url for replica in self.replicas]
+            # A gateway's bridge reads its pods from VL_WORKERS: a URL on its command line is in `ps` and its log.
+            engines = [] if self.gateway else [replica.command.base_url for replica in self.replicas]
             argv = bridge_argv(router_url(settings), settings.listen, settings.port, unasked)
             argv += [word for engine in engines for word in ("--engine", engine)]
         argv += ["--ledger", str(cache_root(settings) / USAGE_LEDGER)]  # on the volume, when the pod has one
@@ -492,7 +493,7 @@ class Pod:
             self.hub.tell(f"self-check {outcome.name}: {outcome.status}: {outcome.detail}")
 
         async def users_first() -> None:
-            while not await drained(self.command or command, DRAIN_S):
+            while not await drained(command, DRAIN_S):
                 pass
 
         url = health_url(self.settings.listen, self.settings.port).removesuffix("/health")

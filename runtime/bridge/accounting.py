@@ -14,6 +14,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from runtime.activity import Activity
 from runtime.bridge.answer import GONE
+from runtime.bridge.auth import GATEWAY_LABEL, SELFCHECK_LABEL
 from runtime.bridge.errors import error_type
 from runtime.bridge.metrics import Metrics
 from runtime.bridge.sessions import Asker, BusyTime, Sessions
@@ -86,8 +87,13 @@ class Accounting:
 
     @staticmethod
     def served_a_client(scope: Scope) -> bool:
-        """A request that keeps a pod busy: not the pod's own polling, nor a stranger refused at the door."""
-        return scope["path"] not in QUIET_ROUTES and scope["state"].get("key", UNIDENTIFIED) != UNIDENTIFIED
+        """A request that keeps a pod busy: not the pod's own polling or checks, not its gateway's discovery
+        (nobody asked for it), nor a stranger refused at the door."""
+        path, key = scope["path"], scope["state"].get("key", UNIDENTIFIED)
+        if path in QUIET_ROUTES or key in (UNIDENTIFIED, SELFCHECK_LABEL):
+            return False
+        # The gateway asks for /v1/models every 30 s on its own: that kept a team's first worker from ever idling.
+        return not (key == GATEWAY_LABEL and (path == "/v1/models" or path.startswith("/v1/models/")))
 
     def account(self, scope: Scope, trace: dict[str, Any], status: int, duration: float, busy_s: float) -> None:
         path = scope["path"]

@@ -5,7 +5,8 @@ Claude Code turn: 1.14 s in cache, 21 s without). Claude Code names the conversa
 `x-claude-code-session-id` on every request and adds `x-claude-code-agent-id` on a subagent's (each
 subagent has its own prefix); else a gateway's key for the conversation (the router in front of this pod
 passes its `x-smg-routing-key` on); else the session part of `metadata.user_id`; else the key's label.
-The router sees only a digest: nothing a client sent, and no key, reaches it in clear.
+The key is part of it: two keys that send the same session id are two conversations. The router sees only
+one of ROUTING_KEYS digests: nothing a client sent, and no key, reaches it in clear, and its memory is bounded.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ AGENT_HEADER = "x-claude-code-agent-id"
 # Claude Code's `metadata.user_id`: `user_<hash>_account_<uuid>_session_<uuid>`, or the same as JSON.
 SESSION_IN_USER_ID = re.compile(r"_session_([0-9A-Za-z-]{1,64})")
 MAX_PART_CHARS = 256  # of any header or field that makes the key: more is not an id
+# The router keeps ~0.37 KB per key it has seen, for hours: one per session id grew without bound. At most
+# this many (~24 MiB); two conversations sharing one only share an engine.
+ROUTING_KEYS = 2**16
 
 
 def conversation(headers: Mapping[str, str], user_id: str | None, key_label: str) -> str:
@@ -49,5 +53,7 @@ def session_of(user_id: str) -> str | None:
 
 
 def routing_key(headers: Mapping[str, str], user_id: str | None, key_label: str) -> str:
-    """The router's key for this request: a digest of its conversation."""
-    return hashlib.sha256(conversation(headers, user_id, key_label).encode()).hexdigest()[:32]
+    """The router's key for this request: a digest of the key and its conversation (two keys sending the same
+    session id are two conversations), folded into one of ROUTING_KEYS so that the router's memory is bounded."""
+    digest = hashlib.sha256(f"{key_label}\n{conversation(headers, user_id, key_label)}".encode()).digest()
+    return f"{int.from_bytes(digest[:8], 'big') % ROUTING_KEYS:032x}"

@@ -88,8 +88,9 @@ class Api:
         return Relay(self.bridge.serving, request, body, stream)
 
     async def prometheus(self, request: Request) -> Response:
-        """The bridge's metrics, then each engine's (ours alone while none answers): an admin's to read."""
-        if not request.state.caller.admin:
+        """The bridge's metrics, then each engine's (ours alone while none answers): an admin's to read, and on
+        a worker its gateway's (whose own /metrics and capacity panel show them to the team's admin)."""
+        if not (request.state.caller.admin or request.state.caller.reads_metrics):
             raise BridgeError(403, "/metrics shows every key's traffic: it takes an admin key (name:key:admin)")
         answers = await self.bridge.capacity.sample(self.bridge.upstream, ENGINE_METRICS_S)  # a sample too
         theirs = merged_metrics([body for _, body in answers])

@@ -90,6 +90,7 @@ class Caller:
     admin: bool = False
     cache_salt: str | None = None
     swaps: bool = False  # the admin, or a `:swap` key: may ask for a model that is not loaded (VL_SWAP)
+    reads_metrics: bool = False  # the gateway's key: a worker's /metrics, which its gateway shows (never admin)
 
 
 OPEN_CALLER = Caller(OPEN_LABEL, admin=True, swaps=True)  # no keys: whoever may reach the bridge owns the pod
@@ -110,7 +111,7 @@ class ApiKeys:
             salt = cache_salt_of(entry.key, secret) if salted else None
             self.keys.append((Caller(label, admin, salt, swaps=admin or entry.swap), entry.key.encode()))
         if gateway_key:
-            self.keys.append((Caller(GATEWAY_LABEL), gateway_key.encode()))
+            self.keys.append((Caller(GATEWAY_LABEL, reads_metrics=True), gateway_key.encode()))
         if self.keys and selfcheck_key:  # an open pod needs no key of its own
             self.keys.append((Caller(SELFCHECK_LABEL), selfcheck_key.encode()))
 

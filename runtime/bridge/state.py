@@ -41,6 +41,8 @@ class Bridge:
         thinks_unasked: bool = False,
     ) -> None:
         gateway_key = (settings.worker_key or "") if settings.role == "gateway" else None  # "": open workers
+        if gateway_key is not None:  # its pods, from VL_WORKERS in its environment: never on a command line
+            engines = settings.workers
         self.upstream = Upstream(upstream_url, max_connections, pool_timeout, engines, gateway_key)
         self.catalog = Catalog(settings.aliases, thinks_unasked)
         self.metrics = Metrics(lambda: self.upstream.in_use)

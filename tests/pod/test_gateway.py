@@ -147,7 +147,21 @@ def test_a_gateway_runs_no_engine_and_says_so(team: Team) -> None:
     assert "a gateway in front of 2 pods" in log and "vLLM launched" not in log
     assert not (team.gateway.state / "engine.log").exists()
     key = team.gateway.env["VL_WORKER_KEY"]
-    assert key not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    commands = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert key not in commands
+    bridge_log = (team.gateway.state / "bridge.log").read_text()  # it starts with the bridge's command
+    for url in team.gateway.env["VL_WORKERS"].split(","):  # kept out like a secret: a URL can carry one
+        assert url not in commands and url not in bridge_log
+
+
+def test_the_gateways_metrics_and_capacity_panel_show_the_workers(team: Team) -> None:
+    """The workers let the gateway's key read their /metrics (403 left the team's panel empty)."""
+    admin = {"x-api-key": CLIENT_KEY}
+    metrics = httpx.get(f"{team.gateway.url}/metrics", headers=admin, timeout=60).text
+    assert all(f'replica="{n}"' in metrics for n in (0, 1)) and "vllm:num_requests_running" in metrics
+    status = httpx.get(f"{team.gateway.url}/v1/pod/status", headers=admin, timeout=60).json()
+    assert status["capacity"] is not None and len(status["engines"]) == 2
+    assert all(engine["running"] is not None and engine["kv_use"] is not None for engine in status["engines"])
 
 
 def test_status_lists_the_team(team: Team) -> None:

@@ -13,17 +13,19 @@ from pathlib import Path
 
 import pytest
 
-from runtime.bridge.affinity import conversation, routing_key
+from runtime.bridge.affinity import ROUTING_KEYS, conversation, routing_key
 from runtime.bridge.auth import ApiKeys
 from runtime.bridge.engines import engine_view, merged_metrics
+from runtime.bridge.state import Bridge
 from runtime.engine.command import engine_command
 from runtime.enginehealth import pod_condition, read_engine_health, write_engine_health
 from runtime.gateway import check_roles
 from runtime.health import degradation
 from runtime.packages import read_versions
 from runtime.replicas import plan_replicas, tensor_parallel
-from runtime.router import RouterError, check_router, pinned_version, router_argv
+from runtime.router import RouterError, check_router, pinned_version, router_argv, router_url
 from runtime.settings import SettingsError, load_settings
+from runtime.start import Pod, PodHub
 
 BASE = {"VL_MODEL": "tiny"}
 
@@ -115,7 +117,22 @@ def test_a_subagent_has_its_own_key_and_nothing_sent_reaches_the_router_in_clear
     assert conversation(agent, None, "k") == "session:5e551011-aaaa/agent:agent-7"
     keys = {routing_key(h, None, "k") for h in (session, agent)}
     assert len(keys) == 2 and all(len(key) == 32 and "5e551011" not in key for key in keys)
-    assert routing_key(session, None, "k") == routing_key(session, None, "other")  # the session wins
+    assert routing_key(session, None, "k") != routing_key(session, None, "other")  # two keys: two conversations
+
+
+def test_two_keys_sending_one_session_id_are_two_conversations() -> None:
+    """The key is in the routing key wherever the session id comes from (headers, agent, `metadata.user_id`)."""
+    legacy = "user_ab12_account_0000-1111_session_9f8e7d6c-0001"
+    assert routing_key({}, legacy, "alice") != routing_key({}, legacy, "bob")
+    agent = {"x-claude-code-session-id": "s1", "x-claude-code-agent-id": "a1"}
+    assert routing_key(agent, None, "alice") != routing_key(agent, None, "bob")
+
+
+def test_the_router_is_never_given_more_than_routing_keys_conversations() -> None:
+    """Each new session id was one more key the router kept (~0.37 KB, for hours): now one of ROUTING_KEYS."""
+    keys = {routing_key({"x-claude-code-session-id": f"s-{n}"}, None, "k") for n in range(2 * ROUTING_KEYS)}
+    assert all(len(key) == 32 and int(key, 16) < ROUTING_KEYS for key in keys)
+    assert len(keys) > ROUTING_KEYS * 0.8  # spread over them: two conversations rarely share an engine
 
 
 def test_without_the_headers_the_session_of_user_id_then_the_key_names_the_conversation() -> None:
@@ -188,6 +205,17 @@ def test_a_worker_accepts_its_gateway_s_key_as_one_more_labelled_gateway(tmp_pat
     ]
     gateway = load_settings(team | {"VL_ROLE": "gateway", "VL_WORKERS": "http://10.0.0.2:8080"})
     assert ApiKeys.for_pod(gateway).labels == {"alice"}  # a gateway presents that key, its clients do not
+
+
+def test_a_gateways_bridge_has_its_pods_from_its_environment_never_its_command_line(tmp_path: Path) -> None:
+    """`ps` and the bridge's log (which starts with its command) showed every worker's URL: a URL can carry a secret."""
+    urls = ("https://pod1abc-8080.proxy.runpod.net", "https://pod2abc-8080.proxy.runpod.net")
+    env = {"VL_ROLE": "gateway", "VL_WORKERS": ",".join(urls), "VL_WORKER_KEY": "sk-gateway-to-workers-0123456789",
+           "VL_STATE_DIR": str(tmp_path)}  # fmt: skip
+    settings = load_settings(env)
+    spec = Pod(settings, env, PodHub()).bridge_spec()
+    assert not [word for word in spec.argv if "pod1abc" in word or "pod2abc" in word]
+    assert Bridge(router_url(settings), load_settings(spec.env or {})).upstream.engines == urls  # what it asks directly
 
 
 @pytest.mark.parametrize("workers", ["ftp://10.0.0.2", "http://user:secret@10.0.0.2", "http://10.0.0.2:99999",

@@ -30,6 +30,8 @@ pytestmark = pytest.mark.slow  # bridge processes, the test Hub and the RunPod s
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 KEY = "sk-selfstop-0123456789abcdef"
+GATEWAY_KEY = "sk-team-gateway-0123456789abcdef"
+SELFCHECK_KEY = "sk-pod-selfcheck-0123456789abcdef"
 LOGS = f"{HubServer.owner}/pod-logs"
 
 
@@ -46,6 +48,27 @@ def test_the_bridge_marks_what_it_serves_for_a_known_key_only(vllm_server: VllmS
         os.utime(marked, (0, 0))
         client.models.list()
         assert marked.stat().st_mtime > 0
+
+
+def test_the_gateways_discovery_and_the_pods_own_checks_are_no_client(vllm_server: VllmServer, tmp_path: Path) -> None:
+    """A team's worker: what its gateway asks on its own (models every 30 s, metrics for its panel) and the pod's
+    self-check keep no GPU billing; what the gateway relays for a client does."""
+    settings = {"VL_STATE_DIR": str(tmp_path), "VL_API_KEYS": KEY, "VL_IDLE_STOP_MIN": "30",
+                "VL_WORKER_KEY": GATEWAY_KEY, "RUNTIME_SELFCHECK_KEY": SELFCHECK_KEY}  # fmt: skip
+    with start_bridge(vllm_server.url, tmp_path / "bridge.log", settings) as bridge:
+        marked = activity_file(tmp_path)
+        gateway = {"authorization": f"Bearer {GATEWAY_KEY}"}
+        assert httpx.get(f"{bridge.url}/v1/models", headers=gateway).status_code == 200
+        assert httpx.get(f"{bridge.url}/v1/models/tiny", headers=gateway).status_code == 200
+        metrics = httpx.get(f"{bridge.url}/metrics", headers=gateway, timeout=30)
+        assert metrics.status_code == 200 and "vllm:" in metrics.text  # what the gateway's panel reads
+        assert httpx.get(f"{bridge.url}/v1/pod/status", headers=gateway).json()["you"]["admin"] is False
+        checked = anthropic.Anthropic(base_url=bridge.url, api_key=SELFCHECK_KEY, max_retries=0, timeout=120)
+        checked.messages.create(model="tiny", max_tokens=4, messages=[{"role": "user", "content": "hello"}])
+        assert not marked.exists()
+        relayed = {"model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": "hello"}]}
+        answer = httpx.post(f"{bridge.url}/v1/chat/completions", headers=gateway, json=relayed, timeout=120)
+        assert answer.status_code == 200 and marked.exists()
 
 
 def test_without_idle_stop_the_bridge_marks_nothing(vllm_server: VllmServer, tmp_path: Path) -> None:
