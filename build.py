@@ -19,6 +19,7 @@ from space.docker_build import BuildOptions
 from space.hf_space import HUB_REGISTRY
 from space.publish import Request, SpaceChoice, named_image, show_space_stage
 from space.publish import publish as publish_target
+from space.runpod import DEFAULT_MODEL, recipe_names
 from space.runpod_template import TemplateChoice, show_template
 from space.targets import ROOT, Target, check, load_targets, load_versions, render, unique_targets, write
 
@@ -104,7 +105,15 @@ def parse_args(argv: Sequence[str] | None, targets: dict[str, Target]) -> argpar
     runpod.add_argument(
         "--runpod",
         action="store_true",
-        help="create or update the RunPod template through RunPod's API (RUNPOD_API_KEY)",
+        help="create or update the RunPod template through RunPod's API (RUNPOD_API_KEY; a private --registry "
+        "image's pull credential from REGISTRY_USER and REGISTRY_READ_TOKEN, a token that may only read packages)",
+    )
+    runpod.add_argument(
+        "--model",
+        choices=recipe_names(),
+        metavar="RECIPE",
+        help=f"the template's VL_MODEL, the recipe its pods serve (default {DEFAULT_MODEL}; an update keeps the one "
+        f"set in RunPod's console unless given): {', '.join(recipe_names())}",
     )
     runpod.add_argument(
         "--log-repo",
@@ -131,6 +140,8 @@ def parse_args(argv: Sequence[str] | None, targets: dict[str, Target]) -> argpar
     args = parser.parse_args(argv)
     if (args.build or args.push or args.runpod_template or args.runpod or args.status) and not args.arch:
         parser.error("--build, --push, --status, --runpod-template and --runpod need --arch")
+    if args.model and not (args.push or args.runpod_template or args.runpod):
+        parser.error("--model chooses the RunPod template's VL_MODEL: with --push, --runpod-template or --runpod")
     if args.status and (args.registry or args.push):
         parser.error("--status shows a Space's build: without --push or --registry")
     if args.verify_deps and args.check:
@@ -206,6 +217,7 @@ def publish(args: argparse.Namespace, target: Target, dockerfile: str) -> int:
             save=args.runpod,
             create_log_repo=args.push or args.runpod,
             desktop=args.desktop,
+            model=args.model,
         )
         show_template(target, published or named_image(target, request), template, say)
     return 0

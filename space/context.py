@@ -1,8 +1,8 @@
 """The build context: exactly the files the Dockerfile copies, the same for a local build and a Space.
 
 What git tracks (or, outside a git checkout, the files under the tree), filtered by .dockerignore
-(docker/certs/, docker/image_facts.py, runtime/), plus the rendered Dockerfile and `--ca-cert`'s
-certificate. Nothing is read through a link that leaves the tree, no nested `.git` or editor litter
+(docker/certs/, docker/image_facts.py, runtime/), plus the rendered Dockerfile, the CA certificates
+docker/certs/*.crt (ignored by git, public) and `--ca-cert`'s. Nothing is read through a link that leaves the tree, no nested `.git` or editor litter
 goes in, and a file whose name looks secret (`.env*`, `id_*`, `*.key`, `*.pem`, `secrets.*`) stops the
 upload with one line: a Space's files and its image may be public. Both builders get one tar made the
 same way, so a layer built here and the same layer built from a Space's files share the builder's cache.
@@ -48,10 +48,28 @@ def context_files(
         content = read_inside(root, path)
         if content is not None:
             files[path] = content
+    files.update(certificates_to_trust(root))
     files[DOCKERFILE] = dockerfile_text.encode()
     if ca_cert:
         files[EXTRA_CA_IN_CONTEXT] = ca_cert.read_bytes()
     return files
+
+
+def certificates_to_trust(root: Path) -> dict[str, bytes]:
+    """docker/certs/*.crt as they are on disk, tracked or not: git ignores them (a proxy's CA is the user's own), yet
+    every image trusts them (a certificate is public: uploaded with the context); BuildError for one holding a key."""
+    certificates = {}
+    for path in sorted(p.relative_to(root).as_posix() for p in root.glob(CERTIFICATES)):
+        content = read_inside(root, path)
+        if content is None:
+            continue
+        if b"PRIVATE KEY" in content:
+            raise BuildError(f"{path} holds a private key: it is not uploaded; keep only the CA certificate there")
+        if b"-----BEGIN CERTIFICATE-----" not in content:  # update-ca-certificates reads PEM only
+            raise BuildError(f"{path} is no PEM certificate (no BEGIN CERTIFICATE line): convert it "
+                             "(openssl x509 -inform der -in FILE -out FILE.crt) or remove it")  # fmt: skip
+        certificates[path] = content
+    return certificates
 
 
 def copied_by_the_dockerfile(root: Path) -> Callable[[str], bool]:

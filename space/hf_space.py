@@ -9,6 +9,7 @@ call goes through `hub_call`, which turns a failure into one line (never a token
 from __future__ import annotations
 
 import dataclasses
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -17,6 +18,7 @@ from typing import Any
 import jinja2
 
 from runtime.liveline import LiveLine
+from runtime.units import human_seconds
 from space import BuildError
 from space.context import git_blob_id
 from space.targets import ROOT, Target
@@ -30,6 +32,9 @@ GRACE_S = 120.0  # how long a Space may show its previous state before its new b
 ON_THE_WAY = {"BUILDING", "RUNNING_BUILDING", "APP_STARTING", "RUNNING_APP_STARTING"}  # a new build is under way
 NO_IMAGE = {"BUILD_ERROR", "CONFIG_ERROR", "NO_APP_FILE"}  # failed before an image was made
 LOG_TAIL_LINES = 30
+# A name the Hub surely keeps whole: `<owner>-<name>` of letters, digits and single hyphens, one DNS label at most.
+# It shortens a longer one and adds a hash (undocumented): that image name is read from the Space's runtime.
+PREDICTABLE = re.compile(r"(?=.{1,63}$)[a-z0-9]+(-[a-z0-9]+)*")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,19 +46,44 @@ class Space:
     user: str  # the token's user: who pulls a private Space's image, with a read token as password
     endpoint: str
     registry: str
+    hosted_as: str | None = None  # the image's name as the Space's runtime gives it, once read
 
     @property
     def image(self) -> str:
-        return image_of(self.space_id, self.registry)
+        return image_of(self.space_id, self.registry, self.hosted_as)
 
     @property
     def url(self) -> str:
         return f"{self.endpoint.rstrip('/')}/spaces/{self.space_id}"
 
 
-def image_of(space_id: str, registry: str) -> str:
-    """The image the Hub serves for a Space: named `<owner>-<name>`, lowercased, and only ever tagged :latest."""
+def predictable(space_id: str) -> bool:
+    """Whether the Hub surely names the Space's image `<owner>-<name>`, lowercased, the name kept whole."""
+    return bool(PREDICTABLE.fullmatch(space_id.replace("/", "-").lower()))
+
+
+def image_of(space_id: str, registry: str, hosted_as: str | None = None) -> str:
+    """The image the Hub serves for a Space, only ever tagged :latest: named `hosted_as` (read from the Space's
+    runtime), else predicted from its name; BuildError for a name the Hub may shorten (only the runtime says how)."""
+    if hosted_as:
+        return f"{registry}/{hosted_as}:latest"
+    if not predictable(space_id):
+        raise BuildError(
+            f"the image name of the Space {space_id} cannot be predicted (the Hub rewrites characters other than "
+            "letters, digits and single hyphens, and cuts a name over 63 characters, adding a hash): set HF_TOKEN "
+            "so build.py reads it from the Hub once the Space exists, or choose a shorter, plainer name"
+        )
     return f"{registry}/{space_id.replace('/', '-').lower()}:latest"
+
+
+def hosted_name(runtime: Mapping[str, Any] | None) -> str | None:
+    """The Space's image name as its runtime gives it: the host of its `<name>.hf.space` domain (the Hub names
+    the image as the host); None when the runtime names no such domain."""
+    for domain in (runtime or {}).get("domains") or []:
+        host = str(domain.get("domain") or "")
+        if host.endswith(".hf.space") and host.count(".") == 2:  # not <name>.static.hf.space, nor a custom domain
+            return host.removesuffix(".hf.space")
+    return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,13 +161,18 @@ def ensure_space(api: Any, space: Space) -> Space:
         raise BuildError(
             f"{space.space_id} is a {info.sdk} Space, not a Docker one: choose another name with --space OWNER/NAME"
         )
-    return dataclasses.replace(space, private=bool(info.private))
+    hosted_as = hosted_name(info.runtime.raw if info.runtime else None)
+    return dataclasses.replace(space, private=bool(info.private), hosted_as=hosted_as)
+
+
+def runtime_of(api: Any, space_id: str) -> Any:
+    """The Space's runtime now: its stage (BUILDING, RUNNING, BUILD_ERROR...) and, in `raw`, its domains."""
+    return hub_call(lambda: api.get_space_runtime(space_id), f"read the stage of {space_id}")
 
 
 def stage_of(api: Any, space: Space) -> str:
     """The Space's stage now (BUILDING, RUNNING, BUILD_ERROR...)."""
-    runtime = hub_call(lambda: api.get_space_runtime(space.space_id), f"read the stage of {space.space_id}")
-    return str(runtime.stage)
+    return str(runtime_of(api, space.space_id).stage)
 
 
 def plan_upload(api: Any, space: Space, files: Mapping[str, bytes]) -> Upload:
@@ -237,7 +272,7 @@ def follow(api: Any, space: Space, timeout_s: float, clock: Callable[[], float] 
                 return stage
             if elapsed > timeout_s:
                 raise BuildError(
-                    f"{space.space_id} is still {stage} after {timeout_s / 60:.0f} min; it keeps "
+                    f"{space.space_id} is still {stage} after {human_seconds(timeout_s)}; it keeps "
                     f"building: follow it at {space.url} or run the same --push again"
                 )
             time.sleep(POLL_S)  # the Hub offers no notification of a stage change: poll it

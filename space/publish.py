@@ -8,6 +8,7 @@ was pushed; `named_image` names that image without pushing anything (for the Run
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from space import BuildError, hf_space
-from space.context import context_files
+from space.context import CERTIFICATES, context_files
 from space.docker_build import BuildOptions, build, push
 from space.runpod import registry_name
 from space.targets import Target
@@ -67,12 +68,20 @@ def publish(target: Target, dockerfile: str, request: Request, say: Say) -> Publ
     if not (request.build or request.push):
         return None
     files = context_files(dockerfile, request.ca_cert, warn=say)
+    say_certificates(files, say)
     reference = registry_reference(request.registry, target) if request.registry else None
     if request.build or reference:
         build(files, reference or request.tag or f"vllm-pod:{target.name}", request.options)
     if not request.push:
         return None
     return to_registry(reference, say) if reference else to_space(target, files, request.space, say)
+
+
+def say_certificates(files: Mapping[str, bytes], say: Say) -> None:
+    """Name the CA certificates the image will trust: they travel with the build context, to a Space too."""
+    certificates = sorted(path for path in files if fnmatch.fnmatch(path, CERTIFICATES))
+    if certificates:
+        say(f"the image trusts {', '.join(certificates)}: sent with the build context (a CA certificate is public)")
 
 
 def named_image(target: Target, request: Request) -> Published:
@@ -164,22 +173,38 @@ def print_build_log_tail(api: Any, space: hf_space.Space) -> None:
 
 
 def show_space_stage(target: Target, choice: SpaceChoice, say: Say) -> None:
-    """The Space's stage and the image it serves (`--status`)."""
+    """The Space's stage and the image it serves (`--status`): none while its build is under way (a first
+    build has none yet) or after a failed one."""
     api = hf_space.hub_api()
     space = resolve(api, target, choice)
-    stage = hf_space.stage_of(api, space)
-    serves = "no image (its build failed)" if stage in hf_space.NO_IMAGE else space.image
-    say(f"{space.space_id}: {stage}; serves {serves} ({space.url})")
+    runtime = hf_space.runtime_of(api, space.space_id)
+    stage, space = str(runtime.stage), dataclasses.replace(space, hosted_as=hf_space.hosted_name(runtime.raw))
+    if stage in hf_space.NO_IMAGE:
+        serves = "serves no image (its build failed)"
+    elif stage == "BUILDING":  # RUNNING_BUILDING: the previous image runs meanwhile
+        serves = f"its image, {space.image}, is served once this build succeeds"
+    else:
+        serves = f"serves {space.image}"
+    say(f"{space.space_id}: {stage}; {serves} ({space.url})")
 
 
 def space_image(target: Target, choice: SpaceChoice) -> Published:
-    """The Space's image when nothing is pushed: a named Space's is known without the Hub; the default Space
-    is the token's user's, which the Hub says."""
+    """The Space's image when nothing is pushed: a named Space's is known without the Hub when its name predicts
+    it, else read from its runtime; the default Space is the token's user's, which the Hub says."""
     if not choice.space_id:
-        return from_space(resolve(hf_space.hub_api(), target, choice))
-    owner = choice.space_id.split("/")[0]
-    image = hf_space.image_of(choice.space_id, choice.registry)
+        api = hf_space.hub_api()
+        space = resolve(api, target, choice)
+        return from_space(space if hf_space.predictable(space.space_id) else hosted(api, space))
+    owner, hosted_as = choice.space_id.split("/")[0], None
+    if not hf_space.predictable(choice.space_id) and hf_space.has_token():
+        hosted_as = hf_space.hosted_name(hf_space.runtime_of(hf_space.hub_api(), choice.space_id).raw)
+    image = hf_space.image_of(choice.space_id, choice.registry, hosted_as)  # BuildError when none says it
     return Published(image, choice.space_id, None if choice.public else owner, space=True)
+
+
+def hosted(api: Any, space: hf_space.Space) -> hf_space.Space:
+    """The Space with its image's name as its runtime gives it."""
+    return dataclasses.replace(space, hosted_as=hf_space.hosted_name(hf_space.runtime_of(api, space.space_id).raw))
 
 
 def resolve(api: Any, target: Target, choice: SpaceChoice) -> hf_space.Space:

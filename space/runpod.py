@@ -8,10 +8,12 @@ tests/support/runpod_server.py serves that description strictly, so every body h
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from typing import Any
 
 from runtime.runpod import API_URL, RunPodClient, RunPodError
 from space import BuildError
+from space.targets import ROOT
 
 PORTS = ["8080/http", "22/tcp"]  # the bridge (RunPod's HTTPS proxy serves it) and sshd (direct TCP)
 CONTAINER_DISK_GB = 30  # the image itself; everything that grows lives on the volume
@@ -19,8 +21,11 @@ VOLUME_GB = 200  # model weights are tens of GB, plus vLLM's compile caches
 VOLUME_PATH = "/workspace"  # RunPod's convention, and VL_VOLUME's default: the one path that survives a stop
 CUDA_VERSIONS = ["13.0"]  # the image is built on CUDA 13.0 and refuses an older driver at start
 COST_PER_HOUR_MAX = 1000.0  # VL_COST_PER_HOUR's bound (runtime/settings.py, not imported here; a test compares)
+DEFAULT_MODEL = "nemotron"  # VL_MODEL's default (runtime/settings.py), spelled out in the template
+RECIPES_DIR = ROOT / "runtime" / "engine" / "recipes"  # what VL_MODEL may name: one TOML file per recipe
+REGISTRY_USER, REGISTRY_TOKEN = "REGISTRY_USER", "REGISTRY_READ_TOKEN"  # a --registry image's pull credential
 SECRETS = {  # variable -> RunPod secret of the same name (created once in the console, never sent by us)
-    "HF_TOKEN": "a Hugging Face token: gated model downloads and the Hub log",
+    "HF_TOKEN": "a Hugging Face token with WRITE access to the log repo (a read token: no log), for gated models",
     "VL_API_KEYS": "the keys Claude Code may send (comma-separated): the bridge refuses any other",
 }
 
@@ -34,17 +39,26 @@ def secret_reference(name: str) -> str:
     return f"{{{{ RUNPOD_SECRET_{name} }}}}"
 
 
+def recipe_names() -> list[str]:
+    """The recipes VL_MODEL may name (runtime/settings.py's list, read from the files: the build side imports
+    no settings)."""
+    return sorted(path.stem for path in RECIPES_DIR.glob("*.toml"))
+
+
 def template_env(
-    cost_per_hour: float | None = None, log_repo: str | None = None, config_repo: str | None = None
+    cost_per_hour: float | None = None,
+    log_repo: str | None = None,
+    config_repo: str | None = None,
+    model: str | None = None,
 ) -> dict[str, str]:
-    """The pod's environment: the default recipe, secrets by reference only, the Hub repos of its boot log
-    and its settings file, and the GPU's hourly price when given (the console's cost figures). No cache
+    """The pod's environment: the recipe (`model`, else the default), secrets by reference only, the Hub repos of
+    its boot log and its settings file, and the GPU's hourly price when given (the console's cost figures). No cache
     variable: the runtime finds the volume at VOLUME_PATH (VL_VOLUME's default) and keeps weights there."""
     if cost_per_hour is not None and not 0 < cost_per_hour <= COST_PER_HOUR_MAX:
         raise BuildError(f"--cost-per-hour must be a price in dollars, above 0 and at most {COST_PER_HOUR_MAX:g}")
     repos = {"VL_LOG_REPO": log_repo, "VL_CONFIG_REPO": config_repo}  # pod settings: the environment only
     return {
-        "VL_MODEL": "nemotron",  # the default recipe, spelled out so it is visible (and editable) in the console
+        "VL_MODEL": model or DEFAULT_MODEL,  # spelled out so it is visible (and editable) in the console
         **{name: secret_reference(name) for name in SECRETS},  # values live in RunPod, never in the template
         **{name: repo for name, repo in repos.items() if repo},
         # VL_COST_PER_HOUR is left out unless given: a template fits any GPU, the price is the GPU's.
@@ -60,6 +74,7 @@ def template_body(
     cost_per_hour: float | None = None,
     log_repo: str | None = None,
     config_repo: str | None = None,
+    model: str | None = None,
 ) -> dict[str, Any]:
     """The template as a CreateTemplateRequest (also a valid UpdateTemplateRequest: every field is mutable)."""
     return {
@@ -69,7 +84,7 @@ def template_body(
         "disk": CONTAINER_DISK_GB,
         "mounts": {"persistent": {"size": VOLUME_GB, "path": VOLUME_PATH}},
         "ports": list(PORTS),
-        "env": template_env(cost_per_hour, log_repo, config_repo),
+        "env": template_env(cost_per_hour, log_repo, config_repo, model),
         "registry": registry_id,  # the credential for a private image; null clears a stale one on update
         "allowedCudaVersions": list(CUDA_VERSIONS),
         "startSsh": True,  # RunPod injects PUBLIC_KEY (the account's SSH keys); the runtime's sshd uses it
@@ -122,21 +137,31 @@ def registry_name(image: str) -> str:
     return f"{host}/{path}"
 
 
-def render_template(body: dict[str, Any], *, private: bool = False) -> str:
+def render_template(
+    body: dict[str, Any], *, private: bool = False, saving: bool = False, registry: bool = False
+) -> str:
     """A template body (`template_body`) for a person: the JSON for `POST /v2/templates`, the secrets to create,
-    and the registry credential a private image needs (never a value: only names and where to set them)."""
+    and the registry credential a `private` image needs, or a `registry` image (--registry) if it is private
+    (never a value: only names and where to set them); `saving`: build.py saves them itself next."""
     lines = [
         f"RunPod template {body['name']!r} (body for POST {API_URL}/v2/templates, or the console's fields):",
         json.dumps(body, indent=2),
         "Create these secrets, named exactly so, at https://console.runpod.io/user/secrets:",
     ]
     lines += [f"  {secret}: {why}" for secret, why in SECRETS.items()]
-    if private:
+    if private and not saving:
         host = repository(body["image"])[0]
         lines.append(
             f"The image is private: add a container registry credential for {host} "
             "(https://console.runpod.io/user/settings: your username and a read token), select it in the "
             "template, or run build.py with --runpod and RUNPOD_API_KEY to save both."
+        )
+    if registry and not saving:
+        lines.append(
+            f"If the image is private, RunPod pulls it with a container registry credential: create one named "
+            f"{registry_name(body['image'])!r} (https://console.runpod.io/user/settings: a user name and a token "
+            f"that may only read packages) and select it in the template, or set {REGISTRY_USER} and "
+            f"{REGISTRY_TOKEN} and run build.py with --runpod and RUNPOD_API_KEY to save both."
         )
     return "\n".join(lines)
 
@@ -179,6 +204,22 @@ class RunPodAPI(RunPodClient):
             raise BuildError(str(error)) from None
 
 
+def named_registry(api: RunPodAPI, image: str) -> str | None:
+    """The id of the credential named after the image's repository (made by build.py or in the console by that
+    name), else None: the image is then pulled anonymously, and the line says what to create if it is private."""
+    name = registry_name(image)
+    existing = [r for r in api.registries() if r.get("name") == name]
+    if existing:
+        print(f"RunPod: the template pulls with the registry credential {name!r} ({existing[0]['id']})")
+        return existing[0]["id"]
+    print(
+        f"RunPod: no registry credential named {name!r}: pods pull the image anonymously; if it is private, set "
+        f"{REGISTRY_USER} and {REGISTRY_TOKEN} (a token that may only read packages) and run again, or create a "
+        "credential of that name in the console (Settings, container registry auth) and run again"
+    )
+    return None
+
+
 def ensure_registry(api: RunPodAPI, image: str, username: str, password: str) -> str:
     """The id of the image's registry credential: an existing one of that name, else a new one.
 
@@ -198,8 +239,9 @@ def ensure_registry(api: RunPodAPI, image: str, username: str, password: str) ->
     return created["id"]
 
 
-def ensure_template(api: RunPodAPI, body: dict[str, Any]) -> str:
-    """Creates the template, or updates the one with the same name (variables added in the console are kept)."""
+def ensure_template(api: RunPodAPI, body: dict[str, Any], owned: Iterable[str] = ()) -> str:
+    """Creates the template, or updates the one with the same name: its env keeps what the console set (added
+    variables, changed values) but for the `owned` variables, those the command line chose this time."""
     name = body["name"]
     same_name = [t for t in api.templates() if t.get("name") == name]
     if len(same_name) > 1:
@@ -212,24 +254,39 @@ def ensure_template(api: RunPodAPI, body: dict[str, Any]) -> str:
         created = api.create_template(body)
         print(f"RunPod: created the template {name!r} ({created['id']})")
         return created["id"]
-    current = same_name[0]
-    kept = sorted(set(current.get("env") or {}) - set(body["env"]))
-    updated = api.update_template(current["id"], {**body, "env": {**(current.get("env") or {}), **body["env"]}})
+    current, ours = same_name[0], body["env"]
+    console: dict[str, str] = current.get("env") or {}
+    chosen = {variable: ours[variable] for variable in owned if variable in ours}
+    added = sorted(set(console) - set(ours))
+    changed = sorted(v for v in ours if v in console and v not in chosen and console[v] != ours[v])
+    updated = api.update_template(current["id"], {**body, "env": {**ours, **console, **chosen}})
     print(
         f"RunPod: updated the template {name!r} ({updated['id']})"
-        + (f"; kept the variables added in the console: {', '.join(kept)}" if kept else "")
+        + (f"; kept the variables added in the console: {', '.join(added)}" if added else "")
+        + (f"; kept the console's {', '.join(changed)}" if changed else "")
+        + (" (--model RECIPE sets VL_MODEL)" if "VL_MODEL" in changed else "")
     )
     return updated["id"]
 
 
 def save_template(
-    body: dict[str, Any], api_key: str, registry_auth: tuple[str, str] | None, base_url: str | None = None
+    body: dict[str, Any],
+    api_key: str,
+    registry_auth: tuple[str, str] | None,
+    base_url: str | None = None,
+    *,
+    owned: Iterable[str] = (),
+    find_registry: bool = False,
 ) -> str:
     """Creates or updates the template `body` names (and, for a private image, the registry credential
-    from `registry_auth` = (username, password)); prints a line per step and returns the template id."""
+    from `registry_auth` = (username, password); without one, with `find_registry`, the credential named after
+    the image if there is one); `owned`: see `ensure_template`. Prints a line per step, returns the template id."""
     if registry_auth and not all(registry_auth):
         raise BuildError("a private image needs both a registry username and a password (or token) for RunPod")
     password = registry_auth[1] if registry_auth else ""
     with RunPodAPI(api_key, base_url, secrets=(password,)) as api:
-        registry_id = ensure_registry(api, body["image"], *registry_auth) if registry_auth else None
-        return ensure_template(api, {**body, "registry": registry_id})
+        if registry_auth:
+            registry_id: str | None = ensure_registry(api, body["image"], *registry_auth)
+        else:
+            registry_id = named_registry(api, body["image"]) if find_registry else None
+        return ensure_template(api, {**body, "registry": registry_id}, owned)

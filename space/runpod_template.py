@@ -24,7 +24,7 @@ REPO_TYPES = {"datasets": "dataset", "spaces": "space"}
 class TemplateChoice:
     """What the command line asks of the template: the values it carries (--log-repo, --config-repo,
     --cost-per-hour), whether it is saved on RunPod (--runpod), whether its log repo is made when missing, and
-    whether its pods run the browser desktop (VL_DESKTOP=on, port 6080)."""
+    whether its pods run the browser desktop (VL_DESKTOP=on, port 6080), and the recipe they serve (--model)."""
 
     log_repo: str | None
     config_repo: str | None
@@ -32,6 +32,15 @@ class TemplateChoice:
     save: bool
     create_log_repo: bool
     desktop: bool = False
+    model: str | None = None
+
+    def owned(self) -> set[str]:
+        """The template's variables this command line chose: an update writes them over the console's values
+        (the others it writes only where the template lacks them: a user's edit in the console stays)."""
+        chosen = {"VL_MODEL": self.model, "VL_LOG_REPO": self.log_repo, "VL_CONFIG_REPO": self.config_repo,
+                  "VL_COST_PER_HOUR": self.cost_per_hour, "VL_DESKTOP": self.desktop or None,
+                  DESKTOP_SECRET: self.desktop or None}  # fmt: skip
+        return {variable for variable, value in chosen.items() if value is not None}
 
 
 def show_template(target: Target, published: Published, choice: TemplateChoice, say: Say) -> None:
@@ -53,17 +62,19 @@ def show_template(target: Target, published: Published, choice: TemplateChoice, 
         cost_per_hour=choice.cost_per_hour,
         log_repo=log_repo(choice, published.hub_user, say),
         config_repo=choice.config_repo,
+        model=choice.model,
     )
     if choice.desktop:
         if not target.desktop:
             raise BuildError(f"the {target.name} image has no desktop (docker/targets.toml: desktop = false)")
         body = with_desktop(body)
-    print(runpod.render_template(body, private=bool(published.pull_user)))
+    print(runpod.render_template(body, private=bool(published.pull_user), saving=choice.save,
+                                 registry=not published.space))  # fmt: skip
     if choice.desktop:
         print(f"Create the secret {DESKTOP_SECRET} too: the browser desktop's password (8 to 128 visible ASCII "
               "characters), asked at https://POD_ID-6080.proxy.runpod.net/")  # fmt: skip
     if credential is not None:
-        runpod.save_template(body, *credential)
+        runpod.save_template(body, *credential, owned=choice.owned(), find_registry=not published.space)
 
 
 def with_desktop(body: dict[str, Any]) -> dict[str, Any]:
@@ -112,10 +123,13 @@ def ensure_log_repo(api: Any, spec: str) -> None:
 
 def runpod_credentials(published: Published) -> tuple[str, tuple[str, str] | None]:
     """RUNPOD_API_KEY, and for a private image the registry credential RunPod pulls it with: the user and
-    HF_READ_TOKEN, which the Hub must not call a write token (RunPod stores it)."""
+    HF_READ_TOKEN, which the Hub must not call a write token (RunPod stores it); for a --registry image,
+    REGISTRY_USER and REGISTRY_READ_TOKEN when given."""
     key = os.environ.get("RUNPOD_API_KEY", "")
     if not key:
         raise BuildError("--runpod needs RUNPOD_API_KEY (https://www.runpod.io/console/user/settings)")
+    if not published.space:
+        return key, registry_credential()
     if not published.pull_user:
         return key, None
     password = os.environ.get("HF_READ_TOKEN", "")
@@ -131,3 +145,14 @@ def runpod_credentials(published: Published) -> tuple[str, tuple[str, str] | Non
             "it a read token (https://huggingface.co/settings/tokens)"
         )
     return key, (published.pull_user, password)
+
+
+def registry_credential() -> tuple[str, str] | None:
+    """A --registry image's pull credential for RunPod: REGISTRY_USER and REGISTRY_READ_TOKEN (both, or neither:
+    then the credential named after the image, if RunPod has one, else an anonymous pull)."""
+    user, token = os.environ.get(runpod.REGISTRY_USER, ""), os.environ.get(runpod.REGISTRY_TOKEN, "")
+    if bool(user) != bool(token):
+        missing = runpod.REGISTRY_TOKEN if user else runpod.REGISTRY_USER
+        raise BuildError(f"{missing} is not set: RunPod's registry credential needs {runpod.REGISTRY_USER} and "
+                         f"{runpod.REGISTRY_TOKEN} (a token that may only read packages: RunPod stores it)")  # fmt: skip
+    return (user, token) if user else None

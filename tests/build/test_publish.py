@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from space import BuildError
 from space.context import DOCKERFILE, context_files
 from space.targets import load_targets, render
 from tests.support.hub_server import HubServer
+from tests.support.hub_spaces import subdomain
 from tests.support.repo_copy import ROOT, copy_repo, git_checkout
 from tests.support.signals import ctrl_c_as_at_a_terminal
 
@@ -151,7 +153,7 @@ def test_following_a_build_that_does_not_end_stops_at_the_timeout(
 
     line = expect_one_line_refusal(result, hub_server.write_token)
     assert line == (
-        f"build.py: {SPACE} is still BUILDING after 0 min; it keeps building: follow it at "
+        f"build.py: {SPACE} is still BUILDING after 3 s; it keeps building: follow it at "
         f"{hub_server.endpoint}/spaces/{SPACE} or run the same --push again"
     )
     assert "BUILDING" in result.stdout
@@ -161,8 +163,9 @@ def test_following_a_build_that_does_not_end_stops_at_the_timeout(
     assert f"build.py: {SPACE} is still BUILDING: following its build" in again.stdout
     assert '"image"' not in again.stdout, "no template for an image that is not built yet"
     status = build_py("--arch", "cpu", "--status", "--space-registry", REGISTRY, cwd=repo, env=hub)
-    assert status.stdout == (
-        f"build.py: wrote build/Dockerfile.cpu\nbuild.py: {SPACE}: BUILDING; serves {REGISTRY}/pod-owner-vllm-pod-cpu:latest "
+    assert status.stdout == (  # a first build: no image exists yet
+        f"build.py: wrote build/Dockerfile.cpu\nbuild.py: {SPACE}: BUILDING; its image, "
+        f"{REGISTRY}/pod-owner-vllm-pod-cpu:latest, is served once this build succeeds "
         f"({hub_server.endpoint}/spaces/{SPACE})\n"
     )
 
@@ -278,6 +281,8 @@ def test_runpod_saves_the_template_and_the_private_images_credential(
     assert "RunPod: updated the template 'vllm-pod sm89 acme/pods-ada'" in result.stdout
     assert hub_server.read_token not in result.stdout + result.stderr
     assert "only tag the Hub serves for a Space" in result.stdout
+    assert "add a container registry credential" not in result.stdout  # build.py has just saved it
+    assert "run build.py with --runpod" not in result.stdout
 
 
 def test_a_second_space_gets_its_own_template(
@@ -380,3 +385,118 @@ def test_certificates_in_their_folder_are_no_secret(tmp_path: Path) -> None:
     (repo / "docker" / "certs" / "proxy.pem").unlink()
     subprocess.run(["git", "add", "-u"], cwd=repo, check=True)
     assert "docker/certs/proxy.crt" in context_files("FROM scratch", root=repo, warn=lambda line: None)
+
+
+CERTIFICATE = "-----BEGIN CERTIFICATE-----\nMIIBproxyCA\n-----END CERTIFICATE-----\n"  # public, meant to travel
+
+
+def test_ca_certificates_git_ignores_reach_the_space_and_the_push_says_so(
+    tmp_path: Path, hub: dict[str, str], hub_server: HubServer
+) -> None:
+    repo = git_checkout(tmp_path / "clone")
+    (repo / "docker" / "certs" / "proxy.crt").write_text(CERTIFICATE)  # where the README says: ignored by git
+
+    result = push(repo, hub, "--detach")
+
+    assert result.returncode == 0, result.stderr
+    assert hub_server.space_files(SPACE)["docker/certs/proxy.crt"] == CERTIFICATE.encode()
+    assert "build.py: the image trusts docker/certs/proxy.crt: sent with the build context" in result.stdout
+
+
+def test_a_private_key_among_the_certificates_is_refused(tmp_path: Path) -> None:
+    repo = git_checkout(tmp_path / "clone")
+    (repo / "docker" / "certs" / "proxy.crt").write_text(CERTIFICATE + "-----BEGIN PRIVATE KEY-----\nplanted\n")
+    with pytest.raises(BuildError, match=r"^docker/certs/proxy\.crt holds a private key: it is not uploaded"):
+        context_files("FROM scratch", root=repo, warn=lambda line: None)
+
+
+REGISTRY_REF = f"{REGISTRY}/acme/vllm-pod"
+REGISTRY_AUTH = {"REGISTRY_USER": "acme", "REGISTRY_READ_TOKEN": "packages_read_0123456789abcdef"}
+
+
+def registry_template(runpod_server, repo: Path, *extra: str, env: dict[str, str] | None = None):
+    """`build.py --runpod --registry REF` as a user runs it, no Hub token; the saved template's body."""
+    runpod = {"RUNPOD_API_KEY": runpod_server.api_key, "RUNPOD_API_URL": runpod_server.url, **(env or {})}
+    result = build_py("--arch", "sm89", "--runpod", "--registry", REGISTRY_REF, *extra, cwd=repo, env=runpod)
+    assert result.returncode == 0, result.stderr
+    (template,) = runpod_server.templates
+    return result, template
+
+
+def test_a_registry_image_gets_its_pull_credential_on_runpod(runpod_server, repo: Path) -> None:
+    first, template = registry_template(runpod_server, repo)  # a public package: nothing to pull with
+    assert template["registry"] is None
+    assert f"RunPod: no registry credential named '{REGISTRY_REF}': pods pull the image anonymously" in first.stdout
+    assert "REGISTRY_USER and REGISTRY_READ_TOKEN" in first.stdout
+
+    second, template = registry_template(runpod_server, repo, env=REGISTRY_AUTH)
+    (credential,) = runpod_server.registries
+    assert (credential["name"], credential["username"]) == (REGISTRY_REF, "acme")
+    assert credential["password"] == REGISTRY_AUTH["REGISTRY_READ_TOKEN"]
+    assert template["registry"] == credential["id"]
+    assert REGISTRY_AUTH["REGISTRY_READ_TOKEN"] not in second.stdout + second.stderr
+    assert (
+        "add a container registry credential" not in second.stdout and "run build.py with --runpod" not in second.stdout
+    )
+
+    third, template = registry_template(runpod_server, repo)  # later runs name the credential made once
+    assert template["registry"] == credential["id"] and len(runpod_server.registries) == 1
+    assert f"RunPod: the template pulls with the registry credential '{REGISTRY_REF}'" in third.stdout
+
+
+def test_a_registry_template_printed_alone_says_what_credential_to_create(repo: Path) -> None:
+    result = build_py("--arch", "sm89", "--runpod-template", "--registry", REGISTRY_REF, cwd=repo, env={})
+    assert result.returncode == 0, result.stderr
+    assert (
+        f"If the image is private, RunPod pulls it with a container registry credential: create one named "
+        f"'{REGISTRY_REF}'"
+    ) in result.stdout
+
+
+def test_half_a_registry_credential_is_refused_before_anything_is_made(runpod_server, repo: Path) -> None:
+    env = {"RUNPOD_API_KEY": runpod_server.api_key, "RUNPOD_API_URL": runpod_server.url, "REGISTRY_USER": "acme"}
+    line = expect_one_line_refusal(
+        build_py("--arch", "sm89", "--runpod", "--registry", REGISTRY_REF, cwd=repo, env=env), runpod_server.api_key
+    )
+    assert line.startswith("build.py: REGISTRY_READ_TOKEN is not set")
+    assert runpod_server.templates == [] and runpod_server.registries == []
+
+
+def test_runpod_keeps_the_model_chosen_in_the_console_and_model_changes_it(runpod_server, repo: Path) -> None:
+    _, template = registry_template(runpod_server, repo)
+    assert template["env"]["VL_MODEL"] == "nemotron"
+    runpod_server.edit_template(template["id"], env={**template["env"], "VL_MODEL": "qwen38"})  # in RunPod's console
+
+    again, template = registry_template(runpod_server, repo)
+    assert template["env"]["VL_MODEL"] == "qwen38"
+    assert "kept the console's VL_MODEL (--model RECIPE sets VL_MODEL)" in again.stdout
+
+    _, template = registry_template(runpod_server, repo, "--model", "kimi")
+    assert template["env"]["VL_MODEL"] == "kimi"
+    assert template["env"]["HF_TOKEN"] == "{{ RUNPOD_SECRET_HF_TOKEN }}"  # the rest as it was
+
+
+LONG_SPACE = f"{HubServer.owner}/vllm-pod-cpu-with-a-name-so-long-that-the-hub-shortens-it"
+
+
+def test_a_long_space_name_gets_the_image_name_the_hub_gives_it(
+    repo: Path, hub: dict[str, str], hub_server: HubServer
+) -> None:
+    hosted = f"{REGISTRY}/{subdomain(LONG_SPACE)}:latest"  # what the Hub's runtime names: cut, a 7-hex suffix
+    assert re.fullmatch(rf"{REGISTRY}/[a-z0-9-]+-[0-9a-f]{{7}}:latest", hosted)
+
+    result = push(repo, hub, "--detach", "--space", LONG_SPACE)
+
+    assert result.returncode == 0, result.stderr
+    assert printed_template(result.stdout)["image"] == hosted
+    assert hosted in hub_server.space_files(LONG_SPACE)["README.md"].decode()
+    status = build_py(
+        "--arch", "cpu", "--status", "--space", LONG_SPACE, "--space-registry", REGISTRY, cwd=repo, env=hub
+    )
+    assert hosted in status.stdout
+    alone = build_py("--arch", "cpu", "--runpod-template", "--space", LONG_SPACE, "--space-registry", REGISTRY,
+                     cwd=repo, env=hub)  # fmt: skip
+    assert printed_template(alone.stdout)["image"] == hosted
+    tokenless = build_py("--arch", "cpu", "--runpod-template", "--space", LONG_SPACE, cwd=repo, env={})
+    line = expect_one_line_refusal(tokenless)
+    assert line.startswith(f"build.py: the image name of the Space {LONG_SPACE} cannot be predicted")

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 import runtime.runpod as runpod_client
-from runtime.settings import SettingsError, load_settings
+from runtime.settings import SettingsError, load_settings, recipe_names
 from space import BuildError, runpod
 from tests.support.net import free_port
 
@@ -78,6 +78,13 @@ def test_the_multi_node_design_is_a_valid_ray_cluster_request(runpod_openapi: Op
     assert runpod_openapi.errors("CreateClusterRequest", one_node)  # a cluster has two nodes at least
 
 
+def test_the_template_offers_the_runtimes_recipes_and_default() -> None:
+    assert runpod.recipe_names() == list(recipe_names())  # read from the files: the build side imports no settings
+    assert (
+        runpod.DEFAULT_MODEL == load_settings({}).model == runpod.template_body(NAME, PUBLIC_IMAGE)["env"]["VL_MODEL"]
+    )
+
+
 def test_the_pod_it_describes() -> None:
     body = runpod.template_body(NAME, PUBLIC_IMAGE)
     assert body["ports"] == ["8080/http", "22/tcp"]
@@ -97,6 +104,7 @@ def test_the_printed_template_pastes_and_names_only_secrets() -> None:
     body, _ = json.JSONDecoder().raw_decode(text[text.index("{") :])
     assert body == runpod.template_body(NAME, PRIVATE_IMAGE)
     assert "HF_TOKEN" in text and "VL_API_KEYS" in text and "registry.hf.space" in text
+    assert "\n  HF_TOKEN: a Hugging Face token with WRITE access to the log repo" in text  # a read token: no log
     public = runpod.render_template(runpod.template_body(NAME, PUBLIC_IMAGE))
     assert "private" not in public[public.rindex("}") :]
 
@@ -130,8 +138,15 @@ def test_an_update_keeps_variables_added_in_the_console(
     runpod.save_template(runpod.template_body(NAME, PUBLIC_IMAGE), runpod_server.api_key, None)
 
     saved = runpod_server.templates[0]["env"]
-    assert saved["VL_LOG_REPO"] == "pod-owner/pod-logs" and saved["VL_MODEL"] == "nemotron"
-    assert "kept the variables added in the console: VL_LOG_REPO" in capsys.readouterr().out
+    assert saved["VL_LOG_REPO"] == "pod-owner/pod-logs" and saved["VL_MODEL"] == "other"  # the user's choice
+    assert (
+        "kept the variables added in the console: VL_LOG_REPO; kept the console's VL_MODEL" in capsys.readouterr().out
+    )
+
+    chosen = runpod.template_body(NAME, PUBLIC_IMAGE, model="qwen", log_repo="pod-owner/other-logs")
+    runpod.save_template(chosen, runpod_server.api_key, None, owned={"VL_MODEL"})  # build.py --model qwen
+    saved = runpod_server.templates[0]["env"]
+    assert (saved["VL_MODEL"], saved["VL_LOG_REPO"]) == ("qwen", "pod-owner/pod-logs")
 
 
 def test_a_private_image_gets_one_registry_credential(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import re
 import threading
@@ -25,6 +26,7 @@ SDKS = ("gradio", "streamlit", "docker", "static")
 COMPUTE_SDKS = {"gradio", "streamlit", "docker"}  # run on compute: creating one needs a paid plan (hub-docs, 2026)
 COLORS = ("red", "yellow", "green", "blue", "indigo", "purple", "pink", "gray")
 SHORT_DESCRIPTION_MAX = 60
+DNS_LABEL_MAX = 63  # a Space's host name is one label of hf.space
 APP_FILES = {"docker": "Dockerfile", "static": "index.html", "gradio": "app.py", "streamlit": "app.py"}
 DEFAULT_HARDWARE = "cpu-basic"
 SLEEP_TIME_S = 172800  # a cpu-basic Space sleeps after 48 h without visitors
@@ -117,8 +119,13 @@ def readme_sdk(readme: bytes | None) -> str | None:
 
 
 def subdomain(space_id: str) -> str:
-    """The Space's host name on hf.space: `<owner>-<name>`, lowercased, other characters as hyphens."""
-    return re.sub(r"[^a-z0-9]+", "-", space_id.lower()).strip("-")
+    """The Space's host name on hf.space, and its image's name: `<owner>-<name>`, lowercased, other characters as
+    hyphens; one too long for a DNS label is cut and given a 7-hex suffix, as the Hub does (undocumented)."""
+    name = re.sub(r"[^a-z0-9]+", "-", space_id.lower()).strip("-")
+    if len(name) <= DNS_LABEL_MAX:
+        return name
+    suffix = hashlib.sha256(space_id.encode()).hexdigest()[:7]  # the Hub's hash is unknown: only its shape counts
+    return f"{name[: DNS_LABEL_MAX - len(suffix) - 1].rstrip('-')}-{suffix}"
 
 
 class Notifier:
@@ -237,8 +244,8 @@ class Build:
 
     @property
     def image(self) -> str:
-        """The Hub names a Space's image `<owner>-<name>`, lowercased: `registry.hf.space/<image>:latest`."""
-        return self.space_id.replace("/", "-").lower()
+        """The Hub names a Space's image as its host: `registry.hf.space/<subdomain>:latest`."""
+        return subdomain(self.space_id)
 
     def current(self) -> bool:
         """Whether this is still the Space's latest build: a newer commit supersedes it."""
