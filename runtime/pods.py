@@ -28,6 +28,7 @@ from runtime.health import serves_model
 from runtime.launch import remember_pod
 from runtime.liveline import LiveLine
 from runtime.runpod import KEY_VARIABLE, RunPodClient, RunPodError
+from runtime.units import human_seconds
 
 PROXY_URL_VARIABLE = "RUNPOD_PROXY_URL"
 PROXY_URL = "https://{pod_id}-{port}.proxy.runpod.net"  # RunPod's HTTPS proxy in front of a pod's `N/http` port
@@ -281,7 +282,7 @@ def boot(pods: Pods, pod_id: str, env: Mapping[str, str], deadline: float) -> in
             line.show(time.monotonic() - started, status, last)
             if time.monotonic() > deadline:
                 line.end()
-                print(f"pod: {pod_id} is not serving after {(time.monotonic() - started) / 60:.0f} min; it keeps "
+                print(f"pod: {pod_id} is not serving after {human_seconds(time.monotonic() - started)}; it keeps "
                       f"running: python -m runtime pod watch {pod_id}", file=sys.stderr)  # fmt: skip
                 return 1
             time.sleep(POLL_S)  # RunPod has no notification of a change: poll it

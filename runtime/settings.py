@@ -50,6 +50,21 @@ class SettingsError(ValueError):
         super().__init__(f"{variable}={quoted(value)} is not allowed: expected {allowed}")
 
 
+# RunPod writes a secret's value in place of `{{ RUNPOD_SECRET_name }}` when the pod starts; a secret the user never
+# created stays as written, and its shape was refused instead ("VL_API_KEYS='***' ... entry 1 has 2 characters").
+RUNPOD_SECRET_REFERENCE = re.compile(r"\{\{\s*RUNPOD_SECRET_(\w+)\s*\}\}")
+
+
+class SecretNeverCreated(SettingsError):
+    """A setting still holds RunPod's reference to a secret: the one line says which secret to create, and where
+    (the reference is shown, never the rest of a secret's value)."""
+
+    def __init__(self, variable: str, secret: str) -> None:
+        super().__init__(variable, f"{{{{ RUNPOD_SECRET_{secret} }}}}", "a value RunPod substitutes")
+        self.args = (f"{variable}={self.value!r}: the RunPod secret {secret} was never created: create it in "
+                     "RunPod's console (Secrets)",)  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Parser:
     """How a setting's text becomes its value (`parse` raises ValueError on a value not allowed), with the words
@@ -679,7 +694,8 @@ VARIABLES: tuple[Variable, ...] = (
          "out of logs like a secret (a URL can carry one).", secret=True),
     _var("VL_WORKER_KEY", "", optional(header_key), P,
          "With VL_ROLE=gateway: the key it presents to its workers; on a worker pod: one more key its bridge accepts, "
-         "labelled `gateway` (`runtime pod up --workers` gives the team's pods one of their own); empty = none.",
+         "labelled `gateway`, that may read its /metrics (what the gateway shows) and is never its admin "
+         "(`runtime pod up --workers` gives the team's pods one of their own); empty = none.",
          secret=True),
     _var("VL_SSH_PORT", "22", TCP_PORT, P, "sshd's port."),
     _var("VL_SSH", "on", switch, P, "Start sshd (needs PUBLIC_KEY or SSH_PUBLIC_KEY)."),
@@ -847,6 +863,8 @@ def as_text(value: object) -> str:
 
 
 def parse_value(variable: Variable, raw: str) -> Any:
+    if reference := RUNPOD_SECRET_REFERENCE.search(raw):
+        raise SecretNeverCreated(variable.env, reference.group(1))
     try:
         if "\x00" in raw:  # no environment holds a NUL (only the Hub file can), and no argv or file takes one
             raise ValueError

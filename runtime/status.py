@@ -100,6 +100,8 @@ def overview(state: Mapping[str, Any]) -> str:
         rows.insert(2, ("Swap", swapping(swap)))
     if verdict := state.get("selfcheck"):  # VL_SELFCHECK
         rows.insert(2, ("Checked", self_checked(verdict)))
+    if refused := state.get("hub_log_refused"):  # a token that cannot write: `runtime logs` shows nothing
+        rows.append(("Hub log", refused))
     return "\n".join(f"{name:<8}{value}" for name, value in rows)
 
 

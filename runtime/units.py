@@ -10,3 +10,16 @@ def human_bytes(count: float) -> str:
             return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
         count /= 1000
     return f"{count:.1f} TB"
+
+
+def human_seconds(seconds: float) -> str:
+    """An elapsed time as it is: `36 s`, `4 min 05 s`, `2 h 03 min`; cut down, never rounded up to a minute
+    not yet spent (`pod up` said "not serving after 1 min" after 36 s)."""
+    whole = max(int(seconds), 0)
+    if whole < 60:
+        return f"{whole} s"
+    minutes, secs = divmod(whole, 60)
+    if minutes < 60:
+        return f"{minutes} min {secs:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min"

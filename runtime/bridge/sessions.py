@@ -2,8 +2,9 @@
 
 Claude Code (2.1.139 and later) names the session and the agent of every request in headers, and with
 CLAUDE_CODE_GATEWAY_HINT_HEADERS=1 its request class. They are the client's own text: cleaned and cut
-to MAX_ID_CHARS, and only the MAX_SESSIONS sessions seen last are kept, MAX_AGENTS agents each (the
-rest counted as one), so no client can grow the bridge's memory or a metric's labels.
+to MAX_ID_CHARS, and only the MAX_SESSIONS sessions seen last are kept, at most MAX_KEY_SESSIONS of one key,
+MAX_AGENTS agents each (the rest counted as one), so no client can grow the bridge's memory or a metric's
+labels, nor one key push the others' sessions out of the console.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ MAIN = "main"  # the agent of a request that names none: the session's own
 OTHERS = "others"  # the agents of a session past MAX_AGENTS, together
 MAX_ID_CHARS = 64
 MAX_SESSIONS = 32
+MAX_KEY_SESSIONS = 8  # one key's share: ~33 refused requests with new session ids erased every other key's
 MAX_AGENTS = 64
 TTFT_SAMPLES = 32  # each agent's last times to first token, for its median
 NOT_AN_ID_CHAR = re.compile(r"[^A-Za-z0-9._:-]")
@@ -125,10 +127,16 @@ class Session:
 
 
 class Sessions:
-    """The last MAX_SESSIONS sessions, each agent's usage in them; the least recently seen is forgotten."""
+    """The last MAX_SESSIONS sessions, each agent's usage in them; a key past its share forgets its own least
+    recently seen, and when all are taken the key holding the most does."""
 
-    def __init__(self, max_sessions: int = MAX_SESSIONS, clock: Callable[[], float] = time.monotonic) -> None:
-        self.max_sessions = max_sessions
+    def __init__(
+        self,
+        max_sessions: int = MAX_SESSIONS,
+        clock: Callable[[], float] = time.monotonic,
+        per_key: int = MAX_KEY_SESSIONS,
+    ) -> None:
+        self.max_sessions, self.per_key = max_sessions, per_key
         self.clock = clock
         self.sessions: OrderedDict[tuple[str, str], Session] = OrderedDict()
 
@@ -139,9 +147,16 @@ class Sessions:
         session = self.sessions.pop(known, None) or Session(asker.session, asker.key, now)
         session.last_seen = now
         self.sessions[known] = session  # the most recent last
+        if len(self.of_key(asker.key)) > self.per_key:
+            del self.sessions[self.of_key(asker.key)[0]]
         while len(self.sessions) > self.max_sessions:
-            self.sessions.popitem(last=False)
+            held = Counter(key for key, _ in self.sessions)
+            del self.sessions[self.of_key(max(held, key=held.__getitem__))[0]]
         session.agent(asker).add(asker, spent)
+
+    def of_key(self, key: str) -> list[tuple[str, str]]:
+        """A key's sessions, least recently seen first."""
+        return [known for known in self.sessions if known[0] == key]
 
     def recent(self, limit: int, cost_per_hour: float | None, key: str | None = None) -> list[dict[str, Any]]:
         """The `limit` sessions seen last (of `key` alone, when given), most recent first, each with its

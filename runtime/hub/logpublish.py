@@ -7,6 +7,7 @@ caller or raises into it, so a Hub outage never touches serving.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -18,10 +19,11 @@ from pathlib import Path
 
 from runtime.hub.budget import CommitBudget
 from runtime.hub.repo import HubRepo, pod_id
+from runtime.hublogstate import write_hub_log_refusal
 from runtime.logfiles import tail
 from runtime.logsafe import strip_controls
 from runtime.redact import Redactor
-from runtime.settings import Settings
+from runtime.settings import RUNPOD_SECRET_REFERENCE, Settings
 
 log = logging.getLogger("runtime.hub.log")
 
@@ -38,6 +40,23 @@ def log_path(pod: str) -> str:
 
 def utc_now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def refusal_line(repo: HubRepo, error: Exception) -> str | None:
+    """The one line for a write the Hub refused (401: a token it does not know; 403: one that may not write), or
+    None for any other failure: with a read token the log never appeared and `logs --follow` waited forever."""
+    status = getattr(getattr(error, "response", None), "status_code", None)
+    if status not in (401, 403):
+        return None
+    until = "; until then `python -m runtime logs` shows nothing of this pod"
+    if isinstance(repo.token, str) and (reference := RUNPOD_SECRET_REFERENCE.search(repo.token)):
+        return (f"the Hub refuses this pod's log ({repo}: HTTP {status}): the RunPod secret {reference.group(1)} "
+                f"(HF_TOKEN) was never created: create it in RunPod's console (Secrets), a token with write access "
+                f"to {repo}{until}")  # fmt: skip
+    if status == 401:
+        return f"the Hub refuses this pod's log ({repo}: HTTP 401): it knows no such HF_TOKEN{until}"
+    return (f"the Hub refuses this pod's log ({repo}: HTTP 403): HF_TOKEN may not write there (a read token only "
+            f"downloads): give the pod a token with write access to {repo}{until}")  # fmt: skip
 
 
 @dataclass
@@ -69,8 +88,11 @@ class LogPublisher:
         interval_s: float = 25.0,
         budget: CommitBudget | None = None,
         retry_s: tuple[float, float] = RETRY_S,
+        state_dir: Path | None = None,
     ) -> None:
         self.repo, self.pod, self.path = repo, pod, log_path(pod)
+        self.state_dir = state_dir  # where the Hub's refusal is told to the bridge (runtime.hublogstate)
+        self.refused: str | None = None  # the Hub's refusal of our writes, said once until a write goes through
         self.sources = {name: Path(p) for name, p in sources.items()}
         self.is_healthy, self.redact = is_healthy, redactor
         self.interval_s, self.retry_s = interval_s, retry_s
@@ -100,9 +122,12 @@ class LogPublisher:
     ) -> LogPublisher:
         """The pod's publisher: `VL_LOG_REPO`, `VL_LOG_INTERVAL_S`, `HF_ENDPOINT`, `HF_TOKEN`, `RUNPOD_POD_ID`."""
         repo = HubRepo.from_environ(settings.log_repo, environ) if settings.log_repo else None
-        return cls(repo, pod_id(environ), sources, is_healthy, redactor, interval_s=settings.log_interval_s)
+        return cls(repo, pod_id(environ), sources, is_healthy, redactor, interval_s=settings.log_interval_s,
+                   state_dir=Path(settings.state_dir))  # fmt: skip
 
     def start(self) -> None:
+        if self._thread is None:  # a previous start's refusal says nothing of this one
+            self._tell_status(None)
         if self.repo is None or self._thread is not None:
             return
         log.info("publishing this pod's log to %s/%s while it is not healthy", self.repo, self.path)
@@ -206,12 +231,33 @@ class LogPublisher:
             self.stats.failures += 1
             self.stats.last_error = self.redact(f"{type(error).__name__}: {error}".splitlines()[0])
             log.warning("could not publish the log to %s (%s); retrying later", self.repo, self.stats.last_error)
+            if refused := refusal_line(self.repo, error):  # another failure (network, 5xx) says nothing of the token
+                self._say_refused(refused)
             return False
+        self._say_refused(None)
         self.budget.spend()
         self._published = text
         self.stats.commits += 1
         self._mark_published(noted)
         return True
+
+    def _say_refused(self, line: str | None) -> None:
+        """The Hub's refusal of our writes, once, to the boot log and the pod's status; and when it takes them again."""
+        line = None if line is None else self.redact(line)
+        if line == self.refused:
+            return
+        if line is not None:
+            log.error("%s", line)
+        elif self.refused is not None:
+            log.info("the Hub takes this pod's log again (%s)", self.repo)
+        self.refused = line
+        self._tell_status(line)
+
+    def _tell_status(self, line: str | None) -> None:
+        """The refusal for the bridge's /v1/pod/status; a full disk costs the status line, never the publisher."""
+        if self.state_dir is not None:
+            with contextlib.suppress(OSError):
+                write_hub_log_refusal(self.state_dir, line)
 
     def _mark_published(self, noted: int) -> None:
         with self._uploaded:

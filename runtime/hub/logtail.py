@@ -14,11 +14,16 @@ import os
 import sys
 import time
 
+from huggingface_hub import HfApi, get_token
 from huggingface_hub.errors import HfHubHTTPError, RemoteEntryNotFoundError, RepositoryNotFoundError
 
 from runtime.hub.logpublish import LOG_FOLDER, log_path
-from runtime.hub.repo import FileVersion, HubRepo, pod_id
+from runtime.hub.repo import FileVersion, HubRepo, bound_hub_timeouts, pod_id
 from runtime.logsafe import strip_controls
+
+# build.py's VL_LOG_REPO when none is chosen (space/runpod_template.py's DEFAULT_LOG_REPO, which imports nothing of
+# ours): the repo a user's pods publish to unless they said otherwise.
+DEFAULT_LOG_REPO = "datasets/{user}/vllm-pod-logs"
 
 
 class Waiting(Exception):
@@ -35,14 +40,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--repo",
         default=os.environ.get("VL_LOG_REPO") or None,
-        help="the log repo, owner/name or datasets/owner/name (default: $VL_LOG_REPO)",
+        help="the log repo, owner/name or datasets/owner/name (default: $VL_LOG_REPO, else build.py's "
+        "datasets/<the HF_TOKEN's user>/vllm-pod-logs)",
     )
     parser.add_argument("--interval", type=float, default=5.0, help="seconds between checks with --follow")
 
 
 def run(args: argparse.Namespace) -> int:
     if not args.repo:
-        return fail("no log repo: pass --repo OWNER/NAME or set VL_LOG_REPO", 2)
+        try:
+            args.repo = default_log_repo(os.environ.get("HF_ENDPOINT") or None)
+        except Fatal as error:
+            return fail(f"no log repo: pass --repo OWNER/NAME or set VL_LOG_REPO ({error})", 2)
     if args.interval <= 0:
         return fail(f"--interval {args.interval:g} is not allowed: expected a number of seconds > 0", 2)
     try:
@@ -60,6 +69,22 @@ def run(args: argparse.Namespace) -> int:
     except (Waiting, Fatal) as error:
         return fail(str(error), 1)
     return 0
+
+
+def default_log_repo(endpoint: str | None) -> str:
+    """build.py's log repo for the user the Hub token names (HF_TOKEN, or a stored login); Fatal saying why
+    there is none: no token, or one the Hub would not name."""
+    if not get_token():
+        raise Fatal(f"with HF_TOKEN set, the default is build.py's {DEFAULT_LOG_REPO.format(user='<your user>')}")
+    bound_hub_timeouts()
+    try:
+        user = HfApi(endpoint=endpoint).whoami()["name"]
+    except HfHubHTTPError as error:
+        status = error.response.status_code if error.response is not None else "?"
+        raise Fatal(f"the Hub did not say whose HF_TOKEN this is: it answered {status}") from None
+    except Exception as error:  # network down, timeout, not a Hub at that address
+        raise Fatal(f"the Hub could not say whose HF_TOKEN this is: {type(error).__name__}") from None
+    return DEFAULT_LOG_REPO.format(user=user)
 
 
 def read(repo: HubRepo, path: str, known: FileVersion | None = None) -> tuple[FileVersion, str]:

@@ -8,7 +8,6 @@ the engine's state follows the engine: starting (with its log), healthy, restart
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -99,8 +98,13 @@ def test_a_healthy_pod_says_its_model_engine_image_and_cost(pod: Process, vllm_s
     assert isinstance(state["traffic"]["running"], int) and isinstance(state["traffic"]["waiting"], int)
     assert state["gpus"] or state["gpu_note"]  # this machine has none; a GPU machine lists them
     panel = pod_status(pod.url, ALICE)["capacity"]  # a second sample: rates since the first
-    assert panel["over_s"] > 0 and 0 <= panel["kv_use"] <= 1 and panel["verdict"]
-    assert re.match(r"^(idle|decoding: \d+ streams)", panel["verdict"])  # nothing else runs on the session's vLLM
+    assert panel["over_s"] > 0 and 0 <= panel["kv_use"] <= 1
+    # Nothing ran on the session's vLLM since this bridge started (the module's first requests come later): an
+    # engine with nothing running, waiting or generated over the window is idle, and the verdict says exactly that.
+    assert (panel["running"], panel["waiting"], panel["decode_tokens_per_s"], panel["prefill_tokens_per_s"]) == (
+        0, 0, 0.0, 0.0,
+    )  # fmt: skip
+    assert panel["verdict"] == "idle"
 
 
 def test_usage_grows_per_key_as_the_clients_were_told(pod: Process):

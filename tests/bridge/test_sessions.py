@@ -6,13 +6,25 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import httpx
 import pytest
 
-from runtime.bridge.ledger import Ledger
-from runtime.bridge.sessions import MAX_AGENTS, MAX_ID_CHARS, OTHERS, Asker, BusyTime, Sessions, client_id
+from runtime.bridge.ledger import EARLIER, MAX_LEDGER_BYTES, Ledger, add_to, line_of, today, totals_of, within
+from runtime.bridge.sessions import (
+    MAX_AGENTS,
+    MAX_ID_CHARS,
+    MAX_KEY_SESSIONS,
+    OTHERS,
+    Asker,
+    BusyTime,
+    Sessions,
+    client_id,
+)
 from runtime.bridge.usage import KeyUsage, Spent, Usage
 from runtime.engine import tinymodel as tiny
 from tests.support.bridge import Process, pod_status, start_bridge
@@ -77,6 +89,27 @@ def test_sessions_are_forgotten_least_recently_seen_first_and_agents_are_capped(
     assert len(agents) == MAX_AGENTS + 1 and agents[-1]["agent"] == OTHERS and agents[-1]["requests"] == 10
 
 
+def test_one_key_fills_only_its_own_share_of_the_console_s_sessions() -> None:
+    """~33 requests with new session ids (refused ones count too) once erased every other key's sessions."""
+    sessions = Sessions()
+    for name in ("alice", "bob"):
+        for n in range(3):
+            sessions.count(Asker(name, session=f"{name}-{n}"), Spent(output_tokens=1))
+    for n in range(200):
+        sessions.count(Asker("mallory", session=f"flood-{n}"), Spent())
+    assert [s["id"] for s in sessions.recent(10, None, key="alice")] == ["alice-2", "alice-1", "alice-0"]
+    assert len(sessions.recent(100, None, key="bob")) == 3
+    flood = [s["id"] for s in sessions.recent(100, None, key="mallory")]
+    assert flood == [f"flood-{n}" for n in range(199, 199 - MAX_KEY_SESSIONS, -1)]  # its own, the latest
+
+
+def test_when_every_session_is_taken_the_key_holding_the_most_gives_one_up() -> None:
+    sessions = Sessions(max_sessions=4, per_key=3)
+    for key, session in [("a", "a1"), ("a", "a2"), ("a", "a3"), ("b", "b1"), ("c", "c1")]:
+        sessions.count(Asker(key, session=session), Spent())
+    assert {s["id"] for s in sessions.recent(10, None)} == {"a2", "a3", "b1", "c1"}
+
+
 def test_an_agent_adds_up_its_requests_and_costs_its_share() -> None:
     sessions = Sessions()
     asker = Asker("alice", session="s", agent="a1", parent="main", request_class="subagent")
@@ -122,15 +155,96 @@ def test_the_ledger_sums_per_key_skips_torn_lines_and_compacts(tmp_path: Path) -
     assert (alice.since, alice.requests, alice.input_tokens, alice.errors, alice.busy_s) == (
         "2000-01-01T00:00:00Z", 3, 11, 1, 1.5)  # fmt: skip
     assert again["bob"].output_tokens == 2
-    assert len(path.read_text().splitlines()) == 2  # one line per key once read
+    lines = [json.loads(line) for line in path.read_text().splitlines()]  # one line per key and day once read
+    assert [(line["name"], line["day"]) for line in lines] == [("alice", ""), ("alice", today()), ("bob", today())]
     assert path.stat().st_mode & 0o777 == 0o600
 
 
-def test_a_ledger_too_big_to_be_ours_is_set_aside(tmp_path: Path) -> None:
+def test_a_ledger_past_its_cap_is_compacted_per_key_and_day_and_keeps_every_total(tmp_path: Path) -> None:
+    """Days of steady use (a line per flush) once passed 8 MiB, and the next start set every total aside."""
     path = tmp_path / "usage-ledger.jsonl"
-    path.write_bytes(b"x" * (8 * 2**20 + 1))
-    assert Ledger(path).load() == {}
-    assert path.with_suffix(".too-big").exists() and not path.exists()
+    one = {"since": "2026-01-01T00:00:00Z", "requests": 1, "output_tokens": 2, "busy_s": 0.5}
+    with path.open("w") as file:
+        for n in range(75_000):
+            name, day = ("alice", "bob")[n % 2], f"2026-{1 + n // 7500:02d}-{1 + n % 28:02d}"
+            file.write(json.dumps({"name": name, "day": day} | one) + "\n")
+    assert path.stat().st_size > MAX_LEDGER_BYTES
+    totals = Ledger(path).load()
+    assert {name: (u.requests, u.output_tokens, u.busy_s) for name, u in totals.items()} == {
+        "alice": (37_500, 75_000, 18_750.0), "bob": (37_500, 75_000, 18_750.0)}  # fmt: skip
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(lines) == len({(line["name"], line["day"]) for line in lines}) <= 2 * 10 * 28
+    assert Ledger(path).load() == totals and not list(tmp_path.glob("*.too-big"))
+
+
+def test_past_its_budget_the_oldest_days_are_folded_into_one_line_per_key() -> None:
+    buckets = {}
+    for day in ("2026-12-01", "2026-12-02", "2026-12-03"):
+        for name in ("alice", "bob"):
+            add_to(buckets, KeyUsage(name, f"{day}T00:00:00Z", requests=1), day)
+    kept = [line_of(KeyUsage(name, "2026-12-01T00:00:00Z", requests=r), day)
+            for name in ("alice", "bob") for r, day in ((2, EARLIER), (1, "2026-12-03"))]  # fmt: skip
+    folded = within({where: KeyUsage(u.name, u.since, u.requests) for where, u in buckets.items()}, len("".join(kept)))
+    assert sorted(folded) == [("alice", ""), ("alice", "2026-12-03"), ("bob", ""), ("bob", "2026-12-03")]
+    assert totals_of(folded) == totals_of(buckets)
+    assert folded["alice", EARLIER].since == "2026-12-01T00:00:00Z"
+
+
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        '{"name": "eve", "since": "x", "requests": Infinity}',  # Python reads it; the status page answered 500
+        '{"name": "eve", "since": "x", "requests": 1e999}',
+        '{"name": "eve", "since": "x", "requests": NaN}',
+        '{"name": "eve", "since": "x", "requests": -5}',
+        '{"name": "eve", "since": "x", "requests": true}',
+        '{"name": "eve", "since": "x", "day": 7, "requests": 1}',
+        "[" * 100_000 + "]" * 100_000,  # the bridge crashed at start (RecursionError), on every relaunch
+        '{"name": "eve", "since": "x", "requests": 1, "pad": "' + "p" * 10**6 + '"}',
+    ],
+    ids=["infinity", "overflow", "nan", "negative", "bool", "day", "deep", "long"],
+)
+def test_a_hostile_ledger_line_is_skipped_and_said(
+    hostile: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "usage-ledger.jsonl"
+    path.write_text(f'{{"name": "alice", "since": "2026-12-01T00:00:00Z", "requests": 2}}\n{hostile}\n')
+    totals = Ledger(path).load()
+    assert list(totals) == ["alice"] and totals["alice"].requests == 2
+    assert json.dumps([vars(usage) for usage in totals.values()], allow_nan=False)  # what /v1/pod/status sends
+    assert any("had 1 unreadable lines: left out" in r.getMessage() for r in caplog.records)
+
+
+SHORT_WRITES = textwrap.dedent("""
+    import json, logging, resource, signal, sys
+    from pathlib import Path
+    from runtime.bridge.ledger import Ledger
+    from runtime.bridge.usage import KeyUsage
+
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past the limit, write() is short, then fails with EFBIG
+    path, ledger = Path(sys.argv[1]), Ledger(Path(sys.argv[1]))
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[2]), hard))  # the volume fills up
+    for n in range(30):
+        name = f"key-{n % 3}"
+        ledger.record(name, "2026-12-01T00:00:00Z", KeyUsage(name, "2026-12-01T00:00:00Z", requests=1, output_tokens=n))
+        ledger.flush()
+    resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))  # room again
+    ledger.flush()
+    print(json.dumps({name: [u.requests, u.output_tokens] for name, u in Ledger(path).load().items()}))
+""")
+
+
+def test_a_full_volume_loses_no_usage_says_it_once_and_writes_it_later(tmp_path: Path) -> None:
+    """A short write once went unnoticed and the next batch was glued to the torn line: 20 of 20 requests lost."""
+    path = tmp_path / "usage-ledger.jsonl"
+    result = subprocess.run([sys.executable, "-c", SHORT_WRITES, str(path), "500"], capture_output=True, text=True,
+                            timeout=60, cwd=Path(__file__).resolve().parents[2])  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {f"key-{k}": [10, sum(range(k, 30, 3))] for k in range(3)}
+    assert result.stderr.count("could not append to the usage ledger") == 1, result.stderr
+    assert "unreadable" not in result.stderr  # no torn line, no glued one
 
 
 def test_usage_starts_from_the_ledger_totals() -> None:
@@ -157,13 +271,16 @@ def test_a_bridge_keeps_each_keys_totals_across_a_restart(vllm_server: VllmServe
         for _ in range(3):
             ask(first, {})
         before = pod_status(first.url, KEY)["keys"][0]
+    with ledger.open("a") as file:  # what a stranger wrote there: the status page answered 500, the bridge crashed
+        file.write('{"name": "eve", "since": "x", "requests": Infinity}\n' + "[" * 100_000 + "\n")
     with start_bridge(vllm_server.url, tmp_path / "second.log", settings, "--ledger", str(ledger)) as second:
         after = pod_status(second.url, KEY)["keys"][0]
         ask(second, {})
         grown = pod_status(second.url, KEY)["keys"][0]
     assert before["requests"] == 3 and after == before  # stopped, started: the same totals, since the same date
     assert grown["requests"] == 4 and grown["since"] == before["since"]
-    assert json.loads(ledger.read_text().splitlines()[0])["name"] == "alice"
+    assert {json.loads(line)["name"] for line in ledger.read_text().splitlines()} == {"alice"}
+    assert "the usage ledger" in (log := (tmp_path / "second.log").read_text()) and "2 unreadable lines" in log
 
 
 def test_sessions_reach_the_status_the_metrics_and_the_trace_bounded(vllm_server: VllmServer, tmp_path: Path) -> None:

@@ -15,10 +15,14 @@ from runtime.gpu import GpuError, HostGpu, decide
 from runtime.hub.budget import CommitBudget
 from runtime.hub.logpublish import LogPublisher
 from runtime.hub.repo import HubRepo
+from runtime.hublogstate import read_hub_log_refusal
 from runtime.logfiles import tail
 from runtime.redact import MARKER, Redactor
 from runtime.settings import load_settings
+from runtime.status import render
+from tests.support.bridge import pod_status, start_bridge
 from tests.support.hub_server import HubServer
+from tests.support.net import free_port
 from tests.support.polling import wait_until
 
 pytestmark = pytest.mark.slow  # a test Hub per test, and waits on the publisher's real rate limit
@@ -300,6 +304,68 @@ def test_it_creates_a_missing_log_repo_as_private(hub_server: HubServer, pod: Po
     pub.close()
     with pytest.raises(RepositoryNotFoundError):
         HfApi(endpoint=hub_server.endpoint, token=False).repo_info(REPO)
+
+
+UNTIL = "; until then `python -m runtime logs` shows nothing of this pod"
+REFUSALS = {  # HF_TOKEN's kind -> the one line the pod says
+    "read": f"the Hub refuses this pod's log ({REPO}: HTTP 403): HF_TOKEN may not write there (a read token only "
+    f"downloads): give the pod a token with write access to {REPO}{UNTIL}",
+    "unknown": f"the Hub refuses this pod's log ({REPO}: HTTP 401): it knows no such HF_TOKEN{UNTIL}",
+    "secret never created": f"the Hub refuses this pod's log ({REPO}: HTTP 401): the RunPod secret HF_TOKEN "
+    f"(HF_TOKEN) was never created: create it in RunPod's console (Secrets), a token with write access to {REPO}{UNTIL}",
+}
+
+
+def token_of_kind(hub: HubServer, kind: str) -> str:
+    return {
+        "read": hub.read_token,
+        "unknown": "hf_" + "0" * 34,
+        "secret never created": "{{ RUNPOD_SECRET_HF_TOKEN }}",
+    }[kind]
+
+
+@pytest.mark.parametrize("kind", REFUSALS)
+def test_a_token_that_cannot_write_is_said_once_in_one_line(
+    hub_server: HubServer,
+    pod: Pod,
+    publisher: MakePublisher,
+    tmp_path: Path,
+    kind: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """With a read token the log never appeared and `logs --follow` waited forever: the pod now says why, once."""
+    hub_server.create_repo(REPO)
+    pub = publisher({"HF_TOKEN": token_of_kind(hub_server, kind)}, state_dir=tmp_path / "state")
+    with caplog.at_level("INFO", logger="runtime.hub.log"):
+        pub.start()
+        wait_until(lambda: pub.stats.failures >= 3, "three refused writes")
+        pub.close()
+    assert read_hub_log_refusal(tmp_path / "state") == REFUSALS[kind]
+    said = [record.getMessage() for record in caplog.records if record.levelname == "ERROR"]
+    assert said == [REFUSALS[kind]], "once, however often the Hub refuses"
+
+
+def test_the_refusal_reaches_the_pod_status_and_goes_once_the_hub_takes_the_log(
+    hub_server: HubServer, pod: Pod, publisher: MakePublisher, tmp_path: Path
+) -> None:
+    hub_server.create_repo(REPO)
+    state = tmp_path / "state"
+    refused = publisher({"HF_TOKEN": hub_server.read_token}, state_dir=state)
+    refused.start()
+    wait_until(lambda: read_hub_log_refusal(state), "the refusal")
+    refused.close()
+    key = "sk-status-0123456789abcdef"
+    settings = {"VL_STATE_DIR": str(state), "VL_API_KEYS": key}
+    with start_bridge(f"http://127.0.0.1:{free_port()}", tmp_path / "bridge.log", settings) as bridge:
+        status = pod_status(bridge.url, key)
+    assert status["hub_log_refused"] == REFUSALS["read"]
+    assert f"Hub log {REFUSALS['read']}" in render(status).splitlines()  # `python -m runtime status`
+
+    fixed = publisher(state_dir=state)  # the pod restarted with a token that may write
+    fixed.start()
+    wait_until(lambda: hub_log(hub_server), "the first publish")
+    fixed.close()
+    assert read_hub_log_refusal(state) is None
 
 
 def test_without_a_log_repo_it_does_nothing(hub_server: HubServer, pod: Pod) -> None:

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from runtime.hub import logtail
+from space import runpod_template
 from tests.support.hub_server import HubServer
 from tests.support.polling import wait_until
 from tests.support.signals import ctrl_c_as_at_a_terminal
@@ -73,7 +75,18 @@ def test_a_private_repo_needs_the_token(hub_server: HubServer, tmp_path: Path) -
     ("case", "code", "message"),
     [
         ("no such pod", 1, "runtime logs: no log etat/pod-9.log in pod-owner/pod-logs yet (pods with a log: pod-1)\n"),
-        ("no repo", 2, "runtime logs: no log repo: pass --repo OWNER/NAME or set VL_LOG_REPO\n"),
+        (
+            "no repo",
+            2,
+            "runtime logs: no log repo: pass --repo OWNER/NAME or set VL_LOG_REPO (with HF_TOKEN set, "
+            "the default is build.py's datasets/<your user>/vllm-pod-logs)\n",
+        ),
+        (
+            "no repo, bad token",
+            2,
+            "runtime logs: no log repo: pass --repo OWNER/NAME or set VL_LOG_REPO (the Hub did "
+            "not say whose HF_TOKEN this is: it answered 401)\n",
+        ),
         ("bad repo", 2, "runtime logs: 'not a repo' is not a Hub repo id: owner/name, datasets/owner/name or spaces/"),
         ("bad token", 1, "runtime logs: the Hub refused the token (HF_TOKEN): "),
     ],
@@ -83,8 +96,10 @@ def test_clear_one_line_errors(hub: HubServer, tmp_path: Path, case: str, code: 
     env, args = user_env(hub, tmp_path), ["pod-1"]
     if case == "no such pod":
         args = ["pod-9"]
-    elif case == "no repo":
+    elif case.startswith("no repo"):
         del env["VL_LOG_REPO"]
+        if case.endswith("bad token"):
+            env["HF_TOKEN"] = "hf_" + "n" * 34
     elif case == "bad repo":
         args += ["--repo", "not a repo"]
     else:
@@ -93,6 +108,18 @@ def test_clear_one_line_errors(hub: HubServer, tmp_path: Path, case: str, code: 
     assert done.returncode == code
     assert done.stderr.startswith(message) and done.stderr.count("\n") == 1, done.stderr
     assert done.stdout == ""
+
+
+def test_without_a_repo_it_reads_the_one_build_py_made_for_the_token_s_user(hub_server: HubServer, tmp_path: Path):
+    """build.py's templates publish to datasets/<user>/vllm-pod-logs: `logs POD` alone must find them there."""
+    default = f"{hub_server.owner}/vllm-pod-logs"
+    hub_server.create_repo(default, "dataset", private=True)
+    hub_server.put_file(default, "etat/pod-1.log", FIRST, "dataset")
+    env = user_env(hub_server, tmp_path, hub_server.read_token)
+    del env["VL_LOG_REPO"]
+    done = logs(env, "pod-1")
+    assert (done.returncode, done.stdout, done.stderr) == (0, FIRST, "")
+    assert logtail.DEFAULT_LOG_REPO == runpod_template.DEFAULT_LOG_REPO  # the pod side's copy of build.py's rule
 
 
 def test_an_unreachable_hub_is_said_plainly(hub: HubServer, tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 
 from runtime.client import USER_AGENT
@@ -91,6 +92,21 @@ def test_up_places_the_pod_on_the_next_gpu_watches_its_boot_and_prints_claude_co
     assert "export ANTHROPIC_MODEL=tiny" in result.stdout and "one token generated" in result.stdout
     assert last_pod({"XDG_CONFIG_HOME": str(account.config)}) == account.url(account.runpod.pods[0]["id"])  # launch's
     assert {r.headers.get("user-agent") for r in account.runpod.received} == {USER_AGENT}
+
+
+def test_connect_and_status_reach_the_pod_through_runpod_s_proxy_which_refuses_python_s_default_agent(
+    account: Account,
+) -> None:
+    """RunPod's proxy answers 403 to Python's default User-Agent: the client commands must each say who they are."""
+    url = account.url(account.runpod.pods[0]["id"])
+    refused = httpx.get(f"{url}/health", timeout=30)  # httpx's own User-Agent, as a bare script would send
+    assert (refused.status_code, refused.text) == (403, "error code: 1010")
+    for command in (["connect", url, "--shell", "bash"], ["status", url]):
+        done = subprocess.run([sys.executable, "-m", "runtime", *command, "--key", KEY], cwd=REPO_ROOT,
+                              env=outer_environ("ANTHROPIC_"), capture_output=True, text=True, timeout=300,
+                              stdin=subprocess.DEVNULL)  # fmt: skip
+        assert done.returncode == 0, (command[0], done.stderr)
+        assert "tiny" in done.stdout, done.stdout  # the model, as the pod told it
 
 
 def test_status_lists_the_pod_serving(account: Account) -> None:

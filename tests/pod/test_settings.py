@@ -29,7 +29,7 @@ BAD_VALUES = [
         "VL_MODEL",
         "gpt5",
         "VL_MODEL='gpt5' is not allowed: expected one of 'codernext', 'flashnext', 'kimi', "
-        "'nemotron', 'ornith', 'ornithnvfp4', 'qwen', 'qwen38', 'tiny', 'tiny2'",
+        "'nemotron', 'ornith', 'ornithnvfp4', 'qwen', 'qwen38', 'qwen38nvfp4', 'tiny', 'tiny2'",
     ),
     ("VL_CTX", "128k", "VL_CTX='128k' is not allowed: expected a whole number >= 256, or empty"),
     ("VL_CTX", "100", "VL_CTX='100' is not allowed: expected a whole number >= 256, or empty"),

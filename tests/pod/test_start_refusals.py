@@ -39,17 +39,28 @@ BAD_VALUES = [
 ]
 
 
+def pod_environ(tmp_path: Path, **variables: str) -> dict[str, str]:
+    """The pod's environment: not prebaked (unless `variables` say so), this interpreter the pod's venv."""
+    state = {
+        "VL_STATE_DIR": str(tmp_path / "state"),
+        "VL_PREBAKED_MARKER": str(tmp_path / "none"),
+        "VL_VENV": sys.prefix,
+    }
+    return outer_environ() | state | variables
+
+
 def start(tmp_path: Path, **variables: str) -> subprocess.CompletedProcess[str]:
-    outer = outer_environ()
-    # Not prebaked, and this interpreter is the pod's venv: past the settings, the engine's install comes next.
-    env = (
-        outer
-        | {"VL_STATE_DIR": str(tmp_path / "state"), "VL_PREBAKED_MARKER": str(tmp_path / "none"), "VL_VENV": sys.prefix}
-        | variables
-    )
-    return subprocess.run(
-        [sys.executable, "-m", "runtime", "start"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120
-    )
+    """`runtime start` to its end: past the settings, the engine's install comes next when not prebaked."""
+    return subprocess.run([sys.executable, "-m", "runtime", "start"], cwd=REPO_ROOT, env=pod_environ(tmp_path, **variables),
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+
+
+def start_publishing(tmp_path: Path, hub: HubServer, pod: str, **variables: str) -> tuple[str, bytes | None]:
+    """`runtime start` with a Hub log: its refusal's line on stderr, and what reached the pod's log on the Hub."""
+    hub.create_repo(f"{hub.owner}/pod-logs", private=True)
+    result = start(tmp_path, **hub.env(), VL_LOG_REPO=f"{hub.owner}/pod-logs", RUNPOD_POD_ID=pod, **variables)
+    assert result.returncode == 2, result.stderr
+    return result.stderr, hub.file(f"{hub.owner}/pod-logs", f"etat/{pod}.log")
 
 
 @pytest.mark.parametrize(("variable", "value"), BAD_VALUES)
@@ -70,17 +81,21 @@ def test_a_value_the_recipe_cannot_take_stops_start_up_before_any_launch(tmp_pat
 
 
 def test_the_refusal_is_published_to_the_hub_log(tmp_path: Path, hub_server: HubServer) -> None:
-    hub_server.create_repo(f"{hub_server.owner}/pod-logs", private=True)
-    result = start(
-        tmp_path,
-        **hub_server.env(),
-        VL_LOG_REPO=f"{hub_server.owner}/pod-logs",
-        RUNPOD_POD_ID="refused-pod",
-        VL_CTX="lots",
-    )
-    assert result.returncode == 2
-    published = hub_server.file(f"{hub_server.owner}/pod-logs", "etat/refused-pod.log")
+    _, published = start_publishing(tmp_path, hub_server, "refused-pod", VL_CTX="lots")
     assert published is not None and b"VL_CTX='lots' is not allowed" in published
+
+
+def test_a_runpod_secret_never_created_is_the_published_refusal(tmp_path: Path, hub_server: HubServer) -> None:
+    """The template's reference reached the pod as it is: the line says which secret to create, on the Hub too."""
+    stderr, published = start_publishing(tmp_path, hub_server, "secretless-pod",
+                                         VL_API_KEYS="{{ RUNPOD_SECRET_VL_API_KEYS }}")  # fmt: skip
+    line = (
+        "VL_API_KEYS='{{ RUNPOD_SECRET_VL_API_KEYS }}': the RunPod secret VL_API_KEYS was never created: "
+        "create it in RunPod's console (Secrets)"
+    )
+    assert stderr.splitlines() == [line]
+    # The secret variable's value is redacted there like any secret's; the line still says what to create.
+    assert published is not None and line.split("': ", 1)[1].encode() in published
 
 
 def test_a_recipe_the_engine_cannot_run_stops_start_up_with_one_line_saying_what_it_needs(tmp_path: Path) -> None:
@@ -141,11 +156,9 @@ def test_an_engine_that_cannot_start_is_left_stopped_after_three_tries_with_its_
     """A flag real vLLM refuses: three launches, then one line naming the cause and the setting, not a restart loop
     that bills; the pod itself keeps running (a Hub file that fixes the setting starts the engine again)."""
     (tmp_path / "image_prebaked").write_text('{"target": "cpu"}\n')
-    env = outer_environ() | {
-        "VL_STATE_DIR": str(tmp_path / "state"), "VL_PREBAKED_MARKER": str(tmp_path / "image_prebaked"),
-        "VL_VENV": sys.prefix, "VL_MODEL": "tiny", "VL_EXTRA_ARGS": "--no-such-flag", "VL_SSH": "off",
-        "VL_BRIDGE": "off", "VL_LISTEN": "127.0.0.1", "VL_PORT": str(free_port()),
-    }  # fmt: skip
+    env = pod_environ(tmp_path, VL_PREBAKED_MARKER=str(tmp_path / "image_prebaked"), VL_MODEL="tiny",
+                      VL_EXTRA_ARGS="--no-such-flag", VL_SSH="off", VL_BRIDGE="off", VL_LISTEN="127.0.0.1",
+                      VL_PORT=str(free_port()))  # fmt: skip
     boot = tmp_path / "state" / "boot.log"
     process = subprocess.Popen([sys.executable, "-m", "runtime", "start"], cwd=REPO_ROOT, env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip

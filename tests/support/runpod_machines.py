@@ -37,6 +37,8 @@ SECRET = re.compile(r"\{\{ RUNPOD_SECRET_(\w+) \}\}")  # space/runpod.py's secre
 BRIDGE_PORT = "8080"
 METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 HOP_BY_HOP = {"host", "connection", "keep-alive", "transfer-encoding", "content-length", "te", "upgrade"}
+# RunPod's proxy answers 403 to Python's default User-Agent (seeds, 22/08): httpx's, urllib's and requests' own.
+PYTHON_DEFAULT_AGENT = re.compile(r"(?i)(python-httpx|python-urllib|python-requests)/")
 
 
 @dataclass
@@ -111,6 +113,8 @@ class Machines:
         return Played(pod_id, process, root / "state", env)
 
     async def forward(self, request: Request) -> Response:
+        if PYTHON_DEFAULT_AGENT.match(request.headers.get("user-agent", "")):
+            return PlainTextResponse("error code: 1010", 403)  # Cloudflare's words for a refused browser signature
         pod_id, _, port = request.path_params["target"].rpartition("-")
         played = self.played.get(pod_id)
         if played is None or port != BRIDGE_PORT:
