@@ -43,21 +43,77 @@ WHOLE_FILE_WRITES = {
     "writetofile": "write_to_file",  # Cline's and Roo Code's, {path, content}
 }
 PATH_KEYS = ("file_path", "path", "filename", "file", "target_file")  # every other string is content
-DOTS = r"(?:\.{3}|…)"  # three dots or the ellipsis character, as models write them
-# Explicit elision markers only: each says that something was left out. Not a bare `[...]`, `# ...` or
-# `...` (the field notes' false positives in real sessions: a markdown quote, a comment, Python's Ellipsis).
-# No two runs of `\s` can take the same spaces (`\(\s*{DOTS}?\s*` took 4 s on `(` and 20,000 spaces): linear.
+DOTS = r"(?:(?<!\.)\.{3,}+|…)"  # three dots or more, or the ellipsis character, as models write them
+# An elision marker is a phrase that says what was left out, framed as models frame it and ending there:
+#   frame:  a comment's leader (`#`, `//`, `/*`, `<!--`, `--`, `;`, `%`, `*`) and/or dots or a bracket;
+#   phrase: what is missing (`rest of the file`, `existing code`, `other methods`, `reste du code`, `其余代码`),
+#           then, optionally, what became of it (`remains the same`, `unchanged`, `omitted for brevity`);
+#   end:    dots, a closing bracket or comment, or the line's end (`# ... existing code paths handle this` is
+#           prose: written).
+# After a bare comment leader the phrase must say what became of it: `# Other helpers` heads real code.
+# Not a bare `[...]`, `# ...` or `...` (the field notes' false positives in real sessions: a markdown quote,
+# a comment, Python's Ellipsis), nor a spread (`...rest`). Every repetition is bounded or possessive, so a
+# search stays linear on any content (`\(\s*{DOTS}?\s*` once took 4 s on `(` and 20,000 spaces).
+LEADER = r"(?:(?<!#)#++|(?<!/)//++|(?<![/*])/\*++|\{/\*|<!--|(?<!-)--++|(?<!;);++|%|\*)"  # each run taken whole, once
+OPENING = r"[\[(<{]"
+STARTS = r"(?=[-#/*{<;%.…\[(])"  # what a marker's first character can be: lets the search skip every other one
+CLOSED = rf"(?=[ \t]*+[.:;,!]?[ \t]*+(?:{DOTS}|[\])>}}]|\*/|-->|\r?\n|\Z))"
+FRAMED = rf"(?:{LEADER}[ \t]*+)?(?:(?:{DOTS}|{OPENING})[ \t]*+){{1,3}}"  # dots or a bracket: the phrase may be bare
+COMMENT = rf"{LEADER}[ \t]*+(?:{OPENING}[ \t]*+)?"  # a comment alone: the phrase must say what became of it
+NOUN = (
+    r"(?:code|files?|functions?|class(?:es)?|methods?|implementations?|components?|modules?|scripts?|quer(?:y|ies)"
+    r"|documents?|pages?|html|markup|css|styles?|tests?|(?:test\s+)?cases?|contents?|body|config(?:uration)?"
+    r"|logic|imports?|programs?|source|lines?|handlers?|routes?|endpoints?|fields?|propert(?:y|ies)|helpers?"
+    r"|definitions?|sections?|rules?|exports?|declarations?|dependenc(?:y|ies)|steps?|columns?|options|settings"
+    r"|parameters|arguments|examples?|elements?|blocks?|entries|items|keys|values|types|interfaces|structs?"
+    r"|variables|constants|hooks|views?|models?|schemas?|migrations?|tasks?|targets?|stuff)"
+)
+WHAT_IS_MISSING = (
+    rf"(?:(?:keep|keeping|leave)\s+)?(?:(?:all\s+)?the\s+|this\s+|your\s+)?"
+    rf"(?:(?:rest|remainder)\s+of\s+(?:the\s+|this\s+|your\s+)?(?:\w+\s+)?{NOUN}"
+    rf"|(?:other|existing|remaining|previous|original|unchanged|same|more|additional|earlier|old|current|prior)"
+    rf"\s+(?:\w+\s+)?{NOUN}|\d+\s+(?:more\s+|other\s+|unchanged\s+)?lines?"
+    r"|(?:tout\s+)?(?:le\s+)?reste\s+du\s+(?:code|fichier|contenu)|(?:le\s+)?code\s+(?:existant|pr[ée]c[ée]dent)"
+    r"|(?:les\s+)?autres\s+(?:fonctions|m[ée]thodes|classes)"  # French
+    r"|(?:el\s+)?resto\s+del\s+(?:c[óo]digo|archivo|fichero|contenido)|(?:el\s+)?c[óo]digo\s+(?:existente|anterior)"
+    r"|(?:las\s+)?(?:otras|dem[áa]s)\s+(?:funciones|clases)|(?:los\s+)?(?:otros|dem[áa]s)\s+m[ée]todos"  # Spanish
+    r"|(?:o\s+)?resto\s+do\s+(?:c[óo]digo|arquivo|ficheiro|conte[úu]do)"  # Portuguese
+    r"|(?:il\s+)?resto\s+del\s+(?:codice|file)|(?:il\s+)?codice\s+(?:esistente|precedente)"  # Italian
+    r"|(?:der\s+)?rest\s+(?:des\s+codes|der\s+datei)|(?:der\s+)?(?:restliche|übrige|bestehende|vorherige)[rn]?\s+code"
+    r"|остальн\w*\s+(?:код\w*|част\w*)|(?:существующий|предыдущий|прежний)\s+код"  # Russian
+    r"|其余(?:的)?(?:代码|部分|内容)|其他(?:代码|部分)|现有代码|原有代码|之前的代码"  # Chinese
+    r"|残りの(?:コード|部分|処理)|既存の(?:コード|処理)|以前のコード"  # Japanese
+    r"|나머지\s*(?:코드|부분)|기존\s*코드)"  # Korean
+)
+WHAT_BECAME_OF_IT = (
+    r"\s*+(?:(?:is|are|remains?|stays?|kept|left|goes|go|as)\s+){0,2}"
+    r"(?:unchanged|the\s+same|same|as\s+(?:is|before|it\s+was|above)|untouched|identical|omitted|elided|not\s+shown"
+    r"|truncated|skipped|here|below|above|follows?|not\s+changed)(?:\s+for\s+(?:brevity|clarity|space|readability))?"
+    r"|\s*+(?:(?:reste|demeure|est|sont|queda|se\s+mantiene|permanece|fica|resta|rimane|bleibt|ist|остается)\s+)?"
+    r"(?:inchang[ée]e?s?|identiques?|sans\s+changement|sin\s+cambios|igual|sem\s+altera[çc][õo]es|inalterad[oa]"
+    r"|invariat[oa]|uguale|unver[äa]ndert|gleich|без\s+изменений|не\s+изменяется|прежним|(?:保持)?不变|同上|省略"
+    r"|は?変更なし|は?同じ|[은는]?\s*(?:변경\s*없음|동일)|생략)"
+)
+BARE = r"(?:(?:keep|leave)\s+)?(?:the\s+)?(?:code|rest|remainder|implementation|content|body)"
+BREVITY = r"(?:[\w-]+[ \t]+){0,3}?(?:omitted|elided|truncated|skipped|shortened|abbreviated)\s+for\s+(?:brevity|clarity|space|readability)"
+SAME_AS = r"same\s+as\s+(?:before|above|(?:the\s+)?original|previous(?:ly)?)"
+LEFT_OUT = (  # a bracket that holds only what became of it: `(unchanged)`, `<inchangé>`, `[snip]`
+    r"(?:unchanged|inchang[ée]e?s?|sin\s+cambios|sem\s+altera[çc][õo]es|invariato|unver[äa]ndert|без\s+изменений"
+    r"|不变|保持不变|変更なし|변경\s*없음|snip(?:ped)?|omitted|elided)"
+)
 ELISION_MARKERS = (
-    re.compile(rf"{DOTS}\s*(?:the\s+)?rest\s+of\s+(?:the\s+)?(?:file|code)\b", re.I),  # `# ... rest of file unchanged`
-    re.compile(rf"\(\s*(?:{DOTS}\s*)?rest\s+of\s+(?:the\s+)?(?:file|code)\s+(?:is\s+|remains\s+)?unchanged", re.I),  # `(rest of the file unchanged)`
-    re.compile(rf"\[\s*{DOTS}\s*previous(?:\s+code)?\s*{DOTS}\s*\]", re.I),  # `[... previous ...]`, `[... previous code ...]`
-    re.compile(r"<\s*unchanged\s*>", re.I),  # `<unchanged>`
-    re.compile(rf"{DOTS}\s*existing\s+code\s*{DOTS}", re.I),  # `// ... existing code ...`
-    re.compile(rf"\(\s*(?:{DOTS}\s*)?reste\s+du\s+fichier\b", re.I),  # `(reste du fichier inchangé)`
-    re.compile(rf"{DOTS}\s*(?:le\s+)?reste\s+du\s+(?:code|fichier)\b", re.I),  # `# ... reste du code`
-    re.compile(r"[(<]\s*inchang[ée]e?s?\s*[)>]", re.I),  # `(inchangé)`, `<inchangé>`
-    re.compile(rf"\[\s*{DOTS}\s*code\s+pr[ée]c[ée]dent\s*{DOTS}\s*\]", re.I),  # `[... code précédent ...]`
-)  # fmt: skip
+    # `# ... rest of the code`, `// ... existing code ...`, `(rest of file unchanged)`, `[... previous code ...]`
+    re.compile(rf"{STARTS}{FRAMED}(?:{WHAT_IS_MISSING})(?:{WHAT_BECAME_OF_IT})?{CLOSED}", re.I),
+    # `# Rest of the code remains the same`, `// other methods stay unchanged`, `# 其余代码保持不变`
+    re.compile(rf"{STARTS}{COMMENT}(?:{WHAT_IS_MISSING}|{BARE})(?:{WHAT_BECAME_OF_IT}){CLOSED}", re.I),
+    # `# ... (code unchanged)`, `... rest as is ...`, `// ... same as before ...`, `// ... 省略 ...`
+    re.compile(rf"{STARTS}{FRAMED}(?:{BARE}(?:{WHAT_BECAME_OF_IT})|{SAME_AS}|省略|생략){CLOSED}", re.I),
+    # `// Implementation omitted for brevity`, `# ... (details omitted for brevity)`
+    re.compile(rf"{STARTS}(?:{FRAMED}|{COMMENT}){BREVITY}{CLOSED}", re.I),
+    # `<unchanged>`, `(inchangé)`, `[snip]`, `[... previous ...]`, `[... code précédent ...]`
+    re.compile(rf"{OPENING}[ \t]*+(?:{DOTS}[ \t]*+)?{LEFT_OUT}[ \t]*+(?:{DOTS}[ \t]*+)?[\])>]", re.I),
+    re.compile(rf"\[[ \t]*+{DOTS}[ \t]*+(?:previous|code\s+pr[ée]c[ée]dent)[ \t]*+{DOTS}[ \t]*+\]", re.I),
+)
 MARKER_CHARS = 80  # the marker's line as quoted back: enough to find it, never the content
 PATH_CHARS = 300
 

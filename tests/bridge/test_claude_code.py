@@ -50,6 +50,19 @@ def test_a_text_turn(bridge: Process, tmp_path: Path) -> None:
     assert result["usage"]["input_tokens"] > 1000  # Claude Code's own system prompt and tools went through
 
 
+def test_a_write_that_elides_the_file_is_held_back_and_claude_code_shows_why(bridge: Process, tmp_path: Path) -> None:
+    """Real vLLM streams the tiny model's Write of an elided file; the guard puts its notice in the call's place:
+    Claude Code writes nothing, ends the turn, and shows the user which write was held back and why."""
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir(), work.mkdir()
+    result = claude(
+        bridge, tiny.SERVED_NAME, f"Rewrite app.py {tiny.MARK_WRITE}", work, home, "--allowedTools", "Write"
+    )
+    assert result["result"].startswith("[vllm-pod guard] The write to app.py (Write) was blocked"), result["result"]
+    assert f'"{tiny.WRITE_MARKER}"' in result["result"] and "Nothing was written" in result["result"]
+    assert list(work.iterdir()) == [] and result["num_turns"] == 1
+
+
 def test_a_tool_round_trip_runs_the_command(bridge: Process, tmp_path: Path) -> None:
     """The model calls Bash; Claude Code runs it (its side effect is on disk) and sends the result back."""
     home, work = tmp_path / "home", tmp_path / "work"

@@ -26,6 +26,7 @@ from runtime.bridge.guard import ELISION_MARKERS, WHOLE_FILE_WRITES
 from runtime.bridge.metrics import Metrics
 from runtime.bridge.sse import AnthropicSse, SseParser
 from runtime.bridge.stream import MessageAssembler, StreamTranslator
+from runtime.engine import tinymodel as tiny
 from tests.support.bridge import SLOW_WAIT_S, Process, start_bridge
 
 PYTHON = (
@@ -79,6 +80,93 @@ CASES = [
         {"command": "str_replace", "path": "/repo/a.py", "old_str": "a", "new_str": "# ... rest of file"},
         False,
     ),
+]
+
+
+# What models write in place of code, collected from their whole-file writes (comment styles of Python, JS/TS,
+# JSX, C, CSS, HTML, SQL, Lisp/INI, YAML, Markdown; English, French, Spanish, Portuguese, Italian, German,
+# Russian, Chinese, Japanese, Korean): each line in a small file of its language, each blocked.
+MODELS_WRITE = [
+    ("app.py", "# ... (rest of the code remains the same)"),
+    ("app.py", "# Rest of the code remains the same"),
+    ("app.py", "# ... rest of the implementation unchanged ..."),
+    ("app.py", "# ... other methods ..."),
+    ("app.py", "# ... all the other functions stay the same ..."),
+    ("app.py", "# ... (previous code unchanged)"),
+    ("app.py", "# ... (code unchanged)"),
+    ("app.py", "# ... same as before ..."),
+    ("app.py", "# ... keep the rest as is ..."),
+    ("app.py", "# ... 200 more lines ..."),
+    ("app.py", "# Implementation omitted for brevity"),
+    ("app.py", "# ... (existing imports)"),
+    ("test_app.py", "    # ... existing tests remain unchanged"),
+    ("app.js", "// ... rest of the code remains unchanged"),
+    ("app.js", "// ... (keep existing implementation)"),
+    ("app.js", "// ... remaining handlers ..."),
+    ("server.ts", "/* ... other routes ... */"),
+    ("App.tsx", "      {/* ... rest of the component ... */}"),
+    ("app.ts", "// other methods stay the same"),
+    ("main.rs", "// [rest of file unchanged]"),
+    ("main.go", "// ... previous implementation ..."),
+    ("main.c", "/* ... (details omitted for brevity) */"),
+    ("index.html", "<!-- ... rest of the page ... -->"),
+    ("index.html", "<!-- rest of the HTML stays the same -->"),
+    ("style.css", "/* ... other styles unchanged ... */"),
+    ("query.sql", "-- ... rest of the query unchanged"),
+    ("init.el", ";; ... remaining settings ..."),
+    ("config.yaml", "# ... other keys unchanged"),
+    ("README.md", "[... rest of the document ...]"),
+    ("app.py", "# (unchanged)"),
+    ("app.py", "# [snip]"),
+    ("app.py", "# ... le reste du code reste inchangé"),
+    ("app.js", "// ... code existant ..."),
+    ("app.py", "# (les autres méthodes sont inchangées)"),
+    ("app.js", "// ... resto del código sin cambios"),
+    ("app.py", "# ... el código existente ..."),
+    ("app.js", "// ... resto do código permanece igual"),
+    ("app.js", "// ... resto del codice invariato"),
+    ("app.js", "// ... restlicher Code unverändert"),
+    ("app.py", "# Rest des Codes bleibt gleich"),
+    ("app.js", "// ... остальной код без изменений"),
+    ("app.js", "// ... 其余代码保持不变"),
+    ("app.py", "# 其余代码保持不变"),
+    ("app.js", "// ... 省略 ..."),
+    ("app.js", "// ... 残りのコードは変更なし"),
+    ("app.js", "// ... 나머지 코드는 동일"),
+]
+# What real files hold that looks alike: written.
+REAL_CODE = [
+    ("app.js", "const { a, ...rest } = obj;"),
+    ("app.js", "function f(...args) { return g(...args); }"),
+    ("app.js", "const [first, ...remaining] = items;"),
+    ("app.py", "# Other helpers"),
+    ("app.js", "// Previous implementation used a lock; this one does not."),
+    ("README.md", "## Other methods"),
+    ("index.html", "<!-- Other sections -->"),
+    ("query.sql", "-- other columns"),
+    ("app.py", "# Rest of the file: helpers"),
+    ("app.py", "print('...')"),
+    ("app.py", "# TODO: handle the rest"),
+    ("README.md", "See the rest of the code below."),
+    ("template.js", "// ... your code here ..."),
+    ("index.html", "<!-- ... -->"),
+    ("main.c", "/* ... */"),
+    ("README.md", "(see the other methods)"),
+    ("app.py", "# ... more to come"),
+    ("app.py", "# ... other code paths handle this"),
+]
+
+
+def in_a_file(name: str, line: str) -> str:
+    """`line` where a function was, in a small file of `name`'s language."""
+    return python_with(line) if name.endswith(".py") else f"first = 1;\n{line}\nlast = 2;\n"
+
+
+CASES += [
+    ("Write", {"file_path": f"/repo/{name}", "content": in_a_file(name, line)}, True) for name, line in MODELS_WRITE
+]
+CASES += [
+    ("Write", {"file_path": f"/repo/{name}", "content": in_a_file(name, line)}, False) for name, line in REAL_CODE
 ]
 
 
@@ -440,6 +528,27 @@ def test_the_bridge_blocks_it_for_claude_code_and_says_so_in_its_log_and_metrics
     log = bridge.log()
     assert SECRET not in log
     assert not re.search(r"^trace id=forged", log, re.MULTILINE), "the model's path forged no log line"
+
+
+def test_real_vllm_s_write_of_an_elided_file_becomes_the_notice(bridge: Process) -> None:
+    """The tiny model's Write (tinymodel.MARK_WRITE), as vLLM's hermes parser streams it, through the session's
+    bridge to the SDK, streamed and not: the notice at its place, the turn ended, the count in /metrics."""
+    client = anthropic.Anthropic(base_url=bridge.url, api_key="unused", max_retries=0, timeout=SLOW_WAIT_S)
+    before = bridge_blocked(bridge)
+    request: dict[str, Any] = {"model": tiny.SERVED_NAME, "max_tokens": 300, "tools": WRITE_TOOLS,
+                               "messages": [{"role": "user", "content": f"Rewrite app.py {tiny.MARK_WRITE}"}]}  # fmt: skip
+    with client.messages.stream(**request) as events:
+        streamed_answer = events.get_final_message()
+    for message in (client.messages.create(**request), streamed_answer):
+        assert [block.type for block in message.content] == ["text"] and message.stop_reason == "end_turn"
+        assert_notice(message.content[0].model_dump(), tiny.WRITE_ARGUMENTS["file_path"])
+        assert f'"{tiny.WRITE_MARKER}"' in message.content[0].text
+    assert bridge_blocked(bridge) == before + 2
+
+
+def bridge_blocked(bridge: Process) -> float:
+    metrics = httpx.get(f"{bridge.url}/metrics", timeout=SLOW_WAIT_S).text
+    return float(re.search(r'^bridge_guard_blocked_total\{tool="Write"\} (\S+)$', metrics, re.MULTILINE).group(1))
 
 
 @pytest.mark.slow

@@ -26,12 +26,15 @@ from runtime.engine.tinymodel import (
     MARK_PONDER,
     MARK_TEXT,
     MARK_TOOL,
+    MARK_WRITE,
     PONDER_CYCLE,
     THINK_START,
     THINKING,
     TOOL_ARGUMENTS,
     TOOL_COMMAND,
     TOOL_NAME,
+    WRITE_ARGUMENTS,
+    WRITE_TOOL,
     mode_token,
 )
 
@@ -142,6 +145,15 @@ def test_tool_marker_calls_bash(client, stream, params):
     assert reply.tool_calls == [(TOOL_NAME, json.dumps({"command": TOOL_COMMAND}))]
     assert json.loads(reply.tool_calls[0][1]) == TOOL_ARGUMENTS
     assert (reply.reasoning, reply.content, reply.finish_reason) == (None, None, "tool_calls")
+
+
+@streamed
+def test_write_marker_writes_a_whole_file_that_elides_it(client, stream):
+    """The guard's real input: vLLM's hermes parser streams a Write whose content holds an elision marker."""
+    write = {"type": "function", "function": {"name": WRITE_TOOL, "parameters": {"type": "object"}}}
+    reply = ask(client, user(f"{MARK_WRITE} rewrite app.py"), stream=stream, tools=[BASH_TOOL, write])
+    assert [(name, json.loads(arguments)) for name, arguments in reply.tool_calls] == [(WRITE_TOOL, WRITE_ARGUMENTS)]
+    assert reply.finish_reason == "tool_calls"
 
 
 @streamed
@@ -257,6 +269,8 @@ PONDER = THINK_START + mode_token("ponder")
         (f"{MARK_TOOL} go", {"tools": [BASH_TOOL]}, mode_token("tool", thinking=True)),
         (f"{MARK_TOOL} go", {}, THINK),
         (f"{MARK_TOOL} go {MARK_LONG}", {"tools": [BASH_TOOL], "enable_thinking": False}, mode_token("tool")),
+        (f"{MARK_WRITE} go", {"tools": [BASH_TOOL]}, mode_token("write", thinking=True)),
+        (MARK_WRITE, {}, THINK),
         (f"{MARK_LONG} {MARK_PONDER}", {}, mode_token("long", thinking=True)),
         (f"{MARK_PONDER} {MARK_TEXT}", {}, PONDER),
         (MARK_PONDER, {"enable_thinking": False}, mode_token("text")),

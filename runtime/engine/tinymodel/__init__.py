@@ -9,13 +9,15 @@ chosen from the LAST user message's text (a string or text blocks) and the templ
 - `MARK_TOOL`, when tools are given: a hermes tool call of `TOOL_NAME` with `TOOL_ARGUMENTS`;
 - `MARK_AGENT`, when tools are given: a call of Claude Code's `AGENT_TOOL`, whose subagent is asked
   `script.AGENT_PROMPT` (it answers `ANSWER`), in the foreground;
+- `MARK_WRITE`, when tools are given: a call of Claude Code's `WRITE_TOOL` with `WRITE_ARGUMENTS`, whose
+  content elides the file (`WRITE_MARKER`): what the bridge's guard holds back;
 - the last message but system ones is a tool result: `AFTER_TOOL`;
 - `MARK_LONG`: `LONG_CYCLE` over and over, until `max_tokens`;
 - `MARK_PONDER` (thinking on): reasoning `PONDER_CYCLE` over and over, until vLLM's
   `thinking_token_budget` forces `</think>`; `ANSWER` follows. vLLM counts the mode token, which
   follows `<think>` in the prompt, as the first token of thought: a budget of n gives n - 1.
 
-A tool result wins over the markers, then `MARK_TOOL`, `MARK_AGENT`, `MARK_LONG`, `MARK_PONDER`, `MARK_TEXT`. A
+A tool result wins over the markers, then `MARK_TOOL`, `MARK_AGENT`, `MARK_WRITE`, `MARK_LONG`, `MARK_PONDER`, `MARK_TEXT`. A
 prompt without a mode token (a raw `/v1/completions` one) is answered with `ANSWER`. Serve it with
 `--reasoning-parser qwen3 --enable-auto-tool-choice --tool-call-parser hermes`.
 
@@ -40,6 +42,7 @@ from runtime.engine.tinymodel.script import (
     MARK_PONDER,
     MARK_TEXT,
     MARK_TOOL,
+    MARK_WRITE,
     MODE_TOKENS,
     OTHER_ANSWER,
     PONDER_CYCLE,
@@ -50,6 +53,9 @@ from runtime.engine.tinymodel.script import (
     TOOL_ARGUMENTS,
     TOOL_COMMAND,
     TOOL_NAME,
+    WRITE_ARGUMENTS,
+    WRITE_MARKER,
+    WRITE_TOOL,
     mode_token,
 )
 
@@ -66,6 +72,7 @@ __all__ = [
     "MARK_PONDER",
     "MARK_TEXT",
     "MARK_TOOL",
+    "MARK_WRITE",
     "MODE_TOKENS",
     "OTHER_ANSWER",
     "PONDER_CYCLE",
@@ -76,6 +83,9 @@ __all__ = [
     "TOOL_ARGUMENTS",
     "TOOL_COMMAND",
     "TOOL_NAME",
+    "WRITE_ARGUMENTS",
+    "WRITE_MARKER",
+    "WRITE_TOOL",
     "mode_token",
     "write_tiny_model",
 ]

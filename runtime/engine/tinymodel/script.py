@@ -15,11 +15,15 @@ MARK_TOOL = "[tool]"
 MARK_LONG = "[long]"
 MARK_PONDER = "[ponder]"
 MARK_AGENT = "[agent]"
+MARK_WRITE = "[write]"
 
 TOOL_NAME = "Bash"
 TOOL_COMMAND = "echo tiny-model-was-here > proof.txt"
 AGENT_TOOL = "Agent"  # Claude Code's tool that starts a subagent
 AGENT_PROMPT = f"Say hello {MARK_TEXT}"
+WRITE_TOOL = "Write"  # Claude Code's whole-file write, whose elided content the bridge's guard holds back
+WRITE_MARKER = "# ... rest of the file unchanged"
+WRITE_ARGUMENTS = {"file_path": "app.py", "content": f"def main() -> None:\n    print('tiny')\n\n\n{WRITE_MARKER}\n"}
 
 # Each reply is cut into pieces, one token each. A piece may sit at one place only, since what
 # follows a token is a function of that token (and of the mode, for `</think>` alone). Pieces hold
@@ -47,8 +51,14 @@ AGENT_CALL_PIECES = (
     json.dumps(AGENT_ARGUMENTS),
     "}\n</tool_call>",
 )
+# A whole-file write that elides the file, as models write them: it ends as the Agent call does.
+WRITE_CALL_PIECES = (
+    f'<tool_call>\n{{"name": "{WRITE_TOOL}", "arguments": ',
+    json.dumps(WRITE_ARGUMENTS),
+    AGENT_CALL_PIECES[-1],
+)
 PIECES = (*THINKING_PIECES, *ANSWER_PIECES, *OTHER_ANSWER_PIECES, *AFTER_TOOL_PIECES, *LONG_PIECES, *PONDER_PIECES,
-          *TOOL_CALL_PIECES, *AGENT_CALL_PIECES)  # fmt: skip
+          *TOOL_CALL_PIECES, *AGENT_CALL_PIECES, *WRITE_CALL_PIECES[:-1])  # fmt: skip
 
 THINKING = "".join(THINKING_PIECES)
 ANSWER = "".join(ANSWER_PIECES)
@@ -65,8 +75,8 @@ EOS = TURN_END
 
 # Replies without reasoning, by mode. With thinking on they open with `</think>` (the qwen3 parser
 # reads everything before it as reasoning); with thinking off the parser takes the text verbatim.
-REPLIES = {"text": ANSWER_PIECES, "tool": TOOL_CALL_PIECES, "agent": AGENT_CALL_PIECES, "after_tool": AFTER_TOOL_PIECES,
-           "long": LONG_PIECES}  # fmt: skip
+REPLIES = {"text": ANSWER_PIECES, "tool": TOOL_CALL_PIECES, "agent": AGENT_CALL_PIECES, "write": WRITE_CALL_PIECES,
+           "after_tool": AFTER_TOOL_PIECES, "long": LONG_PIECES}  # fmt: skip
 REASONING_MODES = ("think", "ponder")
 
 
@@ -100,6 +110,7 @@ class Script:
             [*answer, EOS],
             [*TOOL_CALL_PIECES, EOS],
             [*AGENT_CALL_PIECES, EOS],
+            [*WRITE_CALL_PIECES, EOS],
             [*AFTER_TOOL_PIECES, EOS],
             [*LONG_PIECES, LONG_PIECES[0]],
         ]

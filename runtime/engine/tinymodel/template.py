@@ -5,11 +5,20 @@ from __future__ import annotations
 
 import json
 
-from runtime.engine.tinymodel.script import MARK_AGENT, MARK_LONG, MARK_PONDER, MARK_TEXT, MARK_TOOL
+from runtime.engine.tinymodel.script import MARK_AGENT, MARK_LONG, MARK_PONDER, MARK_TEXT, MARK_TOOL, MARK_WRITE
 
 CHAT_TEMPLATE = (
     "{%- set marks = "
-    + json.dumps({"text": MARK_TEXT, "tool": MARK_TOOL, "agent": MARK_AGENT, "long": MARK_LONG, "ponder": MARK_PONDER})
+    + json.dumps(
+        {
+            "text": MARK_TEXT,
+            "tool": MARK_TOOL,
+            "agent": MARK_AGENT,
+            "write": MARK_WRITE,
+            "long": MARK_LONG,
+            "ponder": MARK_PONDER,
+        }
+    )
     + """ -%}
 {%- macro text(content) -%}
 {%- if content is string -%}{{ content }}
@@ -44,6 +53,7 @@ CHAT_TEMPLATE = (
 {%- if ns.last == 'tool' -%}{%- set mode = 'after_tool' -%}
 {%- elif tools and marks.tool in ns.asked -%}{%- set mode = 'tool' -%}
 {%- elif tools and marks.agent in ns.asked -%}{%- set mode = 'agent' -%}
+{%- elif tools and marks.write in ns.asked -%}{%- set mode = 'write' -%}
 {%- elif marks.long in ns.asked -%}{%- set mode = 'long' -%}
 {%- elif marks.ponder in ns.asked and thinking -%}{%- set mode = 'ponder' -%}
 {%- elif marks.text in ns.asked or not thinking -%}{%- set mode = 'text' -%}
