@@ -27,6 +27,7 @@ from runtime.connect import EndpointError, check_endpoint, print_environment
 from runtime.health import serves_model
 from runtime.launch import remember_pod
 from runtime.liveline import LiveLine
+from runtime.redact import Redactor, redacted_output
 from runtime.runpod import KEY_VARIABLE, RunPodClient, RunPodError
 from runtime.units import human_seconds
 
@@ -87,20 +88,30 @@ def watching(command: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return command
 
 
+HELD = (KEY_VARIABLE, "HF_TOKEN", "HF_READ_TOKEN")  # the keys a `pod` command holds, never shown whatever quotes them
+
+
 def run(args: argparse.Namespace) -> int:
-    try:
-        with RunPodClient(os.environ.get(KEY_VARIABLE, "")) as api:
-            return COMMANDS[args.action](Pods(api), args)
-    except (RunPodError, EndpointError) as error:
-        print(f"pod: {error}", file=sys.stderr)
-        return 1
+    redactor = Redactor(os.environ.get(name, "") for name in HELD)
+    with redacted_output(redactor):
+        try:
+            with RunPodClient(os.environ.get(KEY_VARIABLE, "")) as api:
+                return COMMANDS[args.action](Pods(api, redactor), args)
+        except (RunPodError, EndpointError) as error:
+            print(f"pod: {error}", file=sys.stderr)
+            return 1
 
 
 class Pods:
     """The account's pods and what they are made from, through the API; a line per step on stdout."""
 
-    def __init__(self, api: RunPodClient) -> None:
-        self.api = api
+    def __init__(self, api: RunPodClient, redactor: Redactor | None = None) -> None:
+        self.api, self.redactor = api, redactor or Redactor()
+
+    def hold(self, secret: str) -> None:
+        """A secret made here (the team's key): never in an error line, nor in anything printed."""
+        self.api.secrets += (secret,)
+        self.redactor.add([secret])
 
     def get(self, pod_id: str) -> dict[str, Any]:
         return self.api.call("GET", f"/v2/pods/{pod_id}", f"read the pod {pod_id}")
@@ -159,7 +170,7 @@ def up_team(pods: Pods, args: argparse.Namespace, body: dict[str, Any], gpus: li
     """N pods from the template, then a gateway in front of them (a CPU pod: no GPU to pay for), a key
     of the team's own between them; watched until the gateway serves, which is what Claude Code is given."""
     key = secrets.token_urlsafe(32)  # in the team's pods' environment at RunPod, printed nowhere
-    pods.api.secrets += (key,)
+    pods.hold(key)
     workers: list[dict[str, Any]] = []
     try:
         for index in range(args.workers):

@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import base64
 import re
+import sys
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, TextIO
 
 from runtime.settings import is_secret, key_entries
+from runtime.tokenshapes import TOKEN_SHAPES
 
 MARKER = "[redacted]"
 
@@ -22,8 +26,6 @@ MIN_SECRET_LENGTH = 6
 MIN_BASE64_CHARS = 8  # of a secret's base64 form: shorter pieces would mask ordinary words
 HARMLESS_VALUES = frozenset({"true", "false", "none", "null", "yes", "no", "on", "off"})
 
-# Where a token may start: not inside a word, but right after an escape (`\n` in JSON-quoted prompts).
-START = r"(?:(?<![A-Za-z0-9])|(?<=\\[nrt]))"
 # Not a value to mask again (a rule further down meets earlier markers), nor an unset one (`api_key=None`).
 NOT_A_SECRET_YET = rf"(?!{re.escape(MARKER)}|(?:none|null)\b)"
 # Names of fields and URL parameters that hold secrets, with any prefix (`client_secret`, `hf_token`).
@@ -35,11 +37,6 @@ SECRET_PARAMETER = (
     r"(?:[A-Za-z0-9]+[_.-])*(?:token|api[_-]?key|apikey|key|secret|password|passwd|sig|signature"
     r"|credential|auth)"
 )
-
-
-def shape(pattern: str) -> tuple[re.Pattern[str], str]:
-    """A token recognised by its own shape: masked whole."""
-    return re.compile(pattern), MARKER
 
 
 def after(head: str, value: str = r"[^\s\"',;&#\]]+") -> tuple[re.Pattern[str], str]:
@@ -54,32 +51,7 @@ def quoted_field(quote: str) -> tuple[re.Pattern[str], str]:
 
 
 SECRET_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
-    # The whole block, log prefixes and escaped newlines included; to the end of the text when cut off.
-    shape(
-        r"(?s)-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----.*?"
-        r"(?:-----END (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----|\Z)"
-    ),  # PEM, and PGP's private key blocks
-    shape(r"(?s)Private-Lines: \d+.*?(?:Private-MAC: [0-9a-fA-F]+|\Z)"),  # a PuTTY .ppk's private part
-    shape(rf"{START}hf_[A-Za-z0-9]{{20,}}"),  # Hugging Face tokens
-    shape(rf"{START}sk-[A-Za-z0-9_-]{{16,}}"),  # OpenAI / Anthropic keys (sk-ant-…)
-    shape(rf"{START}gh[pousr]_[A-Za-z0-9]{{30,}}"),  # GitHub tokens
-    shape(rf"{START}github_pat_[A-Za-z0-9_]{{22,}}"),  # GitHub fine-grained tokens
-    shape(rf"{START}rpa_[A-Za-z0-9]{{20,}}"),  # RunPod API keys
-    shape(rf"{START}[sr]k_(?:live|test)_[A-Za-z0-9]{{16,}}"),  # Stripe secret and restricted keys (not pk_: public)
-    shape(rf"{START}AIza[0-9A-Za-z_-]{{35}}"),  # Google API keys
-    shape(rf"{START}(?:xox[abprs]|xapp)-[A-Za-z0-9-]{{10,}}"),  # Slack tokens, and app-level ones
-    shape(rf"{START}glpat-[A-Za-z0-9_-]{{20,}}"),  # GitLab personal access tokens
-    shape(rf"{START}npm_[A-Za-z0-9]{{36}}"),  # npm tokens
-    shape(rf"{START}pypi-[A-Za-z0-9_-]{{50,}}"),  # PyPI upload tokens
-    shape(rf"{START}dckr_pat_[A-Za-z0-9_-]{{20,}}"),  # Docker Hub personal access tokens
-    shape(rf"{START}whsec_[A-Za-z0-9+/=]{{20,}}"),  # webhook signing secrets (Stripe, Svix)
-    shape(rf"{START}SG\.[A-Za-z0-9_-]{{16,}}\.[A-Za-z0-9_-]{{16,}}"),  # SendGrid API keys
-    shape(rf"{START}GOCSPX-[A-Za-z0-9_-]{{20,}}"),  # Google OAuth client secrets
-    shape(rf"{START}ya29\.[A-Za-z0-9_-]{{20,}}"),  # Google OAuth access tokens
-    shape(rf"{START}(?:AKIA|ASIA)[0-9A-Z]{{16}}\b"),  # AWS access key ids
-    shape(
-        rf"{START}eyJ[A-Za-z0-9_-]{{8,}}\.eyJ[A-Za-z0-9_-]{{8,}}\.[A-Za-z0-9_-]*"
-    ),  # JWTs: two JSON parts, a signature
+    *((shape, MARKER) for _, shape in TOKEN_SHAPES),  # tokens recognised by their own shape: masked whole
     # Credentials inside a URL: the user may be empty and the password hold `/` or `@` (the first `@`
     # followed by a host ends it; at most 256 characters: linear on any text); `host:443/…` is a port.
     (
@@ -173,10 +145,40 @@ class Redactor:
             ordered = sorted(self._secrets, key=len, reverse=True)
             self._pattern = re.compile("|".join(map(re.escape, ordered))) if ordered else None
 
-    def __call__(self, text: str) -> str:
+    def known(self, text: str) -> str:
+        """`text` with the secrets it was given masked (their base64 forms too), and nothing else."""
         pattern = self._pattern
-        if pattern is not None:
-            text = pattern.sub(MARKER, text)
+        return text if pattern is None else pattern.sub(MARKER, text)
+
+    def __call__(self, text: str) -> str:
+        text = self.known(text)
         for found, replacement in SECRET_PATTERNS:
             text = found.sub(replacement, text)
         return ASSIGNMENT.sub(mask_secret_assignment, text)
+
+
+class Redacted:
+    """A terminal stream that masks what a client command holds before it is shown: the secrets it was given on
+    stdout (where a connect block shows the user's own pod key on purpose), every secret shape too on stderr."""
+
+    def __init__(self, stream: TextIO, redact: Redactor, shapes: bool) -> None:
+        self.stream, self.redact, self.shapes = stream, redact, shapes
+
+    def write(self, text: str) -> int:
+        self.stream.write(self.redact(text) if self.shapes else self.redact.known(text))
+        return len(text)
+
+    def __getattr__(self, name: str) -> Any:  # flush, isatty, fileno...: the stream's own
+        return getattr(self.stream, name)
+
+
+@contextmanager
+def redacted_output(redact: Redactor) -> Iterator[None]:
+    """A client command's stdout and stderr through `redact` while it runs (an API's error can quote a request
+    back, its keys with it)."""
+    out, err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = Redacted(out, redact, shapes=False), Redacted(err, redact, shapes=True)
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = out, err

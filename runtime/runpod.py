@@ -69,7 +69,8 @@ class RunPodClient:
             ) from None
         if response.is_error:
             problem = problem_of(response)
-            raise RunPodError(self.scrub(refusal(response, action)), response.status_code, problem.get("detail", ""))
+            detail = self.scrub(str(problem.get("detail", "")))  # RunPod's 400 can quote the request back
+            raise RunPodError(self.scrub(refusal(response, action)), response.status_code, detail)
         if expect is None and not response.content:
             return {}
         try:

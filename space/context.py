@@ -2,9 +2,11 @@
 
 What git tracks (or, outside a git checkout, the files under the tree), filtered by .dockerignore
 (docker/certs/, docker/image_facts.py, runtime/), plus the rendered Dockerfile, the CA certificates
-docker/certs/*.crt (ignored by git, public) and `--ca-cert`'s. Nothing is read through a link that leaves the tree, no nested `.git` or editor litter
-goes in, and a file whose name looks secret (`.env*`, `id_*`, `*.key`, `*.pem`, `secrets.*`) stops the
-upload with one line: a Space's files and its image may be public. Both builders get one tar made the
+docker/certs/*.crt (ignored by git, public) and `--ca-cert`'s. Nothing is read through a link that leaves the
+tree or enters `.git`, nor through a hard link; no nested `.git` or editor litter goes in; and a file whose name
+looks secret (`.env*`, `id_*`, `*.key`, `.netrc`…, in any case) or whose content holds a credential's shape (a
+private key, a token of the services we talk to) stops the upload with one line naming it: a Space's files
+and its image may be public. Both builders get one tar made the
 same way, so a layer built here and the same layer built from a Space's files share the builder's cache.
 """
 
@@ -19,13 +21,16 @@ import tarfile
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path, PurePosixPath
 
+from runtime.tokenshapes import first_credential
 from space import BuildError
 from space.targets import ROOT
 
 DOCKERFILE = "Dockerfile"  # where the rendered file sits in a context: the Space's root, like any repo
 EXTRA_CA_IN_CONTEXT = "docker/certs/build-py-extra.crt"
-# Names that hold credentials (a dotenv, an SSH or TLS private key, a secrets file): never uploaded.
-SECRET_NAMES = (".env", ".env.*", "id_*", "*.key", "*.pem", "secrets.*")
+# Names that hold credentials (a dotenv, an SSH or TLS private key, a secrets file, git's and curl's stored
+# passwords, a key store), in any case (`.ENV`, `ID_RSA`): never uploaded.
+SECRET_NAMES = (".env", ".env.*", "id_*", "*.key", "*.pem", "secrets.*", ".netrc", "_netrc", ".git-credentials",
+                ".pgpass", ".htpasswd", "credentials", "credentials.*", "*.p12", "*.pfx", "*.jks", "*.kdbx", "*.ppk")  # fmt: skip
 CERTIFICATES = "docker/certs/*.crt"  # public CA certificates: what that folder is for
 LITTER = (".DS_Store", "Thumbs.db", "*.swp", "*.swo", "*~", ".#*")  # an OS's or an editor's, never the project's
 
@@ -41,13 +46,15 @@ def context_files(
         warn(f"{path} is not tracked by git: left out of the image (`git add` it if the image needs it)")
     files = {}
     for path in filter(copied, project_files(root)):
-        name = PurePosixPath(path).name
-        if any(fnmatch.fnmatch(name, pattern) for pattern in SECRET_NAMES) and not fnmatch.fnmatch(path, CERTIFICATES):
+        name = PurePosixPath(path).name.lower()
+        if any(fnmatch.fnmatchcase(name, pattern) for pattern in SECRET_NAMES) and not fnmatch.fnmatch(
+            path, CERTIFICATES
+        ):
             raise BuildError(f"{path} looks like a secret (its name): it is not uploaded; move it out of the tree, "
                              "or rename it if it holds nothing secret")  # fmt: skip
         content = read_inside(root, path)
         if content is not None:
-            files[path] = content
+            files[path] = refuse_credentials(path, content)
     files.update(certificates_to_trust(root))
     files[DOCKERFILE] = dockerfile_text.encode()
     if ca_cert:
@@ -115,14 +122,33 @@ def project_files(root: Path) -> Iterator[str]:
 
 
 def read_inside(root: Path, path: str) -> bytes | None:
-    """The file's bytes, read through links only while they stay in the tree; None for what is not a
-    regular file (a submodule, a folder); BuildError for a link that leaves the tree."""
+    """The file's bytes, read through links only while they stay in the tree and out of `.git`; None for what
+    is not a regular file (a submodule, a folder); BuildError for a link that leaves the tree or enters `.git`
+    (its config can carry a token), and for a hard link (its other name may be anywhere)."""
     where = root / path
     real = where.resolve()
     if not real.is_relative_to(root.resolve()):
         raise BuildError(f"{path} is a link out of the tree (to {real}): it is not uploaded; "
                          "copy what it points to into the tree if the image needs it")  # fmt: skip
-    return real.read_bytes() if real.is_file() else None
+    if ".git" in real.relative_to(root.resolve()).parts:
+        raise BuildError(f"{path} is a link into git's own files ({real.relative_to(root.resolve())}): it is not "
+                         "uploaded (git's config can hold a token); remove the link")  # fmt: skip
+    if not real.is_file():
+        return None
+    if real.stat().st_nlink > 1:
+        raise BuildError(f"{path} is a hard link ({real.stat().st_nlink} names): it is not uploaded (its other name "
+                         "can be anywhere, a credential among them); copy the file instead")  # fmt: skip
+    return real.read_bytes()
+
+
+def refuse_credentials(path: str, content: bytes) -> bytes:
+    """`content`, unless it holds a credential's shape (runtime.tokenshapes): BuildError naming the file, the
+    kind and the line, never the value (a Space's files, and the image, may be public)."""
+    if found := first_credential(content.decode(errors="replace")):
+        what, line = found
+        raise BuildError(f"{path} holds what looks like {what} (line {line}): it is not uploaded; remove it from "
+                         "the file (a pod reads its secrets from its environment)")  # fmt: skip
+    return content
 
 
 def context_tar(files: Mapping[str, bytes]) -> io.BytesIO:

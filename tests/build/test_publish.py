@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -385,6 +387,71 @@ def test_certificates_in_their_folder_are_no_secret(tmp_path: Path) -> None:
     (repo / "docker" / "certs" / "proxy.pem").unlink()
     subprocess.run(["git", "add", "-u"], cwd=repo, check=True)
     assert "docker/certs/proxy.crt" in context_files("FROM scratch", root=repo, warn=lambda line: None)
+
+
+FAKE_TOKEN = "hf_" + "planted0content0token0abcdef"  # a token's shape, made here: no real token in the repo
+
+
+def tracked(repo: Path, path: str, content: str) -> None:
+    (repo / path).parent.mkdir(parents=True, exist_ok=True)
+    (repo / path).write_text(content)
+    subprocess.run(["git", "add", "-f", path], cwd=repo, check=True)
+
+
+@pytest.mark.parametrize(
+    ("plant", "refusal"),
+    [
+        (lambda repo: tracked(repo, "runtime/.netrc", "machine github.com login me password planted\n"),
+         r"^runtime/\.netrc looks like a secret \(its name\)"),
+        (lambda repo: tracked(repo, "runtime/.git-credentials", "https://me:planted@github.com\n"),
+         r"^runtime/\.git-credentials looks like a secret \(its name\)"),
+        (lambda repo: tracked(repo, "runtime/Credentials", "[default]\nplanted\n"),
+         r"^runtime/Credentials looks like a secret \(its name\)"),
+        (lambda repo: tracked(repo, "runtime/notes.py", f"# set up\nHF = {FAKE_TOKEN!r}\n"),
+         r"^runtime/notes\.py holds what looks like a Hugging Face token \(line 2\): it is not uploaded"),
+        (lambda repo: tracked(repo, "docker/image_facts_extra.py", "-----BEGIN RSA PRIVATE KEY-----\nplanted\n"),
+         None),  # .dockerignore keeps it out of the context: nothing to refuse
+    ],
+    ids=["netrc", "git-credentials", "credentials-any-case", "a-token-by-its-shape", "not-in-the-context"],
+)  # fmt: skip
+def test_credentials_are_refused_by_their_name_in_any_case_and_by_their_content(
+    tmp_path: Path, plant: Callable[[Path], None], refusal: str | None
+) -> None:
+    repo = git_checkout(tmp_path / "clone")
+    plant(repo)
+    if refusal is None:
+        context_files("FROM scratch", root=repo, warn=lambda line: None)
+        return
+    with pytest.raises(BuildError, match=refusal) as refused:
+        context_files("FROM scratch", root=repo, warn=lambda line: None)
+    assert "planted" not in str(refused.value)  # the file is named, never what it holds
+
+
+def test_no_link_into_git_s_files_nor_a_hard_link_goes_in(tmp_path: Path) -> None:
+    """git's config can carry a token (a remote's URL); a hard link's other name can be anywhere."""
+    repo = git_checkout(tmp_path / "clone")
+    (repo / "runtime" / "config").symlink_to(repo / ".git" / "config")
+    subprocess.run(["git", "add", "runtime/config"], cwd=repo, check=True)
+    with pytest.raises(BuildError, match=r"^runtime/config is a link into git's own files \(\.git/config\)"):
+        context_files("FROM scratch", root=repo, warn=lambda line: None)
+    subprocess.run(["git", "rm", "-q", "--cached", "runtime/config"], cwd=repo, check=True)
+    (repo / "runtime" / "config").unlink()
+    outside = tmp_path / "outside.txt"
+    outside.write_text("planted")
+    os.link(outside, repo / "runtime" / "linked.txt")
+    subprocess.run(["git", "add", "runtime/linked.txt"], cwd=repo, check=True)
+    with pytest.raises(BuildError, match=r"^runtime/linked\.txt is a hard link \(2 names\): it is not uploaded"):
+        context_files("FROM scratch", root=repo, warn=lambda line: None)
+
+
+def test_outside_git_a_secret_s_name_in_capitals_is_refused_too(tmp_path: Path) -> None:
+    repo = git_checkout(tmp_path / "archive")
+    shutil.rmtree(repo / ".git")  # a downloaded archive: every file under the tree counts
+    for name in (".ENV", "ID_RSA"):
+        (repo / "runtime" / name).write_text("planted")
+        with pytest.raises(BuildError, match=rf"^runtime/{re.escape(name)} looks like a secret \(its name\)"):
+            context_files("FROM scratch", root=repo, warn=lambda line: None)
+        (repo / "runtime" / name).unlink()
 
 
 CERTIFICATE = "-----BEGIN CERTIFICATE-----\nMIIBproxyCA\n-----END CERTIFICATE-----\n"  # public, meant to travel

@@ -8,6 +8,7 @@ proxy; the Anthropic SDK is the client. Each conversation stays on one pod; one 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -118,6 +119,23 @@ def test_a_gateway_that_cannot_be_placed_says_which_workers_are_left_billing() -
         )
         assert "--workers: '0' is not a whole number of pods, at least 1" in pod(server, "", "up", "--template",
                                                                                  TEMPLATE, "--workers", "0").stderr  # fmt: skip
+        assert not server.faults, server.faults
+
+
+def test_keys_that_runpod_quotes_back_are_never_printed() -> None:
+    """RunPod's 400 can quote the request back: its Authorization (the account's key) and body (the team's key).
+    `pod up` showed both in its 'refused (...)' lines; every line it prints now masks the keys it holds."""
+    with RunPodServer() as server:
+        server.add_template(runpod.template_body(TEMPLATE, "registry.hf.space/pod-owner-vllm-pod-sm89:latest"))
+        server.state.quotes_requests = True
+        server.state.out_of_stock.add(GPU)
+        failed = pod(server, "http://127.0.0.1:9/{pod_id}-{port}", "up", "--template", TEMPLATE, "--gpu", GPU,
+                     "--workers", "2")  # fmt: skip
+        sent = [json.loads(r.body) for r in server.state.received if (r.method, r.path) == ("POST", "/v2/pods")]
+        team_key = sent[0]["env"]["VL_WORKER_KEY"]
+        printed = failed.stdout + failed.stderr
+        assert failed.returncode == 1 and f"{GPU}: refused (" in printed and "(request: " in printed, printed
+        assert server.api_key not in printed and team_key not in printed, printed
         assert not server.faults, server.faults
 
 

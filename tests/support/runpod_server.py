@@ -124,6 +124,7 @@ class RunPodState:
     pods: dict[str, dict[str, Any]] = field(default_factory=dict)
     volumes: dict[str, dict[str, Any]] = field(default_factory=dict)
     out_of_stock: set[str] = field(default_factory=set)
+    quotes_requests: bool = False  # a 400's detail quotes the request back, its key and body with it
     host_cuda: dict[str, str] = field(default_factory=dict)  # GPU type -> CUDA version; default DEFAULT_CUDA
     host_taken: set[str] = field(default_factory=set)
     next_pod_id: str | None = None  # the id the next created pod gets (a test's Hub log path), else a new one
@@ -281,6 +282,12 @@ class RunPodApp:
                     status, schema, answer = handler(request, body)
             except Problem as problem:
                 status, schema, answer = problem.status, "ErrorResponse", problem.body()
+                if self.state.quotes_requests and status == 400:  # as RunPod's own 400s can: the request, headers too
+                    quoted = {
+                        "authorization": request.headers.get("authorization"),
+                        "body": raw.decode(errors="replace"),
+                    }
+                    answer["detail"] = f"{answer['detail']} (request: {json.dumps(quoted)})"
             with self.state.lock:
                 self.state.received.append(
                     Received(request.method, request.url.path, dict(request.headers), raw, status, request_schema)

@@ -1,0 +1,53 @@
+"""Credentials recognised by their own shape: private key blocks and the tokens of the services a pod or its
+builder talks to. Standard library only: the log's redactor masks them (runtime.redact), and the build side
+refuses a build context that holds one (space.context), so both read one list.
+"""
+
+from __future__ import annotations
+
+import re
+
+# Where a token may start: not inside a word, but right after an escape (`\n` in JSON-quoted prompts).
+START = r"(?:(?<![A-Za-z0-9])|(?<=\\[nrt]))"
+
+
+def shape(what: str, pattern: str) -> tuple[str, re.Pattern[str]]:
+    return what, re.compile(pattern)
+
+
+TOKEN_SHAPES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    # The whole block, log prefixes and escaped newlines included; to the end of the text when cut off.
+    shape(
+        "a private key",
+        r"(?s)-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----.*?"
+        r"(?:-----END (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----|\Z)",
+    ),  # PEM, and PGP's private key blocks
+    shape("a PuTTY private key", r"(?s)Private-Lines: \d+.*?(?:Private-MAC: [0-9a-fA-F]+|\Z)"),
+    shape("a Hugging Face token", rf"{START}hf_[A-Za-z0-9]{{20,}}"),
+    shape("an OpenAI or Anthropic key", rf"{START}sk-[A-Za-z0-9_-]{{16,}}"),  # sk-ant-…, sk-proj-…
+    shape("a GitHub token", rf"{START}gh[pousr]_[A-Za-z0-9]{{30,}}"),
+    shape("a GitHub token", rf"{START}github_pat_[A-Za-z0-9_]{{22,}}"),  # fine-grained
+    shape("a RunPod API key", rf"{START}rpa_[A-Za-z0-9]{{20,}}"),
+    shape("a Stripe key", rf"{START}[sr]k_(?:live|test)_[A-Za-z0-9]{{16,}}"),  # secret and restricted (pk_: public)
+    shape("a Google API key", rf"{START}AIza[0-9A-Za-z_-]{{35}}"),
+    shape("a Slack token", rf"{START}(?:xox[abprs]|xapp)-[A-Za-z0-9-]{{10,}}"),  # and app-level ones
+    shape("a GitLab token", rf"{START}glpat-[A-Za-z0-9_-]{{20,}}"),
+    shape("an npm token", rf"{START}npm_[A-Za-z0-9]{{36}}"),
+    shape("a PyPI token", rf"{START}pypi-[A-Za-z0-9_-]{{50,}}"),
+    shape("a Docker Hub token", rf"{START}dckr_pat_[A-Za-z0-9_-]{{20,}}"),
+    shape("a webhook signing secret", rf"{START}whsec_[A-Za-z0-9+/=]{{20,}}"),  # Stripe, Svix
+    shape("a SendGrid key", rf"{START}SG\.[A-Za-z0-9_-]{{16,}}\.[A-Za-z0-9_-]{{16,}}"),
+    shape("a Google OAuth secret", rf"{START}GOCSPX-[A-Za-z0-9_-]{{20,}}"),
+    shape("a Google OAuth token", rf"{START}ya29\.[A-Za-z0-9_-]{{20,}}"),
+    shape("an AWS access key", rf"{START}(?:AKIA|ASIA)[0-9A-Z]{{16}}\b"),
+    shape("a JWT", rf"{START}eyJ[A-Za-z0-9_-]{{8,}}\.eyJ[A-Za-z0-9_-]{{8,}}\.[A-Za-z0-9_-]*"),  # two JSON parts
+)
+
+
+def first_credential(text: str) -> tuple[str, int] | None:
+    """(what, line number) of the first credential-shaped value in `text`; None when it holds none."""
+    found = [(match.start(), what) for what, pattern in TOKEN_SHAPES if (match := pattern.search(text))]
+    if not found:
+        return None
+    start, what = min(found)
+    return what, text.count("\n", 0, start) + 1
