@@ -144,8 +144,14 @@ async def bridge_error(request: Request, error: Exception) -> Response:
 
 
 async def http_error(request: Request, error: Exception) -> Response:
+    """A path we do not route: under /v1/, an API of Anthropic's this pod does not serve (batches, files...): 501
+    `not_supported`, which the client does not retry; elsewhere 404."""
     assert isinstance(error, HTTPException)
-    messages = {404: f"no route {request.url.path}", 405: f"{request.method} is not allowed on {request.url.path}"}
+    path = request.url.path
+    if error.status_code == 404 and path.startswith("/v1/"):
+        served = "it serves /v1/messages, /v1/messages/count_tokens and /v1/models"
+        return BridgeError(501, f"{request.method} {path} is not served by this pod: {served}").response()
+    messages = {404: f"no route {path}", 405: f"{request.method} is not allowed on {path}"}
     return BridgeError(error.status_code, messages.get(error.status_code, str(error.detail))).response()
 
 

@@ -21,6 +21,7 @@ ERROR_TYPES: dict[int, str] = {
     413: "request_too_large",
     429: "rate_limit_error",
     500: "api_error",
+    501: "not_supported",  # Claude Code's own gateway's word: what this pod does not do, never worth a retry
     529: "overloaded_error",
 }
 

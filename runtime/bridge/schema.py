@@ -141,6 +141,7 @@ class CountTokensRequest(Struct, kw_only=True):
     tool_choice: ChoiceAuto | ChoiceAny | ChoiceTool | ChoiceNone | None = None
     thinking: ThinkingEnabled | ThinkingDisabled | ThinkingAdaptive | ThinkingBetweenTools | None = None
     output_config: OutputConfig | None = None
+    safeguards: Any = msgspec.UNSET  # Anthropic's own checks (auto mode): refused, so the client runs its own
 
 
 class MessagesRequest(CountTokensRequest, kw_only=True):
@@ -160,11 +161,19 @@ def decode(body: bytes, kind: type[R]) -> R:
     """The validated request, or a 400 that says what is wrong and where."""
     refuse_deep_nesting(body)
     try:
-        return msgspec.json.decode(body, type=kind)
+        request = msgspec.json.decode(body, type=kind)
     except msgspec.ValidationError as error:
         raise BridgeError(400, f"invalid request: {error}") from None
     except msgspec.DecodeError as error:
         raise BridgeError(400, f"the request body is not valid JSON: {error}") from None
+    if request.safeguards not in (msgspec.UNSET, None):
+        raise BridgeError(400, SAFEGUARDS_REFUSED)
+    return request
+
+
+# Claude Code's contract: a gateway that cannot apply `safeguards` refuses it in a 400 whose message starts with
+# the field's name; the client then sends the request without it and runs its own check.
+SAFEGUARDS_REFUSED = "safeguards: not supported: this pod's model runs no safeguards of Anthropic's; send none"
 
 
 def block_type(block: Struct) -> str:

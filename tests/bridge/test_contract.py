@@ -62,8 +62,8 @@ def test_connection_probes_are_answered_without_a_key_or_a_body(guarded: Process
     assert probe.status_code == 200 and probe.content == b""
     assert httpx.get(guarded.url + path).content == b""  # nothing to read there either
     marker = f"after-probe-{path.strip('/').replace('/', '-') or 'root'}"  # a traced request, written after
-    assert httpx.get(guarded.url + "/v1/no-such-route", headers=AUTH | {"x-request-id": marker}).status_code == 404
-    guarded.wait_for_log(rf"trace id=\S+ GET other 404 key=team .*client_id={marker}")
+    assert httpx.get(guarded.url + "/v1/no-such-route", headers=AUTH | {"x-request-id": marker}).status_code == 501
+    guarded.wait_for_log(rf"trace id=\S+ GET other 501 key=team .*client_id={marker}")
     assert not re.search(rf"trace id=\S+ (HEAD|GET) {re.escape(path)} ", guarded.log()), "anyone may probe: not traced"
 
 
@@ -165,6 +165,30 @@ def test_an_ordinary_refusal_says_nothing_of_retrying(guarded: Process) -> None:
     refused = httpx.post(f"{guarded.url}/v1/messages", json={"model": "claude-tiny"}, headers=AUTH)
     assert refused.status_code == 400 and refused.json()["error"]["type"] == "invalid_request_error"
     assert "retry-after" not in refused.headers and "x-should-retry" not in refused.headers
+
+
+@pytest.mark.parametrize(
+    ("method", "path"), [("POST", "/v1/messages/batches"), ("GET", "/v1/files"), ("GET", "/v1/realtime")]
+)
+def test_an_api_the_pod_does_not_serve_is_not_supported_and_never_retried(
+    guarded: Process, method: str, path: str
+) -> None:
+    """The contract's 501 `not_supported` with `x-should-retry: false` (a 404 reads as a missing resource)."""
+    refused = httpx.request(method, guarded.url + path, json={}, headers=AUTH, timeout=60)
+    assert refused.status_code == 501 and refused.headers["x-should-retry"] == "false"
+    error = refused.json()["error"]
+    assert error["type"] == "not_supported" and error["message"].startswith(f"{method} {path} is not served"), error
+
+
+def test_safeguards_are_refused_by_name_so_that_the_client_runs_its_own_check(guarded: Process) -> None:
+    """Auto mode's `safeguards`: no model here applies them; the contract wants a 400 whose message starts with the
+    field's name (Claude Code's pattern, below), after which the client retries without them."""
+    for path in ("/v1/messages", "/v1/messages/count_tokens"):
+        body = ASK | {"safeguards": {"version": "2026-11-01", "checks": ["cyber"]}}
+        refused = httpx.post(guarded.url + path, json=body, headers=AUTH, timeout=60)
+        assert refused.status_code == 400 and refused.json()["error"]["type"] == "invalid_request_error"
+        assert re.match(r"^(?:body\.)?safeguards(?:\.\w+)*:", refused.json()["error"]["message"]), refused.text
+    assert answered(guarded, ASK | {"safeguards": None})["content"][0]["text"] == tiny.ANSWER  # none sent
 
 
 PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC"  # 1x1 pixel

@@ -36,7 +36,7 @@ from tests.support.vllm_server import VllmServer
 pytestmark = pytest.mark.slow  # a bridge process per test, and streams that wait out real pings and timeouts
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-               405: "invalid_request_error", 413: "request_too_large", 529: "overloaded_error"}  # fmt: skip
+               405: "invalid_request_error", 413: "request_too_large", 501: "not_supported", 529: "overloaded_error"}  # fmt: skip
 
 
 def assert_envelope(response: httpx.Response, status: int) -> str:
@@ -116,7 +116,7 @@ def test_malformed_requests_elsewhere_get_a_400_envelope(bridge: Process, path: 
 
 
 def test_unknown_routes_and_methods_get_the_envelope(bridge: Process) -> None:
-    assert_envelope(httpx.get(f"{bridge.url}/v1/complete"), 404)
+    assert_envelope(httpx.get(f"{bridge.url}/v1/complete"), 501)  # an API of Anthropic's the pod does not serve
     assert_envelope(httpx.get(f"{bridge.url}/v1/messages"), 405)
 
 

@@ -89,9 +89,9 @@ def test_real_keys_pass() -> None:
 def label_on_metrics(bridge: Process) -> str:
     """The label the bridge counts KEY's requests under (one request to an unknown route: no engine needed)."""
     headers = {"x-api-key": KEY}
-    assert httpx.get(f"{bridge.url}/v1/no-such-route", headers=headers).status_code == 404
+    assert httpx.get(f"{bridge.url}/v1/no-such-route", headers=headers).status_code == 501
     metrics = httpx.get(f"{bridge.url}/metrics", headers=headers).text
-    return re.search(r'bridge_requests_total\{[^}]*key="([^"]+)",route="other",status="404"\}', metrics)[1]
+    return re.search(r'bridge_requests_total\{[^}]*key="([^"]+)",route="other",status="501"\}', metrics)[1]
 
 
 def start(state: Path, log: Path) -> AbstractContextManager[Process]:

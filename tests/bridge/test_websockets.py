@@ -34,8 +34,8 @@ ASK = {"model": "claude-tiny", "max_tokens": 20, "messages": [{"role": "user", "
 OPEN_PATHS = ("/", "/api/hello", "/health", "/console")  # answered to anyone, as their plain GET is
 KEYED_PATHS = ("/v1/messages", "/v1/realtime", "/metrics", "/v1/no-such-route")  # vLLM's realtime API included
 # What alice's upgrade gets on those: what her GET gets. None of them is a 101.
-WITH_A_KEY = {"/v1/messages": (405, "invalid_request_error"), "/v1/realtime": (404, "not_found_error"),
-              "/v1/no-such-route": (404, "not_found_error"), "/metrics": (200, None)}  # fmt: skip
+WITH_A_KEY = {"/v1/messages": (405, "invalid_request_error"), "/v1/realtime": (501, "not_supported"),
+              "/v1/no-such-route": (501, "not_supported"), "/metrics": (200, None)}  # fmt: skip
 WRONG_KEYS = [{}, {"x-api-key": "sk-wrong-0123456789"}, {"authorization": "Bearer sk-wrong-0123456789"},
               {"authorization": f"Bearer {ALICE}", "x-api-key": OTHER}]  # fmt: skip
 WRONG_IDS = ["none", "wrong-x-api-key", "wrong-bearer", "two-different-keys"]
