@@ -80,7 +80,7 @@ def test_without_a_valid_key_no_websocket_opens_on_any_path(guarded: Process, he
                          ids=["x-api-key", "bearer"])  # fmt: skip
 def test_with_a_valid_key_no_websocket_opens_either(guarded: Process, headers: dict[str, str]) -> None:
     """The bridge relays no WebSocket, not even to vLLM's /v1/realtime: with a key the upgrade is the
-    GET it also is (405 on /v1/messages, 404 where no route is), traced once under the key's name."""
+    GET it also is (405 on /v1/messages, 501 on an API the pod does not serve), traced once under the key's name."""
     for path, (status, problem) in WITH_A_KEY.items():
         answer = refused_upgrade(guarded.url, path, headers)
         assert answer.status_code == status, (path, answer.status_code, answer.body)
@@ -91,7 +91,7 @@ def test_with_a_valid_key_no_websocket_opens_either(guarded: Process, headers: d
     refused_upgrade(guarded.url, "/v1/realtime", {**headers, "x-request-id": marker})
     guarded.wait_for_log(f"client_id={marker}$")
     traced = [line for line in guarded.log().splitlines() if f"client_id={marker}" in line]
-    assert len(traced) == 1 and re.search(rf" trace id=- GET other 404 key=alice dur_ms=\d+ client_id={marker}$",
+    assert len(traced) == 1 and re.search(rf" trace id=- GET other 501 key=alice dur_ms=\d+ client_id={marker}$",
                                           traced[0]), traced  # fmt: skip
     assert_quiet(guarded)
 
@@ -186,7 +186,7 @@ def test_a_web_page_cannot_open_a_websocket_to_the_open_bridge(bridge: Process) 
     open bridge (the session's, no keys) opens none; the upgrade is its GET, in the envelope."""
     page, since = "https://attacker.example", len(bridge.log())
     for path, (status, problem) in {"/v1/messages": (405, "invalid_request_error"),
-                                    "/v1/realtime": (404, "not_found_error")}.items():  # fmt: skip
+                                    "/v1/realtime": (501, "not_supported")}.items():  # fmt: skip
         answer = refused_upgrade(bridge.url, path, origin=page)
         assert answer.status_code == status and error_type(answer) == problem, (path, answer.status_code)
     assert refused_upgrade(bridge.url, "/health", origin=page).status_code == 200
