@@ -31,7 +31,7 @@ NOT_A_SECRET_YET = rf"(?!{re.escape(MARKER)}|(?:none|null)\b)"
 # Names of fields and URL parameters that hold secrets, with any prefix (`client_secret`, `hf_token`).
 SECRET_FIELD = (
     r"(?:[A-Za-z0-9]+[_.-])*(?:access_token|refresh_token|token|password|passwd|passphrase|secret"
-    r"|api[_-]?key|apikey|access_key|private_key|credentials?)"
+    r"|api[_-]?key|apikey|access_key|private_key|credentials?|key[_-]data)"  # key-data: a kubeconfig's client key
 )
 SECRET_PARAMETER = (
     r"(?:[A-Za-z0-9]+[_.-])*(?:token|api[_-]?key|apikey|key|secret|password|passwd|sig|signature"
@@ -59,6 +59,11 @@ SECRET_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
         f"{MARKER}@",
     ),
     after(rf"[?&]{SECRET_PARAMETER}=", r"[^&#\s\"'<>]+"),  # `?token=…`, `&api_key=…`, `X-Amz-Signature=…`
+    after(rf"(?:^|(?<=[\s;]))(?i:{SECRET_FIELD})=", r"[^&#\s\"'<>]{6,}"),  # a form body's first `password=…`
+    after(r"(?<![A-Za-z0-9])_auth(?:Token)?\s*=\s*", r"[^\s\"']+"),  # `.npmrc`'s `//registry/:_authToken=…`
+    after(r"\"(?:auth|identitytoken)\"\s*:\s*\"", r"[^\"]+"),  # a Docker config's `"auth": "<user:password in base64>"`
+    after(r"\b(?:mysql|mysqldump|mysqladmin|mariadb)\b[^\n]{0,200}?\s-p", r"[^\s\"']+"),  # `mysql -pPASSWORD`
+    (re.compile(r"(?<=://)[A-Za-z0-9_-]{20,}@"), f"{MARKER}@"),  # a key as a URL's user (a Sentry DSN's)
     after(r"hooks\.slack\.com/(?:services|workflows|triggers)/", r"[A-Za-z0-9/_-]+"),  # a webhook's path is its key
     after(r"discord(?:app)?\.com/api/webhooks/", r"[A-Za-z0-9/_-]+"),
     after(r"\b(?:Account|SharedAccess)Key=", r"[^;\s\"']+"),  # Azure connection strings

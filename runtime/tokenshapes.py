@@ -41,6 +41,28 @@ TOKEN_SHAPES: tuple[tuple[str, re.Pattern[str]], ...] = (
     shape("a Google OAuth token", rf"{START}ya29\.[A-Za-z0-9_-]{{20,}}"),
     shape("an AWS access key", rf"{START}(?:AKIA|ASIA)[0-9A-Z]{{16}}\b"),
     shape("a JWT", rf"{START}eyJ[A-Za-z0-9_-]{{8,}}\.eyJ[A-Za-z0-9_-]{{8,}}\.[A-Za-z0-9_-]*"),  # two JSON parts
+    # Model providers a pod's user may hold keys of, and the services a team's tools talk to.
+    shape("a Hugging Face organisation token", rf"{START}api_org_[A-Za-z0-9]{{30,}}"),
+    shape("a Replicate token", rf"{START}r8_[A-Za-z0-9]{{30,}}"),
+    shape("a Groq key", rf"{START}gsk_[A-Za-z0-9]{{40,}}"),
+    shape("a Perplexity key", rf"{START}pplx-[A-Za-z0-9]{{40,}}"),
+    shape("an xAI key", rf"{START}xai-[A-Za-z0-9]{{60,}}"),
+    shape("a Fireworks key", rf"{START}fw_[A-Za-z0-9]{{20,}}"),
+    shape("a Tavily key", rf"{START}tvly-[A-Za-z0-9_-]{{20,}}"),
+    shape("a Together key", rf"{START}tgp_v1_[A-Za-z0-9_-]{{30,}}"),
+    shape("a Telegram bot token", r"(?<!\d)\d{8,10}:AA[A-Za-z0-9_-]{33}"),  # in a URL too: /bot<token>/
+    shape("a Twilio key", rf"{START}SK[0-9a-fA-F]{{32}}\b"),
+    shape("a Mailgun key", rf"{START}key-[0-9a-f]{{32}}\b"),
+    shape("a DigitalOcean token", rf"{START}do[opr]_v1_[a-f0-9]{{64}}"),
+    shape("a Shopify token", rf"{START}shp(?:at|ss|ca|pa)_[a-fA-F0-9]{{32}}"),
+    shape("an Atlassian token", rf"{START}ATATT3[A-Za-z0-9_=-]{{50,}}"),
+    shape("a Linear key", rf"{START}lin_(?:api|oauth)_[A-Za-z0-9]{{40,}}"),
+    shape("a Notion token", rf"{START}(?:ntn_[A-Za-z0-9]{{40,}}|secret_[A-Za-z0-9]{{43}}\b)"),
+    shape("a Databricks token", rf"{START}dapi[0-9a-f]{{32}}"),
+    shape("a Vault token", rf"{START}hv[sb]\.[A-Za-z0-9_-]{{24,}}"),
+    shape("a Terraform Cloud token", rf"{START}[A-Za-z0-9]{{14}}\.atlasv1\.[A-Za-z0-9_-]{{60,}}"),
+    shape("a GitLab token", rf"{START}gl(?:ptt|dt|rt|cbt|soat|ffct|imt|agent|oas)-[A-Za-z0-9_-]{{20,}}"),
+    shape("a Bitbucket app password", rf"{START}ATBB[A-Za-z0-9]{{32}}"),
 )
 
 
