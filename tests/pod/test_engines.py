@@ -41,32 +41,27 @@ def engines_on(env: dict[str, str]) -> Engines:
     return engines
 
 
-def test_a_change_that_cannot_be_prepared_is_refused_and_leaves_the_plan_in_force(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("change", "refusal"),
+    [
+        ({"VL_CTX": "10000000"}, r"^VL_CTX='10000000' is not allowed: expected at most "),  # refused as prepared
+        pytest.param({"VL_REPLICAS": "2", "VL_CTX": "4096"},
+                     r"^it would make 2 engines of this pod's 1 \(set VL_TP and VL_REPLICAS",
+                     marks=pytest.mark.slow),  # prepared first: the tiny model written (seconds)
+    ],
+    ids=["cannot-be-prepared", "another-number-of-engines"],
+)  # fmt: skip
+def test_a_refused_change_leaves_the_plan_in_force(tmp_path: Path, change: dict[str, str], refusal: str) -> None:
     env = pod_env(tmp_path)
     engines = engines_on(env)
     before = engines.plan
 
-    async def change() -> None:
+    async def changed() -> None:
         async with engines.changing:
-            await engines.change_to(load_settings(env | {"VL_CTX": "10000000"}), "a Hub file")
+            await engines.change_to(load_settings(env | change), "a Hub file")
 
-    with pytest.raises(ChangeRefused, match=r"^VL_CTX='10000000' is not allowed: expected at most "):
-        asyncio.run(change())
-    assert engines.plan is before and engines.rolling is None
-
-
-@pytest.mark.slow  # the change is prepared: the tiny model written first (seconds)
-def test_a_change_to_another_number_of_engines_is_refused_and_leaves_the_plan_in_force(tmp_path: Path) -> None:
-    env = pod_env(tmp_path)
-    engines = engines_on(env)
-    before = engines.plan
-
-    async def change() -> None:
-        async with engines.changing:
-            await engines.change_to(load_settings(env | {"VL_REPLICAS": "2", "VL_CTX": "4096"}), "a Hub file")
-
-    with pytest.raises(ChangeRefused, match=r"^it would make 2 engines of this pod's 1 \(set VL_TP and VL_REPLICAS"):
-        asyncio.run(change())
+    with pytest.raises(ChangeRefused, match=refusal):
+        asyncio.run(changed())
     assert engines.plan is before and engines.rolling is None
 
 
