@@ -14,7 +14,7 @@ from pathlib import Path
 
 LAUNCH_HEADER = "\n--- "  # runtime.supervisor writes `--- <time> <argv>` before each launch
 TAIL_BYTES = 64 * 1024  # the end of the log: a start's traceback and vLLM's last words fit in it
-SICK = "this host is sick: recreate the pod (python -m runtime pod down, then pod up: a new pod lands elsewhere)"
+SICK = "this host is sick: recreate the pod (python -m runtime pod replace POD: a new pod lands elsewhere)"
 
 
 @dataclass(frozen=True)

@@ -73,6 +73,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     down = actions.add_parser("down", help="delete pods, after saying what goes with them")
     down.add_argument("pods", nargs="+", metavar="pod")
     down.add_argument("--yes", action="store_true", help="do not ask (needed without a terminal)")
+    replace = watching(actions.add_parser("replace", help="recreate a pod on another host (a sick one, or one "
+                                          "whose GPUs are taken) from its template, then delete it"))  # fmt: skip
+    replace.add_argument("pod")
+    replace.add_argument(
+        "--gpu", action="append", default=[], help="a GPU type (default: the pod's, then its target's)"
+    )
+    replace.add_argument("--yes", action="store_true", help="do not ask when a volume on its host goes with it")
 
 
 def at_least_one(text: str) -> int:
@@ -252,12 +259,46 @@ def start(pods: Pods, args: argparse.Namespace) -> int:
 
 def restart_advice(pod: Mapping[str, Any]) -> str:
     """What to do with a stopped pod whose host's GPUs are rented again."""
-    network = (pod.get("mounts") or {}).get("network")
-    if network:
+    if (pod.get("mounts") or {}).get("network"):
         return (f"its host's GPUs are rented to someone else; its network volume keeps the weights: "
-                f"python -m runtime pod down {pod['id']} --yes, then pod up --template ... --volume {network[0]['volumeId']}")  # fmt: skip
+                f"python -m runtime pod replace {pod['id']}")  # fmt: skip
     return (f"its host's GPUs are rented to someone else, and its volume lives on that host: try again later, or "
-            f"python -m runtime pod down {pod['id']} --yes and pod up again (the weights download again)")  # fmt: skip
+            f"python -m runtime pod replace {pod['id']} --yes (the weights download again)")  # fmt: skip
+
+
+def replace(pods: Pods, args: argparse.Namespace) -> int:
+    """The pod made again from its template on the first host RunPod places it on (its network volume kept), the
+    old one deleted once the new one exists, then watched as `up` watches: a sick host's way out."""
+    old = pods.get(args.pod)
+    if not old.get("gpu") or not old.get("template"):
+        raise RunPodError(f"{args.pod} is no GPU pod made from a template (a team's gateway: pod up --workers again)")
+    template = pods.template(old["template"])
+    mounts = old.get("mounts") or {}
+    body: dict[str, Any] = {"name": old["name"], "templateId": template["id"], "cloud": old["cloud"],
+                            "env": {k: v for k, v in (old.get("env") or {}).items() if (template.get("env") or {}).get(k) != v}}  # fmt: skip
+    if mounts.get("network"):
+        body |= {"mounts": {"network": mounts["network"]}, "dataCenterIds": [old["dataCenterId"]]}
+    else:
+        if mounts.get("persistent"):
+            body["mounts"] = {"persistent": mounts["persistent"]}  # a new one, empty, on the new host
+        confirm(f"replacing {going(old)}; a new volume starts empty (the weights download again)", args.yes)
+    target = next((t for t in DEFAULT_GPUS if f"-{t}" in old["name"] or f" {t} " in f" {template['name']} "), "")
+    gpus = list(dict.fromkeys(args.gpu or [old["gpu"]["id"], *DEFAULT_GPUS.get(target, [])]))
+    new = place(pods, body, gpus, template.get("allowedCudaVersions") or CUDA_VERSIONS)
+    pods.api.call("DELETE", f"/v2/pods/{args.pod}", f"delete the pod {args.pod}", expect=None)
+    print(f"deleted {going(old)}: replaced by {new['id']}", flush=True)
+    return watch_boot(pods, new["id"], args, old.get("env") or {})
+
+
+def confirm(what: str, yes: bool) -> None:
+    """Asks at a terminal whether to go on with `what`; RunPodError when the answer is no, or when there is no
+    terminal to ask and `--yes` was not given."""
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        raise RunPodError(f"{what}: pass --yes to confirm (no terminal to ask)")
+    if input(f"{what}. Go on? [y/N] ").strip().lower() not in ("y", "yes"):
+        raise RunPodError("kept: nothing was changed")
 
 
 def proxy_url(pod_id: str, port: int = BRIDGE_PORT) -> str:
@@ -382,14 +423,7 @@ def stop(pods: Pods, args: argparse.Namespace) -> int:
 
 def down(pods: Pods, args: argparse.Namespace) -> int:
     what = {pod_id: going(pods.get(pod_id)) for pod_id in args.pods}
-    listed = "; ".join(what.values())
-    if not args.yes:
-        if not sys.stdin.isatty():
-            raise RunPodError(f"deleting {listed}: pass --yes to confirm (no terminal to ask)")
-        answer = input(f"delete {listed}. Delete {'them' if len(what) > 1 else 'it'}? [y/N] ")
-        if answer.strip().lower() not in ("y", "yes"):
-            print("kept")
-            return 1
+    confirm(f"deleting {'; '.join(what.values())}", args.yes)
     for pod_id, said in what.items():
         pods.api.call("DELETE", f"/v2/pods/{pod_id}", f"delete the pod {pod_id}", expect=None)
         print(f"deleted {said}")
@@ -411,5 +445,5 @@ def machine(pod: Mapping[str, Any]) -> str:
 
 
 COMMANDS: dict[str, Callable[[Pods, argparse.Namespace], int]] = {
-    "up": up, "watch": watch, "status": status, "stop": stop, "start": start, "down": down,
+    "up": up, "watch": watch, "status": status, "stop": stop, "start": start, "down": down, "replace": replace,
 }  # fmt: skip

@@ -134,9 +134,31 @@ def test_a_pod_whose_host_is_taken_cannot_start_and_says_what_to_do(account: Acc
     assert result.returncode == 1
     assert result.stderr.splitlines() == [
         f"pod: {pod['id']} cannot start: its host's GPUs are rented to someone else, and its volume lives on that "
-        f"host: try again later, or python -m runtime pod down {pod['id']} --yes and pod up again (the weights "
-        "download again)"
+        f"host: try again later, or python -m runtime pod replace {pod['id']} --yes (the weights download again)"
     ]
+
+
+def test_replace_makes_the_pod_again_on_another_host_then_deletes_it_and_watches_the_new_one(account: Account) -> None:
+    """The way out of a sick host (or one whose GPUs are taken): its template, its GPU type first, a new volume
+    (said, and asked: the weights download again), the old pod deleted once the new one exists, watched as up."""
+    (old,) = account.runpod.pods
+    refused = account.pod("replace", old["id"])
+    assert refused.returncode == 1 and refused.stderr.splitlines() == [
+        f"pod: replacing pod {old['id']} (vllm-pod-sm89, {SECOND_GPU}, EXITED): its container disk and its volume go; "
+        "a new volume starts empty (the weights download again): pass --yes to confirm (no terminal to ask)"
+    ]
+    assert [pod["id"] for pod in account.runpod.pods] == [old["id"]]
+
+    replaced = account.pod("replace", old["id"], "--yes", "--timeout", WATCH_MIN)
+    assert replaced.returncode == 0, replaced.stdout[-3000:] + replaced.stderr[-3000:]
+    (new,) = account.runpod.pods
+    assert new["id"] != old["id"] and (new["name"], new["template"]) == (old["name"], account.template_id)
+    assert new["gpu"]["id"] == SECOND_GPU and new["mounts"] == old["mounts"]  # its GPU type, a volume as big
+    assert f"deleted pod {old['id']} (vllm-pod-sm89, {SECOND_GPU}, EXITED): its container disk and its volume go: " \
+           f"replaced by {new['id']}" in replaced.stdout  # fmt: skip
+    assert f"export ANTHROPIC_BASE_URL={account.url(new['id'])}" in replaced.stdout
+    assert account.pod("stop", new["id"]).returncode == 0  # the module's next tests take a stopped pod
+    assert account.machines.played[new["id"]].process.wait(60) == 0
 
 
 def test_down_asks_first_then_deletes(account: Account) -> None:

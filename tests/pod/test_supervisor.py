@@ -253,7 +253,7 @@ async def test_a_sick_host_is_not_retried_at_all(tmp_path: Path, supervisor_for:
     await eventually(lambda: incidents)
     assert incidents == [
         "engine exited with code 1; not restarted after 1 failed start in a row: this host is sick: recreate the pod "
-        "(python -m runtime pod down, then pod up: a new pod lands elsewhere): a GPU the machine lists is lost to "
+        "(python -m runtime pod replace POD: a new pod lands elsewhere): a GPU the machine lists is lost to "
         "CUDA (a Hub file that changes it, or a new pod, starts it again)"
     ]
     assert supervisor.children["engine"].launches == 1

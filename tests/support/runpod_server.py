@@ -190,7 +190,7 @@ def new_pod(pod_id: str, body: dict[str, Any], template: dict[str, Any] | None, 
         "env": {**base.get("env", {}), **body.get("env", {})}, "mounts": mounts,
         "cloud": body.get("cloud", "SECURE"),
         "dataCenterId": (body.get("dataCenterIds") or ["US-TX-3"])[0], "cudaVersion": cuda,
-        "ssh": {"proxy": None, "direct": None}, "template": None, "locked": False, "runtime": None,
+        "ssh": {"proxy": None, "direct": None}, "template": body.get("templateId"), "locked": False, "runtime": None,
         "createdAt": now(), "startedAt": None, "globalNetworking": {"enabled": False},
     }  # fmt: skip
     if "gpu" in body:
