@@ -1,6 +1,7 @@
-"""The engines' health as the supervisor last saw it (VL_REPLICAS > 1), in one small file of VL_STATE_DIR:
-the bridge's `/health` says "degraded" from it without asking an engine anything (the watchdog's check
-must never wait on an engine), and the image's HEALTHCHECK prints what `/health` says.
+"""The engines' health as the supervisor last saw it (VL_REPLICAS > 1), and the engines it left stopped (their
+start limit: a sick host, a setting vLLM cannot take), in two small files of VL_STATE_DIR: the bridge's `/health`
+says "degraded" or "stopped" from them without asking an engine anything (the watchdog's check must never wait on
+an engine), and the image's HEALTHCHECK prints what `/health` says.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from runtime.statefile import read_json, write_json
 from runtime.swap import ENGINE_UP
 
 FILE = "engines.health.json"
+STOPPED_FILE = "engines.stopped.json"  # {engine: why it is left stopped}
 SERVING_CONDITIONS = ("ok", "degraded", "swapping")  # what /health says of a pod that answers (a swap: in a while)
 
 
@@ -22,8 +24,29 @@ def write_engine_health(state_dir: Path, healthy: Mapping[str, bool]) -> None:
 
 
 def forget_engine_health(state_dir: Path) -> None:
-    """No file: one engine (or none known yet), never a previous start's verdict."""
+    """No files: one engine (or none known yet), none stopped; never a previous start's verdict."""
     (state_dir / FILE).unlink(missing_ok=True)
+    (state_dir / STOPPED_FILE).unlink(missing_ok=True)
+
+
+def write_engine_stopped(state_dir: Path, name: str, why: str | None) -> None:
+    """The supervisor left `name` stopped, for `why` (its one line); None: it is launched again."""
+    stopped = read_engine_stopped(state_dir) or {}
+    if why is None and name not in stopped:
+        return
+    stopped = {other: line for other, line in stopped.items() if other != name} | ({name: why} if why else {})
+    if stopped:
+        write_json(state_dir / STOPPED_FILE, stopped)
+    else:
+        (state_dir / STOPPED_FILE).unlink(missing_ok=True)
+
+
+def read_engine_stopped(state_dir: Path) -> dict[str, str] | None:
+    """Each engine left stopped and why, or None when none is (or the file cannot be read)."""
+    stopped = read_json(state_dir / STOPPED_FILE)
+    if not isinstance(stopped, dict) or not stopped:
+        return None
+    return {str(name): str(why) for name, why in stopped.items()}
 
 
 def read_engine_health(state_dir: Path) -> dict[str, str] | None:
@@ -32,9 +55,17 @@ def read_engine_health(state_dir: Path) -> dict[str, str] | None:
     return {str(name): str(state) for name, state in states.items()} if isinstance(states, dict) else None
 
 
-def pod_condition(states: Mapping[str, str] | None, serves: bool = True, swap: Mapping[str, Any] | None = None) -> str:
-    """The pod in one word (CONDITIONS): "swapping" while its engine is down for a swap, "starting" while no model
-    is served yet, "degraded" while some of its engines are down, else "ok"."""
+def pod_condition(
+    states: Mapping[str, str] | None,
+    serves: bool = True,
+    swap: Mapping[str, Any] | None = None,
+    stopped: Mapping[str, str] | None = None,
+) -> str:
+    """The pod in one word (CONDITIONS): "stopped" when every engine is left stopped (a sick host, a setting that
+    cannot start: keys see why), "swapping" while its engine is down for a swap, "starting" while no model is served
+    yet, "degraded" while some of its engines are down, else "ok"."""
+    if stopped and (not states or set(states) <= set(stopped)):
+        return "stopped"
     if swap is not None and swap.get("phase") not in ENGINE_UP:
         return "swapping"
     if not serves:

@@ -125,6 +125,8 @@ def serves_model(status: int, body: bytes) -> bool:
         return True
     try:
         answer = json.loads(body)
+        if answer.get("status") == "stopped":  # its engines are left stopped: a model name says nothing then
+            return False
         return bool(answer["model"]) if "model" in answer else answer.get("status") in SERVING_CONDITIONS
     except (ValueError, AttributeError, TypeError):
         return False

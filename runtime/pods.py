@@ -329,8 +329,13 @@ def boot(pods: Pods, pod_id: str, env: Mapping[str, str], deadline: float) -> in
             if status in GONE:
                 raise RunPodError(f"pod {pod_id} is {status}: its log above says why (python -m runtime pod "
                                   f"status {pod_id}; pod start {pod_id} to try again)")  # fmt: skip
-            if status == "RUNNING" and serves(url):
+            answer = health(url) if status == "RUNNING" else None
+            if answer is not None and serves_model(*answer):
                 break
+            if answer is not None and b'"stopped"' in answer[1]:  # its engine left stopped: no wait will help
+                line.end()
+                raise RunPodError(f"{pod_id}'s engine is left stopped: its log above says why (a sick host: "
+                                  f"python -m runtime pod replace {pod_id}; a setting: change it, then pod start)")  # fmt: skip
             line.show(time.monotonic() - started, status, last)
             if time.monotonic() > deadline:
                 line.end()
@@ -373,12 +378,23 @@ def boot_log(pod_id: str, env: Mapping[str, str]) -> Callable[[], list[str]]:
     return new_lines
 
 
-def serves(url: str) -> bool:
+def serving(url: str, status: str) -> str:
+    """`status`'s column: yes, no, stopped (its engine left stopped), or - when the pod is not running."""
+    if status != "RUNNING":
+        return "-"
+    answer = health(url)  # no key needed: the one word
+    if answer is not None and b'"stopped"' in answer[1]:
+        return "stopped"
+    return "yes" if answer is not None and serves_model(*answer) else "no"
+
+
+def health(url: str) -> tuple[int, bytes] | None:
+    """The pod's /health through RunPod's proxy (status, body), or None while it cannot be reached."""
     try:
         response = httpx.get(f"{url}/health", headers={"user-agent": USER_AGENT}, timeout=HEALTH_TIMEOUT_S)
     except httpx.HTTPError:
-        return False
-    return serves_model(response.status_code, response.content)
+        return None
+    return response.status_code, response.content
 
 
 # --- status, stop, down ----------------------------------------------------------------------------
@@ -393,9 +409,8 @@ def status(pods: Pods, args: argparse.Namespace) -> int:
     for pod in chosen:
         url = proxy_url(pod["id"])
         uptime = (pod.get("runtime") or {}).get("uptime")
-        health = ("yes" if serves(url) else "no") if pod["status"] == "RUNNING" else "-"  # no key needed
         rows.append((pod["id"], machine(pod), pod["status"], f"{pod['cost']:.2f}",
-                     duration(uptime) if uptime is not None else "-", url, health))  # fmt: skip
+                     duration(uptime) if uptime is not None else "-", url, serving(url, pod["status"])))  # fmt: skip
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())

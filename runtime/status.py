@@ -102,6 +102,8 @@ def overview(state: Mapping[str, Any]) -> str:
         rows.insert(2, ("Checked", self_checked(verdict)))
     if refused := state.get("hub_log_refused"):  # a token that cannot write: `runtime logs` shows nothing
         rows.append(("Hub log", refused))
+    for engine, why in (state.get("stopped") or {}).items():  # a sick host, a setting vLLM cannot take
+        rows.insert(1, ("Stopped", f"{engine} {why}"))
     return "\n".join(f"{name:<8}{value}" for name, value in rows)
 
 

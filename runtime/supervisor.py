@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from runtime.enginehealth import write_engine_stopped
 from runtime.logfiles import ChildLog, OutputPump, log_file
 
 log = logging.getLogger(__name__)
@@ -224,7 +225,9 @@ class Supervisor:
         if keep_old_log and log_path.exists():
             log_path.rename(self.state_dir / f"{spec.name}.hung.{time.strftime('%Y%m%dT%H%M%S')}.log")
         child.healthy = child.healthy_since_launch = False
-        child.given_up = None
+        if child.given_up is not None:
+            child.given_up = None
+            write_engine_stopped(self.state_dir, spec.name, None)
         child.launches += 1
         child.launched_at = time.monotonic()
         output = ChildLog(log_path, self.log_cap_bytes)
@@ -280,6 +283,7 @@ class Supervisor:
         if not stable and (why := self._hopeless(child)) is not None:
             child.given_up = f"{how}; {why}"
             self._report(logging.ERROR, f"{child.spec.name} {child.given_up}")
+            write_engine_stopped(self.state_dir, child.spec.name, child.given_up)  # /health: "stopped", and why
             return None
         delay = self.backoff.delay(child.deaths)
         in_a_row = f" ({child.deaths} times in a row, backing off)" if child.deaths > 1 else ""

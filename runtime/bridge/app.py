@@ -34,7 +34,7 @@ from runtime.bridge.schema import CountTokensRequest, MessagesRequest, decode
 from runtime.bridge.sharing import KeyShare
 from runtime.bridge.state import Bridge
 from runtime.bridge.translate import Translator
-from runtime.enginehealth import pod_condition, read_engine_health
+from runtime.enginehealth import pod_condition, read_engine_health, read_engine_stopped
 from runtime.logsafe import loggable
 from runtime.selfcheckstate import checked, read_selfcheck
 
@@ -103,13 +103,15 @@ class Api:
         only to a key's holder, or on an open pod: a stranger learns nothing it could time an attack by."""
         model = self.bridge.catalog.model
         engines = read_engine_health(self.bridge.state_dir)  # several engines: as the supervisor last saw them
+        stopped = read_engine_stopped(self.bridge.state_dir)  # left stopped by their start limit, and why
         swap = self.bridge.swaps.view() if self.bridge.swaps is not None else None
-        answer: dict[str, Any] = {"status": pod_condition(engines, model is not None, swap)}
+        answer: dict[str, Any] = {"status": pod_condition(engines, model is not None, swap, stopped)}
         if request.state.caller is UNGUARDED_CALLER and not self.bridge.keys.open:
             return JSONResponse(answer)
         answer |= {"model": model.name if model else None, "context_window": model.context_window if model else None,
                    "checked": checked(read_selfcheck(self.bridge.state_dir))}  # fmt: skip
-        return JSONResponse(answer | ({"engines": engines} if engines else {}) | ({"swap": swap} if swap else {}))
+        extras = {"engines": engines, "stopped": stopped, "swap": swap}
+        return JSONResponse(answer | {name: value for name, value in extras.items() if value})
 
     async def status(self, request: Request) -> Response:
         return JSONResponse(await pod_status(self.bridge, request.state.caller))

@@ -18,6 +18,7 @@ from typing import Any
 from runtime.bridge.auth import Caller
 from runtime.bridge.engines import EngineView, engine_view
 from runtime.bridge.state import Bridge
+from runtime.enginehealth import read_engine_stopped
 from runtime.hublogstate import read_hub_log_refusal
 from runtime.logfiles import tail
 from runtime.preloadstate import read_preload_state
@@ -87,6 +88,7 @@ async def pod_status(bridge: Bridge, caller: Caller) -> dict[str, Any]:
         "selfcheck": read_selfcheck(bridge.state_dir),  # VL_SELFCHECK's verdict (runtime.check); None when off
         "preload": read_preload_state(bridge.state_dir),  # VL_PRELOAD's repos (runtime.preload); None without
         "hub_log_refused": read_hub_log_refusal(bridge.state_dir),  # why the Hub refuses the pod's log, or None
+        "stopped": read_engine_stopped(bridge.state_dir),  # engines left stopped by their start limit, and why
         "uptime_s": round(uptime_s, 1),
         "image": bridge.image,
         "traffic": {

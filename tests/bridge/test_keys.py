@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import anthropic
 import httpx
@@ -12,8 +13,11 @@ import pytest
 
 from runtime.bridge.auth import SALT_FILE, ApiKeys, label_of
 from runtime.engine import tinymodel as tiny
+from runtime.enginehealth import write_engine_stopped
+from runtime.health import serves_model
 from runtime.settings import load_settings
-from tests.support.bridge import Process, start_bridge
+from runtime.status import render
+from tests.support.bridge import Process, pod_status, start_bridge
 from tests.support.vllm_server import VllmServer
 
 ALICE, ANONYMOUS = "sk-alice-0123456789", "sk-anon-9876543210"
@@ -21,8 +25,12 @@ ASK = {"model": "claude-tiny", "max_tokens": 20, "messages": [{"role": "user", "
 
 
 @pytest.fixture(scope="module")
-def guarded(vllm_server: VllmServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
-    root = tmp_path_factory.mktemp("guarded")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("guarded")
+
+
+@pytest.fixture(scope="module")
+def guarded(vllm_server: VllmServer, root: Path) -> Iterator[Process]:
     settings = {"VL_API_KEYS": f"alice:{ALICE}, {ANONYMOUS}", "VL_STATE_DIR": str(root / "state")}
     with start_bridge(vllm_server.url, root / "bridge.log", settings) as bridge:
         yield bridge
@@ -71,6 +79,24 @@ def test_sdk_clients_with_api_key_or_auth_token(guarded: Process) -> None:
 def test_health_and_warm_up_stay_open(guarded: Process) -> None:
     assert httpx.get(f"{guarded.url}/health").status_code == 200
     assert httpx.head(f"{guarded.url}/").status_code == 200
+
+
+def test_an_engine_left_stopped_makes_health_say_stopped_and_keys_learn_why(guarded: Process, root: Path) -> None:
+    """A sick host, or a setting vLLM cannot take: the supervisor leaves the engine stopped; `/health` says so in one
+    word (pod up stops waiting on it), and a key's holder reads the supervisor's line, which says what to do."""
+    why = ("exited with code 1; not restarted after 1 failed start in a row: this host is sick: recreate the pod "
+           "(python -m runtime pod replace POD: a new pod lands elsewhere)")  # fmt: skip
+    write_engine_stopped(root / "state", "engine", why)
+    try:
+        assert httpx.get(f"{guarded.url}/health").json() == {"status": "stopped"}
+        keyed = httpx.get(f"{guarded.url}/health", headers={"x-api-key": ALICE}).json()
+        assert keyed["status"] == "stopped" and keyed["stopped"] == {"engine": why}
+        assert not serves_model(200, httpx.get(f"{guarded.url}/health", headers={"x-api-key": ALICE}).content)
+        status = pod_status(guarded.url, ALICE)  # the console's source, and `python -m runtime status`'s
+        assert status["stopped"] == {"engine": why} and f"Stopped engine {why}" in render(status).splitlines()
+    finally:
+        write_engine_stopped(root / "state", "engine", None)  # launched again
+    assert httpx.get(f"{guarded.url}/health").json() == {"status": "ok"}
 
 
 def test_usage_is_counted_per_key_name_never_per_key(guarded: Process) -> None:

@@ -72,3 +72,5 @@ def test_the_pod_serves_once_its_health_names_a_model_or_is_vllms_own():
     for condition in ("ok", "degraded", "swapping"):  # what /health says to anyone without a key
         assert serves_model(200, b'{"status": "%s"}' % condition.encode())
     assert not serves_model(200, b'{"status": "starting"}')
+    assert not serves_model(200, b'{"status": "stopped"}')  # every engine left stopped by its start limit
+    assert not serves_model(200, b'{"status": "stopped", "model": "tiny", "stopped": {"engine": "sick"}}')  # to keys

@@ -176,6 +176,9 @@ def test_the_engines_health_file_says_degraded_and_which(tmp_path: Path) -> None
     assert states == {"engine-0": "healthy", "engine-1": "down"} and pod_condition(states) == "degraded"
     assert degradation(states) == "degraded: engine-1 down"  # what the image's HEALTHCHECK prints
     assert degradation({"engine-0": "healthy"}) == "" and degradation(None) == ""
+    stopped = {"engine-1": "exited with code 1; not restarted after 1 failed start in a row: this host is sick"}
+    assert pod_condition(states, stopped=stopped) == "degraded"  # engine-0 still serves
+    assert pod_condition(None, stopped={"engine": "sick"}) == pod_condition(states, stopped=states) == "stopped"
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from runtime.diagnosis import explain
+from runtime.enginehealth import read_engine_stopped
 from runtime.supervisor import Backoff, ChildSpec, Health, StartLimit, Supervisor
 from tests.support.net import free_port
 from tests.support.polling import eventually
@@ -242,8 +243,10 @@ async def test_a_child_that_cannot_start_is_left_stopped_with_its_likely_cause_u
         "(--no-such-flag): check VL_EXTRA_ARGS (a Hub file that changes it, or a new pod, starts it again)",
     ]
     assert supervisor.children["engine"].launches == 3 and not supervisor.children["engine"].running
+    assert read_engine_stopped(tmp_path) == {"engine": incidents[-1].removeprefix("engine ")}  # what /health tells
     supervisor.restart("engine", "its settings changed", ChildSpec("engine", python(SLEEP), start_limit=limit))
     await eventually(lambda: said(tmp_path, "engine", "ready"))  # a new spec: launched again
+    assert read_engine_stopped(tmp_path) is None
 
 
 async def test_a_sick_host_is_not_retried_at_all(tmp_path: Path, supervisor_for: Make) -> None:
