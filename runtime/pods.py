@@ -306,12 +306,42 @@ def proxy_url(pod_id: str, port: int = BRIDGE_PORT) -> str:
 
 
 def watch_boot(pods: Pods, pod_id: str, args: argparse.Namespace, env: Mapping[str, str]) -> int:
-    """Watch the pod until its bridge serves the model, then print Claude Code's environment."""
-    status = boot(pods, pod_id, env, time.monotonic() + args.timeout * 60)
+    """Watch the pod until its bridge serves the model, print Claude Code's environment, then the pod's self-check
+    verdict (VL_SELFCHECK) once it has one."""
+    deadline = time.monotonic() + args.timeout * 60
+    status = boot(pods, pod_id, env, deadline)
     if not status:
-        print_environment(check_endpoint(proxy_url(pod_id), pod_key(args.key) or "x"))
+        key = pod_key(args.key) or "x"
+        print_environment(check_endpoint(proxy_url(pod_id), key))
         remember_pod(proxy_url(pod_id))  # `runtime launch` without a URL: this pod
+        print_verdict(pod_id, key, deadline)
     return status
+
+
+def print_verdict(pod_id: str, key: str, deadline: float) -> None:
+    """The pod's self-check (its /health's `checked`, to a key) on the live line while it runs, then its verdict: a
+    pod that serves is not yet a pod that answers right. Nothing when the pod runs none."""
+    url, line, started = proxy_url(pod_id), LiveLine(), time.monotonic()
+    while (verdict := self_checked(url, key)) == "running" and time.monotonic() < deadline:
+        line.show(time.monotonic() - started, "self-check", "running (a line per check in its Hub log)")
+        time.sleep(POLL_S)
+    line.end()
+    if verdict == "running":
+        print(f"self-check: still running after {human_seconds(time.monotonic() - started)}: python -m runtime "
+              f"status {url} --key ... says its verdict")  # fmt: skip
+    elif verdict not in (None, "off"):
+        print(f"self-check: {verdict} (python -m runtime logs {pod_id}: a line per check)")
+
+
+def self_checked(url: str, key: str) -> str | None:
+    """`checked` of the pod's /health as a key's holder reads it; None when it cannot be read."""
+    try:
+        response = httpx.get(f"{url}/health", headers={"user-agent": USER_AGENT, "x-api-key": key},
+                             timeout=HEALTH_TIMEOUT_S)  # fmt: skip
+        answer = response.json()
+    except (httpx.HTTPError, ValueError):
+        return None
+    return answer.get("checked") if isinstance(answer, dict) else None
 
 
 def boot(pods: Pods, pod_id: str, env: Mapping[str, str], deadline: float) -> int:

@@ -483,9 +483,9 @@ class Pod:
             return
         command = self.command
         assert command is not None
-        await self.engines.until_serving()
         outcomes: list[dict[str, str]] = []
-        write_selfcheck(self.state_dir, "running", outcomes)
+        write_selfcheck(self.state_dir, "running", outcomes)  # from the start: `pod up` waits for a verdict, not "off"
+        await self.engines.until_serving()
 
         def said(outcome: Outcome) -> None:
             outcomes.append({"name": outcome.name, "status": outcome.status, "detail": outcome.detail})

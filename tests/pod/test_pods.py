@@ -64,6 +64,7 @@ class Account:
 def account(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Account]:
     with HubServer() as hub, RunPodServer() as server:
         body = runpod.template_body(TEMPLATE, "registry.hf.space/pod-owner-vllm-pod-sm89:latest", log_repo=LOG_REPO)
+        body["env"]["VL_SELFCHECK"] = "on"  # as on a GPU (auto): `pod up` ends with the verdict
         template_id = server.add_template(body)
         secrets_of_the_account = {"HF_TOKEN": hub.write_token, "VL_API_KEYS": KEY}
         with Machines(server, hub, tmp_path_factory.mktemp("machines"), secrets_of_the_account) as machines:
@@ -90,6 +91,11 @@ def test_up_places_the_pod_on_the_next_gpu_watches_its_boot_and_prints_claude_co
     )
     assert f"export ANTHROPIC_BASE_URL={account.url(account.runpod.pods[0]['id'])}" in result.stdout
     assert "export ANTHROPIC_MODEL=tiny" in result.stdout and "one token generated" in result.stdout
+    pod_id = account.runpod.pods[0]["id"]  # then the self-check's verdict: the tiny model cannot find a needle
+    assert (
+        result.stdout.splitlines()[-1]
+        == f"self-check: failed: needle (python -m runtime logs {pod_id}: a line per check)"
+    )
     assert last_pod({"XDG_CONFIG_HOME": str(account.config)}) == account.url(account.runpod.pods[0]["id"])  # launch's
     assert {r.headers.get("user-agent") for r in account.runpod.received} == {USER_AGENT}
 
