@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import functools
 import importlib.util
 import logging
@@ -35,7 +36,7 @@ from runtime.enginehealth import forget_engine_health, write_engine_health
 from runtime.engines import ChangeRefused, Engines, check_swap
 from runtime.gateway import check_roles, keep_workers
 from runtime.gpu import GpuError
-from runtime.health import Answers200, engine_generates, health_url
+from runtime.health import Answers200, engine_generates, health_url, serves_model
 from runtime.logfiles import BRIDGE, ENGINE, SSHD, log_file
 from runtime.preload import preload_in_background
 from runtime.preloadstate import RepoPreload, forget_preload_state, write_preload_state
@@ -73,6 +74,7 @@ ENGINE_PROBE_S = 60.0
 ENGINE_HEALTH = functools.partial(Health, interval_s=15.0, timeout_s=ENGINE_PROBE_S, failures_before_restart=3)
 ENGINE_START_TRIES = 3  # failed starts in a row (never healthy) before the engine is left stopped: each costs minutes
 ENGINE_HEALTH_NOTE_S = 1.0  # how often the engines' health is compared with what /health last read
+BRIDGE_CATCH_UP_S = 120.0  # the self-check waits this long for the bridge to name the model its engine serves
 HUB_LAST_WORDS_S = 20.0  # how long a refused start waits for its one line to reach the Hub log
 REFUSED = 2  # exit status of a start refused by a setting, the GPU or the install
 CRASHED = 1  # exit status of a start stopped by anything else (its traceback is in boot.log)
@@ -497,6 +499,7 @@ class Pod:
                 pass
 
         url = health_url(self.settings.listen, self.settings.port).removesuffix("/health")
+        await bridge_serves(url, self.selfcheck_key, BRIDGE_CATCH_UP_S)
         try:
             await run_checks(url, self.selfcheck_key, list(CHECKS), said, command.served_names[0], users_first)
         except EndpointError as error:
@@ -720,3 +723,18 @@ def seconds_since_process_start() -> float:
     start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
     uptime = float(Path("/proc/uptime").read_text().split()[0])
     return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
+
+
+async def bridge_serves(url: str, key: str, within_s: float) -> None:
+    """Returns once the bridge at `url` names the model its engine serves (it learns it by asking the engine, a
+    little after the engine is healthy), or after `within_s`: the self-check then fails honestly at its endpoint."""
+    import httpx  # not on the light path to vLLM's launch
+
+    deadline = time.monotonic() + within_s
+    async with httpx.AsyncClient(timeout=10.0, trust_env=False) as client:
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                answer = await client.get(f"{url}/health", headers={"x-api-key": key})
+                if serves_model(answer.status_code, answer.content):
+                    return
+            await asyncio.sleep(1.0)  # polling the pod's own bridge: it has no notification to wait on
