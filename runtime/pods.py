@@ -28,14 +28,18 @@ from runtime.health import serves_model
 from runtime.launch import remember_pod
 from runtime.liveline import LiveLine
 from runtime.redact import Redactor, redacted_output
-from runtime.runpod import KEY_VARIABLE, RunPodClient, RunPodError
+from runtime.runpod import (
+    CUDA_VERSIONS,
+    KEY_VARIABLE,
+    PROXY_URL,
+    PROXY_URL_VARIABLE,
+    VOLUME_PATH,
+    RunPodClient,
+    RunPodError,
+)
 from runtime.units import human_seconds
 
-PROXY_URL_VARIABLE = "RUNPOD_PROXY_URL"
-PROXY_URL = "https://{pod_id}-{port}.proxy.runpod.net"  # RunPod's HTTPS proxy in front of a pod's `N/http` port
 BRIDGE_PORT = 8080
-VOLUME_PATH = "/workspace"  # where the runtime looks for the volume (VL_VOLUME's default)
-CUDA_VERSIONS = ["13.0"]  # the images' CUDA; a template's own allowedCudaVersions win
 # A target's GPUs, the best buy first (the field notes: the RTX 6000 Ada's 48 GB hold the 30B recipes).
 DEFAULT_GPUS = {
     "sm89": ["NVIDIA RTX 6000 Ada Generation", "NVIDIA L40S", "NVIDIA L40", "NVIDIA GeForce RTX 4090"],
@@ -121,16 +125,16 @@ class Pods:
         self.redactor.add([secret])
 
     def get(self, pod_id: str) -> dict[str, Any]:
-        return self.api.call("GET", f"/v2/pods/{pod_id}", f"read the pod {pod_id}")
+        return self.api.pod(pod_id)
 
     def all(self) -> list[dict[str, Any]]:
-        return self.api.call("GET", "/v2/pods", "list your pods", expect="pods")["pods"]
+        return self.api.pods()
 
     def act(self, pod_id: str, action: str) -> None:
-        self.api.call("POST", f"/v2/pods/{pod_id}/action", f"{action} the pod {pod_id}", {"action": action}, None)
+        self.api.act(pod_id, action)
 
     def template(self, name_or_id: str) -> dict[str, Any]:
-        templates = self.api.call("GET", "/v2/templates", "list your templates", expect="templates")["templates"]
+        templates = self.api.templates()
         found = [t for t in templates if name_or_id in (t["id"], t["name"])]
         if len(found) != 1:
             names = ", ".join(repr(t["name"]) for t in templates) or "none"
@@ -139,10 +143,10 @@ class Pods:
         return found[0]
 
     def volume(self, name: str) -> dict[str, Any]:
-        volumes = self.api.call("GET", "/v2/network-volumes", "list your network volumes", expect="networkVolumes")
-        found = [v for v in volumes["networkVolumes"] if name in (v["id"], v["name"])]
+        volumes = self.api.network_volumes()
+        found = [v for v in volumes if name in (v["id"], v["name"])]
         if len(found) != 1:
-            names = ", ".join(repr(v["name"]) for v in volumes["networkVolumes"]) or "none"
+            names = ", ".join(repr(v["name"]) for v in volumes) or "none"
             raise RunPodError(f"{len(found) or 'no'} network volume(s) named {name!r} (yours: {names})")
         return found[0]
 
@@ -193,7 +197,7 @@ def up_team(pods: Pods, args: argparse.Namespace, body: dict[str, Any], gpus: li
                 "VL_WORKER_KEY": key, "VL_COST_PER_HOUR": f"{team_cost:g}"},  # the console counts the team's GPUs
     }  # fmt: skip
     try:
-        gateway = pods.api.call("POST", "/v2/pods", f"create the gateway on {args.gateway_cpu}", gateway_body)
+        gateway = pods.api.create_pod(gateway_body, f"the gateway on {args.gateway_cpu}")
     except RunPodError as error:
         raise RunPodError(f"{error} (try --gateway-cpu another flavour){still_running(workers)}") from None
     print(f"gateway {gateway['id']} ({gateway['name']}): {args.gateway_cpu}, ${gateway['cost']:.2f}/h, "
@@ -224,8 +228,9 @@ def place(pods: Pods, body: dict[str, Any], gpus: list[str], cuda: list[str]) ->
     tried = []
     for gpu in gpus:
         try:
-            pod = pods.api.call("POST", "/v2/pods", f"create a pod on {gpu}",
-                                {**body, "gpu": {"id": gpu, "count": 1, "allowedCudaVersions": cuda}})  # fmt: skip
+            pod = pods.api.create_pod(
+                {**body, "gpu": {"id": gpu, "count": 1, "allowedCudaVersions": cuda}}, f"a pod on {gpu}"
+            )
         except RunPodError as error:
             if error.status not in (400, 403):  # 400: no capacity (or a rule), 403: not this pool; else stop
                 raise
@@ -285,7 +290,7 @@ def replace(pods: Pods, args: argparse.Namespace) -> int:
     target = next((t for t in DEFAULT_GPUS if f"-{t}" in old["name"] or f" {t} " in f" {template['name']} "), "")
     gpus = list(dict.fromkeys(args.gpu or [old["gpu"]["id"], *DEFAULT_GPUS.get(target, [])]))
     new = place(pods, body, gpus, template.get("allowedCudaVersions") or CUDA_VERSIONS)
-    pods.api.call("DELETE", f"/v2/pods/{args.pod}", f"delete the pod {args.pod}", expect=None)
+    pods.api.delete_pod(args.pod)
     print(f"deleted {going(old)}: replaced by {new['id']}", flush=True)
     return watch_boot(pods, new["id"], args, old.get("env") or {})
 
@@ -470,7 +475,7 @@ def down(pods: Pods, args: argparse.Namespace) -> int:
     what = {pod_id: going(pods.get(pod_id)) for pod_id in args.pods}
     confirm(f"deleting {'; '.join(what.values())}", args.yes)
     for pod_id, said in what.items():
-        pods.api.call("DELETE", f"/v2/pods/{pod_id}", f"delete the pod {pod_id}", expect=None)
+        pods.api.delete_pod(pod_id)
         print(f"deleted {said}")
     return 0
 

@@ -18,6 +18,10 @@ from runtime.client import USER_AGENT
 API_URL = "https://api.runpod.io"  # the `servers` entry of RunPod's OpenAPI description of REST API v2
 API_URL_VARIABLE = "RUNPOD_API_URL"  # points the client elsewhere (the tests' stand-in)
 KEY_VARIABLE = "RUNPOD_API_KEY"
+PROXY_URL_VARIABLE = "RUNPOD_PROXY_URL"
+PROXY_URL = "https://{pod_id}-{port}.proxy.runpod.net"  # RunPod's HTTPS proxy in front of a pod's `N/http` port
+VOLUME_PATH = "/workspace"  # RunPod's convention, and VL_VOLUME's default: the one path that survives a stop
+CUDA_VERSIONS = ["13.0"]  # the images are built on CUDA 13.0 and refuse an older driver at start
 TIMEOUT = httpx.Timeout(30.0, connect=10.0)  # every call: a hung API must end in one line, not a hung command
 KEYS_PAGE = "https://console.runpod.io/user/settings"
 
@@ -83,6 +87,44 @@ class RunPodClient:
                 f"trying to {action}): check {API_URL_VARIABLE} if you set it"
             )
         return answer
+
+    # --- the calls both sides make: build.py's templates and registry credentials, `runtime pod`'s pods ---
+
+    def templates(self) -> list[dict[str, Any]]:
+        return self.call("GET", "/v2/templates", "list your templates", expect="templates")["templates"]
+
+    def create_template(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self.call("POST", "/v2/templates", f"create the template {body['name']!r}", body)
+
+    def update_template(self, template_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self.call("PATCH", f"/v2/templates/{template_id}", f"update the template {body['name']!r}", body)
+
+    def registries(self) -> list[dict[str, Any]]:
+        action = "list your container registry credentials"
+        return self.call("GET", "/v2/registries", action, expect="registries")["registries"]
+
+    def create_registry(self, name: str, username: str, password: str) -> dict[str, Any]:
+        body = {"name": name, "username": username, "password": password}
+        return self.call("POST", "/v2/registries", f"create the registry credential {name!r}", body)
+
+    def pod(self, pod_id: str) -> dict[str, Any]:
+        return self.call("GET", f"/v2/pods/{pod_id}", f"read the pod {pod_id}")
+
+    def pods(self) -> list[dict[str, Any]]:
+        return self.call("GET", "/v2/pods", "list your pods", expect="pods")["pods"]
+
+    def create_pod(self, body: dict[str, Any], on: str) -> dict[str, Any]:
+        return self.call("POST", "/v2/pods", f"create {on}", body)
+
+    def act(self, pod_id: str, action: str) -> None:
+        self.call("POST", f"/v2/pods/{pod_id}/action", f"{action} the pod {pod_id}", {"action": action}, None)
+
+    def delete_pod(self, pod_id: str) -> None:
+        self.call("DELETE", f"/v2/pods/{pod_id}", f"delete the pod {pod_id}", expect=None)
+
+    def network_volumes(self) -> list[dict[str, Any]]:
+        action = "list your network volumes"
+        return self.call("GET", "/v2/network-volumes", action, expect="networkVolumes")["networkVolumes"]
 
     def scrub(self, line: str) -> str:
         for secret in self.secrets:

@@ -11,15 +11,13 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from runtime.runpod import API_URL, RunPodClient, RunPodError
+from runtime.runpod import API_URL, CUDA_VERSIONS, VOLUME_PATH, RunPodClient, RunPodError
 from space import BuildError
 from space.targets import ROOT
 
 PORTS = ["8080/http", "22/tcp"]  # the bridge (RunPod's HTTPS proxy serves it) and sshd (direct TCP)
 CONTAINER_DISK_GB = 30  # the image itself; everything that grows lives on the volume
 VOLUME_GB = 200  # model weights are tens of GB, plus vLLM's compile caches
-VOLUME_PATH = "/workspace"  # RunPod's convention, and VL_VOLUME's default: the one path that survives a stop
-CUDA_VERSIONS = ["13.0"]  # the image is built on CUDA 13.0 and refuses an older driver at start
 COST_PER_HOUR_MAX = 1000.0  # VL_COST_PER_HOUR's bound (runtime/settings.py, not imported here; a test compares)
 DEFAULT_MODEL = "nemotron"  # VL_MODEL's default (runtime/settings.py), spelled out in the template
 RECIPES_DIR = ROOT / "runtime" / "engine" / "recipes"  # what VL_MODEL may name: one TOML file per recipe
@@ -167,7 +165,7 @@ def render_template(
 
 
 class RunPodAPI(RunPodClient):
-    """The few calls of RunPod's REST API v2 that a template needs, each ending in data or a BuildError."""
+    """The project's one RunPod client (runtime.runpod), each call ending in data or a BuildError: build.py's way."""
 
     def __init__(self, api_key: str, base_url: str | None = None, *, secrets: tuple[str, ...] = ()) -> None:
         try:
@@ -177,23 +175,6 @@ class RunPodAPI(RunPodClient):
 
     def __enter__(self) -> RunPodAPI:
         return self
-
-    def templates(self) -> list[dict[str, Any]]:
-        return self.call("GET", "/v2/templates", "list your templates", expect="templates")["templates"]
-
-    def create_template(self, body: dict[str, Any]) -> dict[str, Any]:
-        return self.call("POST", "/v2/templates", f"create the template {body['name']!r}", body)
-
-    def update_template(self, template_id: str, body: dict[str, Any]) -> dict[str, Any]:
-        return self.call("PATCH", f"/v2/templates/{template_id}", f"update the template {body['name']!r}", body)
-
-    def registries(self) -> list[dict[str, Any]]:
-        action = "list your container registry credentials"
-        return self.call("GET", "/v2/registries", action, expect="registries")["registries"]
-
-    def create_registry(self, name: str, username: str, password: str) -> dict[str, Any]:
-        body = {"name": name, "username": username, "password": password}
-        return self.call("POST", "/v2/registries", f"create the registry credential {name!r}", body)
 
     def call(
         self, method: str, path: str, action: str, body: dict[str, Any] | None = None, expect: str | None = "id"
