@@ -15,7 +15,7 @@ import urllib.request
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from runtime.enginehealth import SERVING_CONDITIONS, read_engine_health  # standard library only, as these
 from runtime.settings import BY_ENV, parse_value  # standard library only, as this module at load
@@ -123,13 +123,19 @@ def serves_model(status: int, body: bytes) -> bool:
         return False
     if not body:
         return True
+    answer = health_answer(body)
+    if answer.get("status") == "stopped":  # its engines are left stopped: a model name says nothing then
+        return False
+    return bool(answer["model"]) if "model" in answer else answer.get("status") in SERVING_CONDITIONS
+
+
+def health_answer(body: bytes) -> dict[str, Any]:
+    """The bridge's /health answer as an object; {} for any other body (a proxy's page, vLLM's own empty one)."""
     try:
         answer = json.loads(body)
-        if answer.get("status") == "stopped":  # its engines are left stopped: a model name says nothing then
-            return False
-        return bool(answer["model"]) if "model" in answer else answer.get("status") in SERVING_CONDITIONS
-    except (ValueError, AttributeError, TypeError):
-        return False
+    except ValueError:
+        return {}
+    return answer if isinstance(answer, dict) else {}
 
 
 def health_url(listen: str, port: int) -> str:

@@ -24,7 +24,7 @@ import httpx
 
 from runtime.client import USER_AGENT, pod_key
 from runtime.connect import EndpointError, check_endpoint, print_environment
-from runtime.health import serves_model
+from runtime.health import health_answer, serves_model
 from runtime.launch import remember_pod
 from runtime.liveline import LiveLine
 from runtime.redact import Redactor, redacted_output
@@ -340,13 +340,8 @@ def print_verdict(pod_id: str, key: str, deadline: float) -> None:
 
 def self_checked(url: str, key: str) -> str | None:
     """`checked` of the pod's /health as a key's holder reads it; None when it cannot be read."""
-    try:
-        response = httpx.get(f"{url}/health", headers={"user-agent": USER_AGENT, "x-api-key": key},
-                             timeout=HEALTH_TIMEOUT_S)  # fmt: skip
-        answer = response.json()
-    except (httpx.HTTPError, ValueError):
-        return None
-    return answer.get("checked") if isinstance(answer, dict) else None
+    answer = health(url, key)
+    return health_answer(answer[1]).get("checked") if answer is not None else None
 
 
 def boot(pods: Pods, pod_id: str, env: Mapping[str, str], deadline: float) -> int:
@@ -367,7 +362,7 @@ def boot(pods: Pods, pod_id: str, env: Mapping[str, str], deadline: float) -> in
             answer = health(url) if status == "RUNNING" else None
             if answer is not None and serves_model(*answer):
                 break
-            if answer is not None and b'"stopped"' in answer[1]:  # its engine left stopped: no wait will help
+            if answer is not None and health_answer(answer[1]).get("status") == "stopped":  # no wait will help
                 line.end()
                 raise RunPodError(f"{pod_id}'s engine is left stopped: its log above says why (a sick host: "
                                   f"python -m runtime pod replace {pod_id}; a setting: change it, then pod start)")  # fmt: skip
@@ -418,15 +413,19 @@ def serving(url: str, status: str) -> str:
     if status != "RUNNING":
         return "-"
     answer = health(url)  # no key needed: the one word
-    if answer is not None and b'"stopped"' in answer[1]:
-        return "stopped"
-    return "yes" if answer is not None and serves_model(*answer) else "no"
+    if answer is None:
+        return "no"
+    return (
+        "stopped" if health_answer(answer[1]).get("status") == "stopped" else "yes" if serves_model(*answer) else "no"
+    )
 
 
-def health(url: str) -> tuple[int, bytes] | None:
-    """The pod's /health through RunPod's proxy (status, body), or None while it cannot be reached."""
+def health(url: str, key: str | None = None) -> tuple[int, bytes] | None:
+    """The pod's /health through RunPod's proxy (status, body), as a key's holder reads it when `key` is given; None
+    while it cannot be reached."""
+    headers = {"user-agent": USER_AGENT} | ({"x-api-key": key} if key else {})
     try:
-        response = httpx.get(f"{url}/health", headers={"user-agent": USER_AGENT}, timeout=HEALTH_TIMEOUT_S)
+        response = httpx.get(f"{url}/health", headers=headers, timeout=HEALTH_TIMEOUT_S)
     except httpx.HTTPError:
         return None
     return response.status_code, response.content
