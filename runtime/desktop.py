@@ -6,10 +6,16 @@ Xvfb and x11vnc, and one that follows the browser's window size: `resize=remote`
 (a taskbar, a menu) and an xterm. websockify serves the page and carries the VNC stream over a WebSocket.
 
 The port is public, so the password is checked twice, and appears in no command line (`ps` shows those to
-everyone in the pod) and no log:
-- websockify asks for it in full (HTTP Basic, any user name) before the page, its files or the WebSocket
-  (runtime/desktop_auth.py): a browser asks once, then sends it with the WebSocket upgrade itself;
-- Xvnc asks for it again (VNC's own check, of which only the first 8 characters count), from a 0600 file.
+everyone in the pod), no log and no other process's environment:
+- this launcher's gate (runtime/desktop_gate.py) holds port 6080: it asks for the password in full (HTTP
+  Basic, any user name) before the page, its files or the WebSocket (a browser asks once, then sends it with
+  the WebSocket upgrade itself), bounds each head's time and size and the connections open, and slows
+  repeated wrong passwords; only then does websockify see the request, on a loopback port, with a token
+  drawn at each start in place of the password (websockify forks a process per connection: none is forked
+  for a client the gate has not let in);
+- Xvnc asks for it again (VNC's own check, of which only the first 8 characters count), from a 0600 file
+  in a 0700 folder. That file is VNC's: the password obfuscated with a key every VNC program knows, so
+  readable by root alone, as everything in the pod that root can read.
 Xvnc listens on a 0600 Unix socket only, never on a network interface (the notes' x11vnc `-localhost`):
 websockify, run by root, is its only way in.
 
@@ -22,18 +28,22 @@ After a container restart the desktop comes back with the pod, where the notes h
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import logging
 import os
+import secrets
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from runtime.desktop_gate import MAX_HEAD_BYTES, Gate
 from runtime.settings import Settings, SettingsError, load_settings
 from runtime.supervisor import exit_description
 
@@ -41,6 +51,7 @@ log = logging.getLogger("runtime.desktop")
 
 PORT = 6080  # RunPod's template exposes it as 6080/http (space/runpod_template.py; a test compares)
 PASSWORD_VARIABLE = "VL_DESKTOP_PASSWORD"
+GATE_TOKEN_VARIABLE = "VL_DESKTOP_GATE_TOKEN"  # websockify's secret: drawn at each start, never the password
 NOVNC_DIR = Path("/usr/share/novnc")  # where the image unpacks noVNC's page (space/targets.py; a test compares)
 SYSTEM_PYTHON = "/usr/bin/python3"  # the distribution's python: websockify is its package, not the venv's
 RUNTIME_ROOT = Path(__file__).resolve().parents[1]  # on websockify's path: its auth plugin is ours
@@ -155,18 +166,18 @@ def websockify_argv(layout: DesktopLayout) -> list[str]:
         SYSTEM_PYTHON,
         "-m",
         "websockify",
+        "--inetd",  # its listening socket from the launcher, on its stdin: loopback, behind the gate
         "--web",  # noVNC's page and files, served by websockify itself
         str(layout.web_dir),
-        "--web-auth",  # the password before the page too, not only before the WebSocket
+        "--web-auth",  # the gate's token before the page too, not only before the WebSocket
         "--auth-plugin",
         AUTH_PLUGIN,
         "--auth-source",  # the variable's *name*: its value stays out of argv
-        PASSWORD_VARIABLE,
+        GATE_TOKEN_VARIABLE,
         "--unix-target",
         str(layout.socket),
         "--heartbeat",
         str(HEARTBEAT_S),
-        layout.listen_address,
     ]
 
 
@@ -249,48 +260,57 @@ def run(args: argparse.Namespace) -> int:
     return Desktop(DesktopLayout.from_settings(settings), os.environ, settings.desktop_password).run()
 
 
-class Stopped(Exception):
-    """SIGTERM or SIGINT: stop every piece and exit 0."""
-
-
-def stop_on_signal(signum: int, frame: object) -> None:
-    raise Stopped
-
-
 class Desktop:
-    """The running pieces; `run` returns once one of them died (1) or a signal asked to stop (0)."""
+    """The running pieces behind the gate; `run` returns once one of them died (1) or a signal asked to stop (0)."""
 
     def __init__(self, layout: DesktopLayout, environ: Mapping[str, str], password: str) -> None:
         self.layout, self.password = layout, password
         # What the desktop's programs (and the user's shells in it) see: the pod's environment, as SSH
         # sessions get it, but for the desktop's password.
         self.session_env = {name: value for name, value in environ.items() if name != PASSWORD_VARIABLE}
-        self.essential: dict[int, tuple[str, subprocess.Popen[bytes]]] = {}  # by pid: one dies, all stop
-        self.others: list[subprocess.Popen[bytes]] = []  # the first terminal: the user may close it
+        self.essential: dict[str, asyncio.subprocess.Process] = {}  # one dies, all stop
+        self.others: list[asyncio.subprocess.Process] = []  # the first terminal: the user may close it
 
     def run(self) -> int:
-        signal.signal(signal.SIGTERM, stop_on_signal)
-        signal.signal(signal.SIGINT, stop_on_signal)
+        return asyncio.run(self.serve())
+
+    async def serve(self) -> int:
+        stopping = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stopping.set)
         try:
-            self.prepare()
-            display = self.start_display()
-            self.session_env["DISPLAY"] = f":{display}"
-            self.start("jwm", window_manager_argv(self.layout), self.session_env)
-            self.others.append(self.launch(TERMINAL, self.session_env))
-            path = os.pathsep.join(filter(None, (str(RUNTIME_ROOT), self.session_env.get("PYTHONPATH"))))
-            web_env = {**self.session_env, "PYTHONPATH": path, PASSWORD_VARIABLE: self.password}
-            self.start("websockify", websockify_argv(self.layout), web_env)
-            log.info("display :%s served on %s (noVNC: /%s)", display, self.layout.listen_address, URL_QUERY)
-            return self.until_one_dies()
-        except Stopped:
-            log.info("stopping")
-            return 0
+            # The public port first: taken by another program, the desktop says so before starting anything.
+            v6 = ":" in self.layout.listen  # `::` takes IPv4 clients too, as everywhere in the pod
+            family, both = (socket.AF_INET6, socket.has_dualstack_ipv6()) if v6 else (socket.AF_INET, False)
+            public = socket.create_server((self.layout.listen, self.layout.port), family=family, dualstack_ipv6=both)
+            gate = Gate(self.password, *await self.start_pieces())
+            door = await asyncio.start_server(gate.serve_client, sock=public, limit=MAX_HEAD_BYTES)
         except (OSError, subprocess.SubprocessError, DisplayError) as error:
             log.error("the desktop could not start: %s", error)
+            await self.stop_all()
             return 1
+        log.info("served on %s behind its gate (noVNC: /%s)", self.layout.listen_address, URL_QUERY)
+        try:
+            return await self.until_one_dies(stopping)
         finally:
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the pieces' own TERMs follow
-            self.stop_all()
+            door.close()
+            await self.stop_all()
+
+    async def start_pieces(self) -> tuple[tuple[str, int], str]:
+        """Xvnc, the window manager, a terminal and websockify, on a loopback port of the kernel's choosing
+        (its listening socket handed to it): that address, and the token websockify takes."""
+        self.prepare()
+        display = await self.start_display()
+        self.session_env["DISPLAY"] = f":{display}"
+        await self.start("jwm", window_manager_argv(self.layout), self.session_env)
+        self.others.append(await self.launch(TERMINAL, self.session_env))
+        token = secrets.token_urlsafe(32)
+        path = os.pathsep.join(filter(None, (str(RUNTIME_ROOT), self.session_env.get("PYTHONPATH"))))
+        web_env = {**self.session_env, "PYTHONPATH": path, GATE_TOKEN_VARIABLE: token}
+        with socket.create_server(("127.0.0.1", 0)) as listening:
+            await self.start("websockify", websockify_argv(self.layout), web_env, stdin=listening.fileno())
+            return ("127.0.0.1", listening.getsockname()[1]), token
 
     def prepare(self) -> None:
         """The 0700 folder with Xvnc's password file and JWM's configuration, rewritten at each start."""
@@ -304,57 +324,69 @@ class Desktop:
         write_private(self.layout.password_file, obfuscated)
         self.layout.window_manager_config.write_text(JWM_CONFIG)
 
-    def start_display(self) -> str:
+    async def start_display(self) -> str:
         """Xvnc, and the display number it writes once it accepts clients."""
         reading, writing = os.pipe()
         try:
-            self.start("Xvnc", xvnc_argv(self.layout, writing), self.session_env, pass_fds=(writing,))
+            await self.start("Xvnc", xvnc_argv(self.layout, writing), self.session_env, pass_fds=(writing,))
         finally:
             os.close(writing)
         with os.fdopen(reading, "rb") as pipe:
-            ready, _, _ = select.select([pipe], [], [], DISPLAY_TIMEOUT_S)
-            display = pipe.readline().decode().strip() if ready else ""
+            readable, _, _ = await asyncio.to_thread(select.select, [pipe], [], [], DISPLAY_TIMEOUT_S)
+            display = pipe.readline().decode().strip() if readable else ""
         if not display.isdigit():
             raise DisplayError(f"Xvnc gave no display within {DISPLAY_TIMEOUT_S:g} s (its output is above)")
         return display
 
-    def launch(
-        self, argv: Sequence[str], env: Mapping[str, str], pass_fds: Sequence[int] = ()
-    ) -> subprocess.Popen[bytes]:
+    async def launch(
+        self, argv: Sequence[str], env: Mapping[str, str], pass_fds: Sequence[int] = (), stdin: int | None = None
+    ) -> asyncio.subprocess.Process:
         """A piece in the user's home (a terminal opens there); its output goes to the desktop's log."""
         home = Path(env.get("HOME") or "/")
-        return subprocess.Popen(list(argv), env=dict(env), cwd=home if home.is_dir() else "/", pass_fds=pass_fds)
+        return await asyncio.create_subprocess_exec(
+            *argv, env=dict(env), cwd=home if home.is_dir() else "/", pass_fds=pass_fds, stdin=stdin
+        )
 
-    def start(self, name: str, argv: Sequence[str], env: Mapping[str, str], pass_fds: Sequence[int] = ()) -> None:
-        process = self.launch(argv, env, pass_fds)
-        self.essential[process.pid] = (name, process)
+    async def start(
+        self,
+        name: str,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        pass_fds: Sequence[int] = (),
+        stdin: int | None = None,
+    ) -> None:
+        process = await self.launch(argv, env, pass_fds, stdin)
+        self.essential[name] = process
         log.info("%s started (pid %d)", name, process.pid)
 
-    def until_one_dies(self) -> int:
-        """Reaps children (a closed terminal among them) until one the desktop needs exits."""
-        while True:
-            pid, status = os.wait()
-            if pid in self.essential:
-                name, process = self.essential.pop(pid)
-                process.returncode = status = os.waitstatus_to_exitcode(status)
-                log.warning("%s %s: stopping the desktop (the pod restarts it)", name, exit_description(status))
-                return 1
-            for other in self.others:
-                if other.pid == pid:
-                    other.returncode = os.waitstatus_to_exitcode(status)
+    async def until_one_dies(self, stopping: asyncio.Event) -> int:
+        """0 once a signal asks to stop; 1 once a piece the desktop needs exits (a closed terminal is not one)."""
+        waits = {asyncio.ensure_future(process.wait()): name for name, process in self.essential.items()}
+        asked = asyncio.ensure_future(stopping.wait())
+        done, _ = await asyncio.wait([asked, *waits], return_when=asyncio.FIRST_COMPLETED)
+        for task in [asked, *waits]:
+            task.cancel()
+        if asked in done:
+            log.info("stopping")
+            return 0
+        name = next(waits[task] for task in done if task in waits)
+        status = self.essential[name].returncode
+        log.warning("%s %s: stopping the desktop (the pod restarts it)", name, exit_description(status or 0))
+        return 1
 
-    def stop_all(self) -> None:
-        running = [process for _, process in self.essential.values()] + self.others
+    async def stop_all(self) -> None:
+        running = [process for process in (*self.essential.values(), *self.others) if process.returncode is None]
         for process in running:
-            if process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
                 process.terminate()
-        deadline = time.monotonic() + STOP_GRACE_S
-        for process in running:
-            try:
-                process.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        try:
+            await asyncio.wait_for(asyncio.gather(*(process.wait() for process in running)), STOP_GRACE_S)
+        except TimeoutError:
+            for process in running:
+                if process.returncode is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        process.kill()
+            await asyncio.gather(*(process.wait() for process in running))
 
 
 class DisplayError(RuntimeError):

@@ -1,9 +1,10 @@
-"""The browser desktop's password check, as a websockify auth plugin (`--auth-plugin
-runtime.desktop_auth.DesktopPassword --auth-source VARIABLE`).
+"""The browser desktop's HTTP Basic check: the gate's (runtime.desktop_gate) of the user's password, and
+websockify's of the gate's token, as its auth plugin (`--auth-plugin runtime.desktop_auth.DesktopPassword
+--auth-source VARIABLE`).
 
 websockify's own BasicHTTPAuth takes `user:password` on its command line, where `ps` shows it to anyone in
-the pod; this one reads the password from the environment variable named by `--auth-source`. Any user name
-is accepted (browsers ask for one; the password is the secret), and the full password counts (VNC's own
+the pod; this plugin reads the secret from the environment variable named by `--auth-source`. Any user name
+is accepted (browsers ask for one; the password is the secret), and the whole secret counts (VNC's own
 check keeps only its first 8 characters), compared in constant time.
 
 Standard library only, and websockify imported inside the check: websockify runs it under the
@@ -43,12 +44,17 @@ class DesktopPassword:
             )
 
     def accepts(self, header: str | None) -> bool:
-        scheme, _, encoded = (header or "").partition(" ")
-        if scheme.lower() != "basic":
-            return False
-        try:
-            credentials = base64.b64decode(encoded.strip(), validate=True)
-        except (binascii.Error, ValueError):
-            return False
-        _user, colon, password = credentials.partition(b":")
-        return bool(colon) and hmac.compare_digest(password, self.password)
+        return basic_password_matches(header, self.password)
+
+
+def basic_password_matches(header: str | None, password: bytes) -> bool:
+    """Whether an `Authorization` header is HTTP Basic with `password` (any user name), in constant time."""
+    scheme, _, encoded = (header or "").partition(" ")
+    if scheme.lower() != "basic":
+        return False
+    try:
+        credentials = base64.b64decode(encoded.strip(), validate=True)
+    except (binascii.Error, ValueError):
+        return False
+    _user, colon, given = credentials.partition(b":")
+    return bool(colon) and hmac.compare_digest(given, password)

@@ -272,12 +272,21 @@ def refuse(line: str, hub: PodHub) -> None:
     hub.tell(line)
 
 
+DESKTOP_ONLY = ("VL_DESKTOP", "VL_DESKTOP_PASSWORD")  # the password is the desktop's alone: no other child sees it
+
+
+def without_desktop(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment of a child other than the desktop: the pod's, less the desktop's settings."""
+    return {name: value for name, value in environ.items() if name not in DESKTOP_ONLY}
+
+
 class Pod:
     """The running pod, built once from its final settings: the children they call for, their
     supervisor, and the live changes from the Hub file."""
 
     def __init__(self, settings: Settings, environ: Mapping[str, str], hub: PodHub) -> None:
         self.environ, self.hub = environ, hub
+        self.children_environ = without_desktop(environ)  # every child's but the desktop's
         self.state_dir = Path(settings.state_dir)
         self.supervisor = Supervisor(self.state_dir, on_incident=hub.tell)
         if hub.log is not None:
@@ -400,7 +409,7 @@ class Pod:
         command = replica.command
         health = ENGINE_HEALTH(engine_generates(command, ENGINE_PROBE_S))
         limit = StartLimit(ENGINE_START_TRIES, explain)  # an engine that cannot start is not restarted for ever
-        return ChildSpec(replica.name, command.argv, {**self.environ, **command.env}, health, limit)
+        return ChildSpec(replica.name, command.argv, {**self.children_environ, **command.env}, health, limit)
 
     def router_spec(self) -> ChildSpec:
         """The router in front of the engines; health-checked like the bridge (its /health is its own)."""
@@ -408,7 +417,7 @@ class Pod:
             self.settings, [replica.command.base_url for replica in self.replicas]
         )  # a gateway's: none yet
         return ChildSpec(
-            ROUTER, argv, dict(self.environ), ROUTER_HEALTH(Answers200(f"{router_url(self.settings)}/health"))
+            ROUTER, argv, dict(self.children_environ), ROUTER_HEALTH(Answers200(f"{router_url(self.settings)}/health"))
         )
 
     def bridge_spec(self) -> ChildSpec:
@@ -424,7 +433,8 @@ class Pod:
             argv += [word for engine in engines for word in ("--engine", engine)]
         argv += ["--ledger", str(cache_root(settings) / USAGE_LEDGER)]  # on the volume, when the pod has one
         # Every setting the bridge reads, as they are now: its own, and the pod's (state folder, image facts).
-        env = {**self.environ, **settings.environ(Scope.BRIDGE, Scope.POD), SELFCHECK_KEY: self.selfcheck_key}
+        env = without_desktop({**self.environ, **settings.environ(Scope.BRIDGE, Scope.POD)})
+        env[SELFCHECK_KEY] = self.selfcheck_key
         env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(RUNTIME_ROOT), env.get("PYTHONPATH"))))
         return ChildSpec(BRIDGE, argv, env, self.bridge_health)
 
@@ -433,12 +443,12 @@ class Pod:
             log.info("sshd off (VL_SSH=off)")
             return
         try:
-            argv = await asyncio.to_thread(prepare_sshd, sshd_layout(self.settings), self.environ)
+            argv = await asyncio.to_thread(prepare_sshd, sshd_layout(self.settings), self.children_environ)
         except (OSError, subprocess.CalledProcessError) as error:  # no SSH is no reason to stop serving
             log.warning("sshd not started: %s", error)
             return
         if argv is not None:
-            self.supervisor.start(ChildSpec(SSHD, argv, dict(self.environ)))
+            self.supervisor.start(ChildSpec(SSHD, argv, dict(self.children_environ)))
 
     def start_desktop(self) -> None:
         """VL_DESKTOP=on: the browser desktop's launcher, a child like the others (restarted when it, or any
@@ -464,7 +474,7 @@ class Pod:
             return
         write_preload_state(self.state_dir, map(RepoPreload, repos))
         await self.engines.until_serving()
-        await preload_in_background(repos, command.cache, self.state_dir, self.environ, self.hub.tell)
+        await preload_in_background(repos, command.cache, self.state_dir, self.children_environ, self.hub.tell)
 
     @property
     def self_checks(self) -> bool:

@@ -57,6 +57,21 @@ for entry in pathlib.Path("/proc").glob("[0-9]*/cmdline"):
         except OSError:
             pass
 """
+# (pid, command line) of each process whose environment has a VL_DESKTOP_PASSWORD (no password on any command line).
+PASSWORD_HOLDERS = """
+import os, pathlib
+for entry in pathlib.Path("/proc").glob("[0-9]*/environ"):
+    if entry.parent.name == str(os.getpid()):
+        continue
+    try:
+        environ = entry.read_bytes().split(bytes(1))
+        line = (entry.parent / "cmdline").read_bytes().replace(bytes(1), b" ").decode(errors="replace").strip()
+    except OSError:
+        continue
+    if any(v.startswith(b"VL_DESKTOP_PASSWORD=") and len(v) > 20 for v in environ):
+        print(entry.parent.name, line)
+"""
+SILENT_CONNECTIONS = 200
 # The TCP ports a process listens on: its socket inodes matched against the kernel's LISTEN table.
 LISTENING_PORTS = """
 import os, sys
@@ -260,6 +275,54 @@ def test_vnc_listens_on_a_private_socket_only(pod: Container) -> None:
         f"600 socket {STATE_DIR}/desktop/vnc.sock",
         f"600 regular file {STATE_DIR}/desktop/vncpasswd",
     ]
+
+
+def test_no_process_but_the_pod_and_the_desktops_launcher_holds_the_password(pod: Container) -> None:
+    """websockify, vLLM, the bridge, sshd, the desktop's programs: none has it in its environment (the gate
+    gives websockify a token of its own; the pod gives its other children an environment without it)."""
+    code, output = pod.exec_run(["python", "-c", PASSWORD_HOLDERS])
+    # Docker's HEALTHCHECK runs in the container's environment, as this listing does (which leaves itself out).
+    holders = sorted(line.split(" ", 1)[1] for line in output.decode().splitlines() if "runtime.health" not in line)
+    assert code == 0 and holders == [
+        "/opt/venv/bin/python -m runtime desktop",
+        "/opt/venv/bin/python -m runtime start",
+        "/usr/bin/tini -- /opt/venv/bin/python -m runtime start",
+    ], holders
+
+
+def test_silent_connections_fork_nothing_and_those_past_the_cap_are_turned_away(
+    pod: Container, request: pytest.FixtureRequest
+) -> None:
+    """websockify forked a process for each connection and waited for its head for ever (200 silent ones:
+    200 processes, 479 MB). The gate holds them itself, under its caps, and hands on none."""
+    silent = [socket.create_connection(("127.0.0.1", PORT)) for _ in range(SILENT_CONNECTIONS)]
+    try:
+        busy = wait_until(lambda: turned_away(), "the gate to hold its share of silent connections", 30, every_s=0.2)
+        assert busy["retry-after"] == "5"
+        forks = [line for _, line in processes(pod) if "-m websockify" in line]
+        report(request, f"desktop: {SILENT_CONNECTIONS} silent connections → {len(forks)} websockify process(es)")
+        assert len(forks) == 1, forks  # its listener alone
+    finally:
+        for connection in silent:
+            connection.close()
+    wait_until(lambda: httpx.get(f"{URL}/vnc.html", auth=auth()).status_code == 200, "room again", 30, every_s=0.2)
+
+
+def turned_away() -> httpx.Headers | None:
+    """The headers of a 503 to a request with the password, if it got one."""
+    answer = httpx.get(f"{URL}/vnc.html", auth=auth())
+    return answer.headers if answer.status_code == 503 else None
+
+
+def test_repeated_wrong_passwords_are_slowed(pod: Container) -> None:
+    """82 guesses a second went through; now 5 from an address, then one every 3 s (20 in all, then one a
+    second). While slowed, not even the right password is checked. Last but for the tests that restart the desktop
+    (a fresh gate forgets): the page still asks a browser for the password meanwhile."""
+    answers = [httpx.get(f"{URL}/vnc.html", auth=auth(password=f"guess-{n}")).status_code for n in range(6)]
+    assert answers[-1] == 429 and set(answers[:-1]) <= {401, 429}, answers  # 1 wrong one before this test
+    slowed = httpx.get(f"{URL}/vnc.html", auth=auth())
+    assert slowed.status_code == 429 and 1 <= int(slowed.headers["retry-after"]) <= 3
+    assert page_answers()  # no password: the browser's first request, answered 401 as ever
 
 
 @pytest.mark.parametrize("victim", ["Xvnc", "launcher"])

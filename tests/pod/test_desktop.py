@@ -88,7 +88,7 @@ def test_no_command_line_holds_the_password(tmp_path: Path) -> None:
     ]
     assert not any(PASSWORD in word for argv in argvs for word in argv)
     web = desktop.websockify_argv(place)
-    assert web[web.index("--auth-source") + 1] == "VL_DESKTOP_PASSWORD"  # the variable's name, not its value
+    assert web[web.index("--auth-source") + 1] == "VL_DESKTOP_GATE_TOKEN"  # the variable's name, not its value
     assert web[web.index("--auth-plugin") + 1] == "runtime.desktop_auth.DesktopPassword"
 
 
@@ -99,8 +99,9 @@ def test_vnc_is_on_a_private_socket_and_behind_the_full_password_too(tmp_path: P
     assert xvnc[xvnc.index("-rfbport") + 1] == "-1" and "-localhost" in xvnc  # no TCP port for VNC
     assert xvnc[xvnc.index("-SecurityTypes") + 1] == "VncAuth"
     assert xvnc[xvnc.index("-PasswordFile") + 1] == str(place.password_file)
-    assert "--web-auth" in web  # the page and its files ask for the password too, not only the WebSocket
-    assert web[-1] == "0.0.0.0:6080" and desktop.websockify_argv(layout(tmp_path, "::"))[-1] == "[::]:6080"
+    assert "--web-auth" in web  # the page and its files ask for the gate's token too, not only the WebSocket
+    # websockify listens on no address of its own: the gate hands it a loopback socket (`--inetd`).
+    assert "--inetd" in web and not [word for word in web if word.endswith(":6080")]
 
 
 def test_the_password_file_is_private_from_its_first_byte(tmp_path: Path) -> None:
@@ -140,6 +141,11 @@ def test_start_supervises_the_launcher_as_the_desktop_child(tmp_path: Path, monk
     (spec,) = started
     assert (spec.name, list(spec.argv)) == ("desktop", desktop.launcher_argv())
     assert spec.env is not None and spec.env["VL_DESKTOP_PASSWORD"] == PASSWORD  # the launcher reads it there
+    # No other child sees it (nor the desktop's switch, which needs it): here a gateway's bridge, and the rest.
+    gateway = pod(tmp_path, VL_ROLE="gateway", VL_WORKERS="http://10.0.0.2:8080", VL_WORKER_KEY="sk-gateway-0123456789")
+    bridge = gateway.bridge_spec().env or {}
+    assert bridge["VL_STATE_DIR"] == str(tmp_path) and not {"VL_DESKTOP", "VL_DESKTOP_PASSWORD"} & set(bridge)
+    assert PASSWORD not in str(gateway.children_environ)
 
 
 def test_an_image_without_the_desktop_refuses_it_in_one_line_before_vllm_starts(
