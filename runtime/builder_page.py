@@ -19,9 +19,9 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse
 from starlette.routing import Route
 
-from runtime.engine.recipes import load_recipe, recipe_names
+from runtime.engine.recipes import load_recipe
 from runtime.image import public_facts, read_image_facts
-from runtime.settings import Settings
+from runtime.settings import Settings, recipe_names
 
 SPACE_PORT = 7860
 

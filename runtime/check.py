@@ -69,7 +69,10 @@ class Pod:
         response = await self.client.post("/v1/messages", json=body)
         if response.status_code != 200:
             raise CheckFailed(f"answered {response.status_code}: {response.text[:200]}")
-        return response.json()
+        answer = response.json()
+        if not isinstance(answer, dict):
+            raise CheckFailed(f"answered 200 with no message: {response.text[:200]}")
+        return answer
 
     async def tokens(self, text: str) -> int:
         response = await self.client.post(

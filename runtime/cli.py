@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "start": ("runtime.start", "start sshd, vLLM and the bridge, and keep them alive (the image entrypoint)"),
@@ -52,8 +52,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     module = importlib.import_module(module_name)
     parser = argparse.ArgumentParser(prog=f"python -m runtime {name}", description=summary)
     module.configure(parser)
+    run: Callable[[argparse.Namespace], int] = module.run
     if getattr(module, "PASSES_ON", False) and "--" in rest:  # what follows `--` is another program's
         parsed = parser.parse_args(rest[: rest.index("--")])
         parsed.passed_on = rest[rest.index("--") + 1 :]
-        return module.run(parsed)
-    return module.run(parser.parse_args(rest))
+        return run(parsed)
+    return run(parser.parse_args(rest))

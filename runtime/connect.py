@@ -13,6 +13,7 @@ import argparse
 import shlex
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 
@@ -80,7 +81,7 @@ def _require_a_served_model(client: httpx.Client) -> None:
         raise EndpointError(f"{url}: the bridge answers but its engine serves no model yet (still loading?)")
 
 
-def _request(client: httpx.Client, method: str, path: str, body: dict | None = None) -> dict:
+def _request(client: httpx.Client, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
     url = f"{client.base_url}{path}"
     try:
         response = client.request(method, path, json=body)
@@ -91,9 +92,12 @@ def _request(client: httpx.Client, method: str, path: str, body: dict | None = N
     if response.status_code >= 400:
         raise EndpointError(f"{url} answered {response.status_code}: {response.text[:300]}")
     try:
-        return response.json()
+        answer = response.json()
     except ValueError:
         raise EndpointError(f"{url} did not answer JSON: {response.text[:300]}") from None
+    if not isinstance(answer, dict):
+        raise EndpointError(f"{url} did not answer a JSON object: {response.text[:300]}")
+    return answer
 
 
 def claude_environment(endpoint: Endpoint) -> dict[str, str]:

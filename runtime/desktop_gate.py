@@ -45,9 +45,16 @@ FIELD = re.compile(rb"([!#$%&'*+\-.^_`|~0-9A-Za-z]+):[ \t]*([\x20-\x7e\t\x80-\xf
 # closed after its answer, so that a proxy's shared connection never carries a second, unchecked request).
 DROPPED = {b"authorization", b"proxy-authorization"}
 HOP_BY_HOP = {b"connection", b"keep-alive", b"upgrade", b"te", b"transfer-encoding"}
-REASONS = {400: "Bad Request", 401: "Unauthorized", 405: "Method Not Allowed", 408: "Request Timeout",
-           429: "Too Many Requests", 431: "Request Header Fields Too Large", 502: "Bad Gateway",
-           503: "Service Unavailable"}  # fmt: skip
+REASONS = {
+    400: "Bad Request",
+    401: "Unauthorized",
+    405: "Method Not Allowed",
+    408: "Request Timeout",
+    429: "Too Many Requests",
+    431: "Request Header Fields Too Large",
+    502: "Bad Gateway",
+    503: "Service Unavailable",
+}
 
 
 @dataclass
@@ -96,8 +103,12 @@ class Throttle:
         if now - self.warned_at >= WARN_EVERY_S:
             self.warned_at = now
             worst = ", ".join(f"{count} from {where}" for where, count in self.unreported.most_common(3))
-            log.warning("desktop: %d wrong password(s) since the last such line (%s); repeated ones are slowed "
-                        "(this line at most once a minute)", self.unreported.total(), worst)  # fmt: skip
+            log.warning(
+                "desktop: %d wrong password(s) since the last such line (%s); repeated ones are slowed "
+                "(this line at most once a minute)",
+                self.unreported.total(),
+                worst,
+            )
             self.unreported.clear()
 
     def forget_forgiven(self, now: float) -> None:
@@ -204,8 +215,9 @@ class Gate:
         address = str(peer[0]) if isinstance(peer, tuple) else "local"
         try:
             if self.open.total() >= self.max_connections or self.open[address] >= self.max_per_address:
-                raise Refusal(503, "too many connections to the desktop; try again shortly",
-                              [("Retry-After", str(BUSY_RETRY_S))])  # fmt: skip
+                raise Refusal(
+                    503, "too many connections to the desktop; try again shortly", [("Retry-After", str(BUSY_RETRY_S))]
+                )
             self.open[address] += 1
             try:
                 await self.let_in(address, reader, writer)
@@ -279,8 +291,13 @@ async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, ref
     """The gate's own answer; then what the client still sends is read and dropped for a moment, so that the
     close does not reset the connection before the client has read why."""
     body = f"{refusal.message}\n".encode()
-    head = [f"HTTP/1.1 {refusal.status} {REASONS[refusal.status]}", "Content-Type: text/plain; charset=utf-8",
-            f"Content-Length: {len(body)}", "Connection: close", *(f"{n}: {v}" for n, v in refusal.headers)]  # fmt: skip
+    head = [
+        f"HTTP/1.1 {refusal.status} {REASONS[refusal.status]}",
+        "Content-Type: text/plain; charset=utf-8",
+        f"Content-Length: {len(body)}",
+        "Connection: close",
+        *(f"{n}: {v}" for n, v in refusal.headers),
+    ]
     try:
         writer.write("\r\n".join(head).encode() + b"\r\n\r\n" + body)
         await asyncio.wait_for(writer.drain(), LINGER_S)

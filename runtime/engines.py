@@ -50,8 +50,12 @@ def check_swap(settings: Settings, engines: int) -> None:
     """VL_SWAP swaps one engine: several (VL_REPLICAS, VL_DP) would each need the swap at once, refused here, once
     the GPUs say how many engines there are (settings.check_together refuses what the settings alone tell)."""
     if settings.swap and engines > 1:
-        raise SettingsError("VL_SWAP", ",".join(settings.swap), f"empty on a pod of {engines} engines (a swap "
-                            "restarts one engine; serve each model from its own pod behind a gateway)")  # fmt: skip
+        raise SettingsError(
+            "VL_SWAP",
+            ",".join(settings.swap),
+            f"empty on a pod of {engines} engines (a swap "
+            "restarts one engine; serve each model from its own pod behind a gateway)",
+        )
 
 
 class Engines:
@@ -114,8 +118,10 @@ class Engines:
             raise ChangeRefused(str(error)) from None
         replicas = plan_replicas(settings, command, self.accelerator, self.gpus)
         if len(replicas) != len(self.replicas):
-            raise ChangeRefused(f"it would make {len(replicas)} engines of this pod's {len(self.replicas)} "
-                                "(set VL_TP and VL_REPLICAS in the pod's environment)")  # fmt: skip
+            raise ChangeRefused(
+                f"it would make {len(replicas)} engines of this pod's {len(self.replicas)} "
+                "(set VL_TP and VL_REPLICAS in the pod's environment)"
+            )
         if self.rolling is not None:
             self.rolling.cancel()  # a newer change takes over from one still under way
         previous, self.plan = self.plan, Plan(settings, command, replicas)
@@ -189,10 +195,14 @@ class Engines:
         if self.swap.loaded != loaded:  # changed by a Hub file (a swap sets `since` itself, once its engine serves)
             self.swap = replace(self.swap, since=time.time())
         self.swap = replace(
-            self.swap, loaded=loaded, phase=phase, target=target, recipe_names={r: list(c.names) for r, c in recipes.items()},
+            self.swap,
+            loaded=loaded,
+            phase=phase,
+            target=target,
+            recipe_names={r: list(c.names) for r, c in recipes.items()},
             thinks_unasked=command.recipe.thinks_unasked if target is None else self.swap.thinks_unasked,
             windows={**{r: c.default_window for r, c in recipes.items()}, self.settings.model: command.window},
             phase_since=time.time() if phase != self.swap.phase else self.swap.phase_since,
-        )  # fmt: skip
+        )
         if self.settings.swap:
             write_state(self.state_dir, self.swap)

@@ -72,7 +72,10 @@ def run(args: argparse.Namespace) -> int:
         print("launch: Claude Code is not on PATH (npm install -g @anthropic-ai/claude-code)", file=sys.stderr)
         return 1
     environment = {k: v for k, v in os.environ.items() if k != "ANTHROPIC_API_KEY"} | claude_environment(endpoint)
-    print(f"launch: Claude Code on {endpoint.model!r} at {endpoint.base_url} ({endpoint.window:,}-token window)",
-          file=sys.stderr, flush=True)  # fmt: skip
+    print(
+        f"launch: Claude Code on {endpoint.model!r} at {endpoint.base_url} ({endpoint.window:,}-token window)",
+        file=sys.stderr,
+        flush=True,
+    )
     argv = ["claude", *getattr(args, "passed_on", [])]
     os.execvpe(argv[0], argv, environment)  # Claude Code takes the terminal over: no process of ours stays

@@ -11,6 +11,7 @@ import dataclasses
 import sys
 import tomllib
 from pathlib import Path
+from typing import Any
 
 VERSIONS_TOML = Path(__file__).resolve().parent.parent / "docker" / "versions.toml"
 KINDS = ("gpu", "cpu")
@@ -32,7 +33,7 @@ class ImagePackages:
     runtime: tuple[str, ...]
 
 
-def read_versions(path: Path = VERSIONS_TOML) -> dict:
+def read_versions(path: Path = VERSIONS_TOML) -> dict[str, Any]:
     """The parsed table; PackagesError when it is absent (runtime/ copied alone) or malformed."""
     try:
         with path.open("rb") as file:
@@ -46,7 +47,7 @@ def read_versions(path: Path = VERSIONS_TOML) -> dict:
         raise PackagesError(f"{path}: {error}") from None
 
 
-def torch_variant(kind: str, versions: dict) -> str:
+def torch_variant(kind: str, versions: dict[str, Any]) -> str:
     """PyTorch's local version tag for a kind of image: `cpu`, or `cu130` for the GPU base's CUDA 13.0.x,
     which the torch index must serve (a wrong index would install a torch that cannot see the GPU)."""
     if kind == "cpu":
@@ -61,7 +62,7 @@ def torch_variant(kind: str, versions: dict) -> str:
     return variant
 
 
-def image_packages(kind: str, versions: dict | None = None) -> ImagePackages:
+def image_packages(kind: str, versions: dict[str, Any] | None = None) -> ImagePackages:
     """The pip layers of a `gpu` or `cpu` image."""
     versions = versions or read_versions()
     table, pins = versions["packages"][kind], versions["engine"]
@@ -75,7 +76,7 @@ def image_packages(kind: str, versions: dict | None = None) -> ImagePackages:
     )
 
 
-def runtime_pins(versions: dict | None = None) -> tuple[str, ...]:
+def runtime_pins(versions: dict[str, Any] | None = None) -> tuple[str, ...]:
     """The runtime's own dependencies (`[runtime]`), the same in every kind of image."""
     versions = versions or read_versions()
     return tuple(f"{name}=={pin}" for name, pin in versions["runtime"].items())

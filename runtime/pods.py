@@ -64,10 +64,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
     volume.add_argument("--volume-gb", type=int, metavar="GB", help="a new volume on the pod's host (>= 10 GB)")
     up.add_argument("--cloud", choices=("secure", "community"), default="secure")
     up.add_argument("--name", help="the pod's name (default: the template's target, e.g. vllm-pod-sm89)")
-    up.add_argument("--workers", type=at_least_one, metavar="N",
-                    help="N pods behind a gateway pod (a CPU pod) that keeps each conversation on one of them")  # fmt: skip
-    up.add_argument("--gateway-cpu", default=GATEWAY_CPU, metavar="FLAVOR",
-                    help=f"the gateway's CPU flavour, with --workers (default {GATEWAY_CPU})")  # fmt: skip
+    up.add_argument(
+        "--workers",
+        type=at_least_one,
+        metavar="N",
+        help="N pods behind a gateway pod (a CPU pod) that keeps each conversation on one of them",
+    )
+    up.add_argument(
+        "--gateway-cpu",
+        default=GATEWAY_CPU,
+        metavar="FLAVOR",
+        help=f"the gateway's CPU flavour, with --workers (default {GATEWAY_CPU})",
+    )
     watching(up)
     watching(actions.add_parser("watch", help="watch a pod boot until it serves")).add_argument("pod")
     watching(actions.add_parser("start", help="start a stopped pod and watch it boot")).add_argument("pod")
@@ -77,8 +85,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     down = actions.add_parser("down", help="delete pods, after saying what goes with them")
     down.add_argument("pods", nargs="+", metavar="pod")
     down.add_argument("--yes", action="store_true", help="do not ask (needed without a terminal)")
-    replace = watching(actions.add_parser("replace", help="recreate a pod on another host (a sick one, or one "
-                                          "whose GPUs are taken) from its template, then delete it"))  # fmt: skip
+    replace = watching(
+        actions.add_parser(
+            "replace",
+            help="recreate a pod on another host (a sick one, or one "
+            "whose GPUs are taken) from its template, then delete it",
+        )
+    )
     replace.add_argument("pod")
     replace.add_argument(
         "--gpu", action="append", default=[], help="a GPU type (default: the pod's, then its target's)"
@@ -138,8 +151,10 @@ class Pods:
         found = [t for t in templates if name_or_id in (t["id"], t["name"])]
         if len(found) != 1:
             names = ", ".join(repr(t["name"]) for t in templates) or "none"
-            raise RunPodError(f"{len(found) or 'no'} template(s) named {name_or_id!r} (yours: {names}): "
-                              "pass one name or id (build.py --runpod saves one)")  # fmt: skip
+            raise RunPodError(
+                f"{len(found) or 'no'} template(s) named {name_or_id!r} (yours: {names}): "
+                "pass one name or id (build.py --runpod saves one)"
+            )
         return found[0]
 
     def volume(self, name: str) -> dict[str, Any]:
@@ -161,12 +176,17 @@ def up(pods: Pods, args: argparse.Namespace) -> int:
     if not gpus:
         raise RunPodError(f"which GPU? pass --gpu TYPE (the template {template['name']!r} names no target)")
     cuda = template.get("allowedCudaVersions") or CUDA_VERSIONS
-    body: dict[str, Any] = {"name": args.name or f"vllm-pod-{target or 'pod'}", "templateId": template["id"],
-                            "cloud": args.cloud.upper()}  # fmt: skip
+    body: dict[str, Any] = {
+        "name": args.name or f"vllm-pod-{target or 'pod'}",
+        "templateId": template["id"],
+        "cloud": args.cloud.upper(),
+    }
     if args.volume:
         volume = pods.volume(args.volume)  # a network volume lives in one data centre: the pod must too
-        body |= {"mounts": {"network": [{"volumeId": volume["id"], "path": VOLUME_PATH}]},
-                 "dataCenterIds": [volume["dataCenter"]]}  # fmt: skip
+        body |= {
+            "mounts": {"network": [{"volumeId": volume["id"], "path": VOLUME_PATH}]},
+            "dataCenterIds": [volume["dataCenter"]],
+        }
     elif args.volume_gb:
         body["mounts"] = {"persistent": {"size": args.volume_gb, "path": VOLUME_PATH}}
     env = template.get("env") or {}
@@ -176,8 +196,9 @@ def up(pods: Pods, args: argparse.Namespace) -> int:
     return watch_boot(pods, pod["id"], args, env)
 
 
-def up_team(pods: Pods, args: argparse.Namespace, body: dict[str, Any], gpus: list[str], cuda: list[str],
-            env: Mapping[str, str]) -> int:  # fmt: skip
+def up_team(
+    pods: Pods, args: argparse.Namespace, body: dict[str, Any], gpus: list[str], cuda: list[str], env: Mapping[str, str]
+) -> int:
     """N pods from the template, then a gateway in front of them (a CPU pod: no GPU to pay for), a key
     of the team's own between them; watched until the gateway serves, which is what Claude Code is given."""
     key = secrets.token_urlsafe(32)  # in the team's pods' environment at RunPod, printed nowhere
@@ -191,17 +212,26 @@ def up_team(pods: Pods, args: argparse.Namespace, body: dict[str, Any], gpus: li
         raise RunPodError(f"{error}{still_running(workers)}") from None
     team_cost = sum(worker["cost"] for worker in workers)
     gateway_body = {
-        "name": f"{body['name']}-gateway", "templateId": body["templateId"], "cloud": body["cloud"],
+        "name": f"{body['name']}-gateway",
+        "templateId": body["templateId"],
+        "cloud": body["cloud"],
         "cpu": {"id": args.gateway_cpu, "vcpuCount": GATEWAY_VCPUS},  # no volume: a gateway keeps no weights
-        "env": {"VL_ROLE": "gateway", "VL_WORKERS": ",".join(proxy_url(worker["id"]) for worker in workers),
-                "VL_WORKER_KEY": key, "VL_COST_PER_HOUR": f"{team_cost:g}"},  # the console counts the team's GPUs
-    }  # fmt: skip
+        "env": {
+            "VL_ROLE": "gateway",
+            "VL_WORKERS": ",".join(proxy_url(worker["id"]) for worker in workers),
+            "VL_WORKER_KEY": key,
+            "VL_COST_PER_HOUR": f"{team_cost:g}",
+        },  # the console counts the team's GPUs
+    }
     try:
         gateway = pods.api.create_pod(gateway_body, f"the gateway on {args.gateway_cpu}")
     except RunPodError as error:
         raise RunPodError(f"{error} (try --gateway-cpu another flavour){still_running(workers)}") from None
-    print(f"gateway {gateway['id']} ({gateway['name']}): {args.gateway_cpu}, ${gateway['cost']:.2f}/h, "
-          f"{gateway['status']}, in front of {', '.join(worker['id'] for worker in workers)}", flush=True)  # fmt: skip
+    print(
+        f"gateway {gateway['id']} ({gateway['name']}): {args.gateway_cpu}, ${gateway['cost']:.2f}/h, "
+        f"{gateway['status']}, in front of {', '.join(worker['id'] for worker in workers)}",
+        flush=True,
+    )
     deadline = time.monotonic() + args.timeout * 60
     for pod in [*workers, gateway]:
         status = boot(pods, pod["id"], env, deadline)
@@ -240,11 +270,15 @@ def place(pods: Pods, body: dict[str, Any], gpus: list[str], cuda: list[str]) ->
         print(f"pod {pod['id']} ({pod['name']}): {gpu}, ${pod['cost']:.2f}/h, {pod['status']}", flush=True)
         host = pod.get("cudaVersion")
         if host and host.split(".")[0] != cuda[0].split(".")[0]:
-            print(f"pod: warning: its host reports CUDA {host}, the image needs {', '.join(cuda)}: it will say so "
-                  f"and stop (python -m runtime pod down {pod['id']})", file=sys.stderr)  # fmt: skip
+            print(
+                f"pod: warning: its host reports CUDA {host}, the image needs {', '.join(cuda)}: it will say so "
+                f"and stop (python -m runtime pod down {pod['id']})",
+                file=sys.stderr,
+            )
         return pod
-    raise RunPodError(f"no pod could be placed, tried: {'; '.join(tried)}: try other --gpu types, "
-                      "--cloud community, or later")  # fmt: skip
+    raise RunPodError(
+        f"no pod could be placed, tried: {'; '.join(tried)}: try other --gpu types, --cloud community, or later"
+    )
 
 
 def watch(pods: Pods, args: argparse.Namespace) -> int:
@@ -265,10 +299,14 @@ def start(pods: Pods, args: argparse.Namespace) -> int:
 def restart_advice(pod: Mapping[str, Any]) -> str:
     """What to do with a stopped pod whose host's GPUs are rented again."""
     if (pod.get("mounts") or {}).get("network"):
-        return (f"its host's GPUs are rented to someone else; its network volume keeps the weights: "
-                f"python -m runtime pod replace {pod['id']}")  # fmt: skip
-    return (f"its host's GPUs are rented to someone else, and its volume lives on that host: try again later, or "
-            f"python -m runtime pod replace {pod['id']} --yes (the weights download again)")  # fmt: skip
+        return (
+            f"its host's GPUs are rented to someone else; its network volume keeps the weights: "
+            f"python -m runtime pod replace {pod['id']}"
+        )
+    return (
+        f"its host's GPUs are rented to someone else, and its volume lives on that host: try again later, or "
+        f"python -m runtime pod replace {pod['id']} --yes (the weights download again)"
+    )
 
 
 def replace(pods: Pods, args: argparse.Namespace) -> int:
@@ -279,8 +317,12 @@ def replace(pods: Pods, args: argparse.Namespace) -> int:
         raise RunPodError(f"{args.pod} is no GPU pod made from a template (a team's gateway: pod up --workers again)")
     template = pods.template(old["template"])
     mounts = old.get("mounts") or {}
-    body: dict[str, Any] = {"name": old["name"], "templateId": template["id"], "cloud": old["cloud"],
-                            "env": {k: v for k, v in (old.get("env") or {}).items() if (template.get("env") or {}).get(k) != v}}  # fmt: skip
+    body: dict[str, Any] = {
+        "name": old["name"],
+        "templateId": template["id"],
+        "cloud": old["cloud"],
+        "env": {k: v for k, v in (old.get("env") or {}).items() if (template.get("env") or {}).get(k) != v},
+    }
     if mounts.get("network"):
         body |= {"mounts": {"network": mounts["network"]}, "dataCenterIds": [old["dataCenterId"]]}
     else:
@@ -332,8 +374,10 @@ def print_verdict(pod_id: str, key: str, deadline: float) -> None:
         time.sleep(POLL_S)
     line.end()
     if verdict == "running":
-        print(f"self-check: still running after {human_seconds(time.monotonic() - started)}: python -m runtime "
-              f"status {url} --key ... says its verdict")  # fmt: skip
+        print(
+            f"self-check: still running after {human_seconds(time.monotonic() - started)}: python -m runtime "
+            f"status {url} --key ... says its verdict"
+        )
     elif verdict not in (None, "off"):
         print(f"self-check: {verdict} (python -m runtime logs {pod_id}: a line per check)")
 
@@ -357,20 +401,27 @@ def boot(pods: Pods, pod_id: str, env: Mapping[str, str], deadline: float) -> in
                 line.say(f"  | {text if len(text) <= LOG_LINE_CHARS else text[:LOG_LINE_CHARS] + '...'}")
                 last = text
             if status in GONE:
-                raise RunPodError(f"pod {pod_id} is {status}: its log above says why (python -m runtime pod "
-                                  f"status {pod_id}; pod start {pod_id} to try again)")  # fmt: skip
+                raise RunPodError(
+                    f"pod {pod_id} is {status}: its log above says why (python -m runtime pod "
+                    f"status {pod_id}; pod start {pod_id} to try again)"
+                )
             answer = health(url) if status == "RUNNING" else None
             if answer is not None and serves_model(*answer):
                 break
             if answer is not None and health_answer(answer[1]).get("status") == "stopped":  # no wait will help
                 line.end()
-                raise RunPodError(f"{pod_id}'s engine is left stopped: its log above says why (a sick host: "
-                                  f"python -m runtime pod replace {pod_id}; a setting: change it, then pod start)")  # fmt: skip
+                raise RunPodError(
+                    f"{pod_id}'s engine is left stopped: its log above says why (a sick host: "
+                    f"python -m runtime pod replace {pod_id}; a setting: change it, then pod start)"
+                )
             line.show(time.monotonic() - started, status, last)
             if time.monotonic() > deadline:
                 line.end()
-                print(f"pod: {pod_id} is not serving after {human_seconds(time.monotonic() - started)}; it keeps "
-                      f"running: python -m runtime pod watch {pod_id}", file=sys.stderr)  # fmt: skip
+                print(
+                    f"pod: {pod_id} is not serving after {human_seconds(time.monotonic() - started)}; it keeps "
+                    f"running: python -m runtime pod watch {pod_id}",
+                    file=sys.stderr,
+                )
                 return 1
             time.sleep(POLL_S)  # RunPod has no notification of a change: poll it
     except KeyboardInterrupt:
@@ -443,8 +494,17 @@ def status(pods: Pods, args: argparse.Namespace) -> int:
     for pod in chosen:
         url = proxy_url(pod["id"])
         uptime = (pod.get("runtime") or {}).get("uptime")
-        rows.append((pod["id"], machine(pod), pod["status"], f"{pod['cost']:.2f}",
-                     duration(uptime) if uptime is not None else "-", url, serving(url, pod["status"])))  # fmt: skip
+        rows.append(
+            (
+                pod["id"],
+                machine(pod),
+                pod["status"],
+                f"{pod['cost']:.2f}",
+                duration(uptime) if uptime is not None else "-",
+                url,
+                serving(url, pod["status"]),
+            )
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
@@ -464,9 +524,11 @@ def duration(seconds: int) -> str:
 def stop(pods: Pods, args: argparse.Namespace) -> int:
     for pod_id in args.pods:
         pods.act(pod_id, "stop")
-        print(f"stopped {pod_id}: its GPU is released and billing stops but for its volume; the container disk "
-              f"is lost (anything outside {VOLUME_PATH}), the volume keeps the weights and compile caches "
-              f"(python -m runtime pod start {pod_id})")  # fmt: skip
+        print(
+            f"stopped {pod_id}: its GPU is released and billing stops but for its volume; the container disk "
+            f"is lost (anything outside {VOLUME_PATH}), the volume keeps the weights and compile caches "
+            f"(python -m runtime pod start {pod_id})"
+        )
     return 0
 
 
@@ -494,5 +556,11 @@ def machine(pod: Mapping[str, Any]) -> str:
 
 
 COMMANDS: dict[str, Callable[[Pods, argparse.Namespace], int]] = {
-    "up": up, "watch": watch, "status": status, "stop": stop, "start": start, "down": down, "replace": replace,
-}  # fmt: skip
+    "up": up,
+    "watch": watch,
+    "status": status,
+    "stop": stop,
+    "start": start,
+    "down": down,
+    "replace": replace,
+}

@@ -85,8 +85,13 @@ def run(args: argparse.Namespace) -> int:
     make_cache_dirs(root)
     state_dir.mkdir(parents=True, exist_ok=True)
     os.environ.update(cache_env(root))  # Xet's chunk cache on the volume too: a stopped transfer resumes from it
-    log.info("preloading %d repo%s into %s: one file at a time, %s", len(repos), "" if len(repos) == 1 else "s",
-             root, priority)  # fmt: skip
+    log.info(
+        "preloading %d repo%s into %s: one file at a time, %s",
+        len(repos),
+        "" if len(repos) == 1 else "s",
+        root,
+        priority,
+    )
     failed = preload(repos, hub_cache(root), state_dir, redact)
     return SOME_FAILED if failed else 0
 
@@ -152,8 +157,12 @@ def preload(
         entry.state, entry.done, entry.total = "done", None, listing.size
         save()
     failed = [entry.repo for entry in entries if entry.state == "failed"]
-    log.info("preload finished: %d of %d repos complete in the cache%s", len(entries) - len(failed), len(entries),
-             f" ({', '.join(failed)} failed)" if failed else "")  # fmt: skip
+    log.info(
+        "preload finished: %d of %d repos complete in the cache%s",
+        len(entries) - len(failed),
+        len(entries),
+        f" ({', '.join(failed)} failed)" if failed else "",
+    )
     return failed
 
 

@@ -40,18 +40,30 @@ def replica_count(settings: Settings, accelerator: str, gpus: int, tp: int) -> i
     if wanted == 1:
         return 1
     if settings.dp > 1:
-        raise SettingsError("VL_REPLICAS", str(wanted), "1 while VL_DP is above 1 (vLLM's own data parallelism "
-                            "or several engines behind the router: one or the other)")  # fmt: skip
+        raise SettingsError(
+            "VL_REPLICAS",
+            str(wanted),
+            "1 while VL_DP is above 1 (vLLM's own data parallelism "
+            "or several engines behind the router: one or the other)",
+        )
     if not settings.bridge:
-        raise SettingsError("VL_REPLICAS", str(wanted), "1 with VL_BRIDGE=off (several engines need the bridge "
-                            "in front of their router: it keys each agent to its engine and checks the keys)")  # fmt: skip
+        raise SettingsError(
+            "VL_REPLICAS",
+            str(wanted),
+            "1 with VL_BRIDGE=off (several engines need the bridge "
+            "in front of their router: it keys each agent to its engine and checks the keys)",
+        )
     if accelerator == "cuda" and wanted * tp > gpus:
-        raise SettingsError("VL_REPLICAS", str(wanted), f"at most {gpus // tp} on this pod ({gpus} GPUs, "
-                            f"{tp} per engine), or auto")  # fmt: skip
+        raise SettingsError(
+            "VL_REPLICAS", str(wanted), f"at most {gpus // tp} on this pod ({gpus} GPUs, {tp} per engine), or auto"
+        )
     ports = {settings.engine_port + i for i in range(wanted)}
     if max(ports) > 65535 or ports & {settings.router_port, settings.router_port + 1, settings.port}:
-        raise SettingsError("VL_ENGINE_PORT", str(settings.engine_port), f"a port from which {wanted} ports "
-                            "are free of VL_ROUTER_PORT, the next one (its metrics) and VL_PORT")  # fmt: skip
+        raise SettingsError(
+            "VL_ENGINE_PORT",
+            str(settings.engine_port),
+            f"a port from which {wanted} ports are free of VL_ROUTER_PORT, the next one (its metrics) and VL_PORT",
+        )
     return wanted
 
 

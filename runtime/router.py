@@ -53,10 +53,10 @@ def pinned_version(settings: Settings) -> str:
     pin of docker/versions.toml (a stock image carries it beside runtime/)."""
     facts = read_image_facts(Path(settings.prebaked_marker)) or {}
     versions = facts.get("versions")
-    if isinstance(versions, dict) and isinstance(versions.get("smg"), str):
-        return versions["smg"]
+    if isinstance(versions, dict) and isinstance(smg := versions.get("smg"), str):
+        return smg
     try:
-        return read_versions()["engine"]["smg"]
+        return str(read_versions()["engine"]["smg"])
     except PackagesError as error:
         raise RouterError(str(error)) from None
 
@@ -80,19 +80,33 @@ def router_argv(settings: Settings, workers: Sequence[str]) -> list[str]:
     """`smg launch` on loopback in front of `workers` (base URLs), with VL_ROUTING's policy; its own
     metrics on VL_ROUTER_PORT + 1, on loopback too."""
     return [
-        str(router_program(settings)), "launch",
-        "--host", "127.0.0.1", "--port", str(settings.router_port),
-        "--prometheus-host", "127.0.0.1", "--prometheus-port", str(settings.router_port + 1),
-        "--worker-urls", *workers,
+        str(router_program(settings)),
+        "launch",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(settings.router_port),
+        "--prometheus-host",
+        "127.0.0.1",
+        "--prometheus-port",
+        str(settings.router_port + 1),
+        "--worker-urls",
+        *workers,
         *POLICIES[settings.routing],
         "--disable-tokenizer-autoload",  # it only forwards: no tokenizer download from the Hub
-        "--health-check-interval-secs", str(HEALTH_EVERY_S),
-        "--health-check-timeout-secs", str(HEALTH_TIMEOUT_S),
-        "--worker-startup-check-interval", str(HEALTH_EVERY_S),  # an engine is routed to soon after it loads
-        "--worker-startup-timeout-secs", str(STARTUP_TIMEOUT_S),
-        "--request-timeout-secs", str(REQUEST_TIMEOUT_S),
-        "--log-level", "warn",  # info is several lines per request
-    ]  # fmt: skip
+        "--health-check-interval-secs",
+        str(HEALTH_EVERY_S),
+        "--health-check-timeout-secs",
+        str(HEALTH_TIMEOUT_S),
+        "--worker-startup-check-interval",
+        str(HEALTH_EVERY_S),  # an engine is routed to soon after it loads
+        "--worker-startup-timeout-secs",
+        str(STARTUP_TIMEOUT_S),
+        "--request-timeout-secs",
+        str(REQUEST_TIMEOUT_S),
+        "--log-level",
+        "warn",  # info is several lines per request
+    ]
 
 
 def router_url(settings: Settings) -> str:
@@ -152,6 +166,7 @@ class RouterControl:
         import httpx
 
         try:
-            return (await client.get("/workers")).json().get("workers", [])
+            workers = (await client.get("/workers")).json().get("workers", [])
+            return [worker for worker in workers if isinstance(worker, dict)] if isinstance(workers, list) else []
         except (httpx.HTTPError, ValueError, AttributeError):
             return []

@@ -91,7 +91,7 @@ class RunPodClient:
     # --- the calls both sides make: build.py's templates and registry credentials, `runtime pod`'s pods ---
 
     def templates(self) -> list[dict[str, Any]]:
-        return self.call("GET", "/v2/templates", "list your templates", expect="templates")["templates"]
+        return list_of(self.call("GET", "/v2/templates", "list your templates", expect="templates")["templates"])
 
     def create_template(self, body: dict[str, Any]) -> dict[str, Any]:
         return self.call("POST", "/v2/templates", f"create the template {body['name']!r}", body)
@@ -101,7 +101,7 @@ class RunPodClient:
 
     def registries(self) -> list[dict[str, Any]]:
         action = "list your container registry credentials"
-        return self.call("GET", "/v2/registries", action, expect="registries")["registries"]
+        return list_of(self.call("GET", "/v2/registries", action, expect="registries")["registries"])
 
     def create_registry(self, name: str, username: str, password: str) -> dict[str, Any]:
         body = {"name": name, "username": username, "password": password}
@@ -111,7 +111,7 @@ class RunPodClient:
         return self.call("GET", f"/v2/pods/{pod_id}", f"read the pod {pod_id}")
 
     def pods(self) -> list[dict[str, Any]]:
-        return self.call("GET", "/v2/pods", "list your pods", expect="pods")["pods"]
+        return list_of(self.call("GET", "/v2/pods", "list your pods", expect="pods")["pods"])
 
     def create_pod(self, body: dict[str, Any], on: str) -> dict[str, Any]:
         return self.call("POST", "/v2/pods", f"create {on}", body)
@@ -124,7 +124,7 @@ class RunPodClient:
 
     def network_volumes(self) -> list[dict[str, Any]]:
         action = "list your network volumes"
-        return self.call("GET", "/v2/network-volumes", action, expect="networkVolumes")["networkVolumes"]
+        return list_of(self.call("GET", "/v2/network-volumes", action, expect="networkVolumes")["networkVolumes"])
 
     def scrub(self, line: str) -> str:
         for secret in self.secrets:
@@ -169,3 +169,8 @@ def problem_of(response: httpx.Response) -> dict[str, Any]:
         "detail": str(problem.get("detail") or ""),
         "errors": [str(e) for e in errors] if isinstance(errors, list) else [],
     }
+
+
+def list_of(items: Any) -> list[dict[str, Any]]:
+    """A list RunPod answered, its objects only (`call` checked the key holding it)."""
+    return [item for item in items if isinstance(item, dict)] if isinstance(items, list) else []

@@ -36,18 +36,29 @@ class SelfStop:
         """None when neither setting is set; SettingsError when the pod could not keep the promise."""
         if not (settings.idle_stop_min or settings.max_spend):
             return None
-        name, value = ("VL_IDLE_STOP_MIN", settings.idle_stop_min) if settings.idle_stop_min else (
-            "VL_MAX_SPEND", settings.max_spend)  # fmt: skip
+        name, value = (
+            ("VL_IDLE_STOP_MIN", settings.idle_stop_min)
+            if settings.idle_stop_min
+            else ("VL_MAX_SPEND", settings.max_spend)
+        )
         missing = [variable for variable in ("RUNPOD_POD_ID", "RUNPOD_API_KEY") if not environ.get(variable)]
         if missing:
-            raise SettingsError(name, as_text(value), "empty outside RunPod: a pod stops itself with the RUNPOD_POD_ID "
-                                f"and RUNPOD_API_KEY RunPod gives it, and this one has no {' and no '.join(missing)}")  # fmt: skip
+            raise SettingsError(
+                name,
+                as_text(value),
+                "empty outside RunPod: a pod stops itself with the RUNPOD_POD_ID "
+                f"and RUNPOD_API_KEY RunPod gives it, and this one has no {' and no '.join(missing)}",
+            )
         if settings.max_spend and settings.cost_per_hour is None:
-            raise SettingsError("VL_MAX_SPEND", as_text(settings.max_spend), "empty without VL_COST_PER_HOUR, "
-                                "which the spend is counted from")  # fmt: skip
+            raise SettingsError(
+                "VL_MAX_SPEND",
+                as_text(settings.max_spend),
+                "empty without VL_COST_PER_HOUR, which the spend is counted from",
+            )
         idle_s = settings.idle_stop_min * 60 if settings.idle_stop_min else None
-        return cls(environ["RUNPOD_POD_ID"], environ["RUNPOD_API_KEY"], idle_s, settings.max_spend,
-                   Path(settings.state_dir))  # fmt: skip
+        return cls(
+            environ["RUNPOD_POD_ID"], environ["RUNPOD_API_KEY"], idle_s, settings.max_spend, Path(settings.state_dir)
+        )
 
     def reason(self, now: float, cost_per_hour: float | None) -> str | None:
         """Why the pod should stop now, or None."""

@@ -117,10 +117,13 @@ def settings_with_file(
         raise FileRefused(file.where, reasons)
     new = load_settings(environ, values)
     if current.api_keys and not new.api_keys:
-        raise FileRefused(file.where, [
-            "the pod has keys, and this file would leave VL_API_KEYS empty, the pod open to anyone who reaches "
-            "it (a file may change the keys, never remove them all)"
-        ])  # fmt: skip
+        raise FileRefused(
+            file.where,
+            [
+                "the pod has keys, and this file would leave VL_API_KEYS empty, the pod open to anyone who reaches "
+                "it (a file may change the keys, never remove them all)"
+            ],
+        )
     return new
 
 
@@ -134,8 +137,10 @@ def problems(values: Mapping[str, str], private: bool | None) -> list[str]:
         elif variable.scope is Scope.POD:
             pod_scoped.append(name)
         elif variable.secret and private is False:
-            reasons.append(f"{name} is a secret and this repo is public: set it in the pod's environment, "
-                           "or keep the file in a private repo")  # fmt: skip
+            reasons.append(
+                f"{name} is a secret and this repo is public: set it in the pod's environment, "
+                "or keep the file in a private repo"
+            )
         else:
             try:
                 parse_value(variable, raw)

@@ -589,9 +589,11 @@ class Pod:
         self.hub.tell(f"swapping the model: {old} -> {recipe} (asked by a request)")
         try:
             return await engines.change_to(
-                engines.on_recipe(self.settings, recipe), f"swapping the model to {recipe}", recipe,
+                engines.on_recipe(self.settings, recipe),
+                f"swapping the model to {recipe}",
+                recipe,
                 lambda: self.downloading(recipe),
-            )  # fmt: skip
+            )
         except ChangeRefused as error:
             self.swap_failed(recipe, error, f"{old} keeps serving")
             return None

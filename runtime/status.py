@@ -77,8 +77,15 @@ def fetch(client: httpx.Client) -> tuple[dict[str, Any] | None, str]:
 def render(state: Mapping[str, Any]) -> str:
     """The status as text: sections for the engine, traffic, keys, GPUs and cost. Every value the bridge
     sent is stripped of terminal controls (the boot log is a process's output)."""
-    sections = [overview(state), traffic(state["traffic"]), capacity(state.get("capacity")), keys(state["keys"], state.get("you")),
-                sessions(state.get("sessions", [])), gpus(state), cost(state["cost"])]  # fmt: skip
+    sections = [
+        overview(state),
+        traffic(state["traffic"]),
+        capacity(state.get("capacity")),
+        keys(state["keys"], state.get("you")),
+        sessions(state.get("sessions", [])),
+        gpus(state),
+        cost(state["cost"]),
+    ]
     if len(state.get("engines", [])) > 1:
         sections.insert(1, engines(state["engines"]))
     boot_log = state["engine"]["boot_log"]
@@ -132,8 +139,10 @@ def engines(rows: Sequence[Mapping[str, Any]]) -> str:
     for row in rows:
         detail = ""
         if row["state"] == "healthy":
-            detail = (f"  running {optional(row['running'])}, waiting {optional(row['waiting'])}, "
-                      f"KV {percent(row['kv_use'])}, prefix-cache hits {percent(row['prefix_hit_rate'])}")  # fmt: skip
+            detail = (
+                f"  running {optional(row['running'])}, waiting {optional(row['waiting'])}, "
+                f"KV {percent(row['kv_use'])}, prefix-cache hits {percent(row['prefix_hit_rate'])}"
+            )
         lines.append(f"  engine {row['replica']}  {row['state']}{detail}")
     return "\n".join(lines)
 
@@ -194,10 +203,11 @@ def keys(rows: Sequence[Mapping[str, Any]], you: Mapping[str, Any] | None = None
         + "  SINCE"
     )
     body = [
-        f"  {row['name']:<{width}}" + "".join(f"{row[column]:>12,}" for column in columns)
+        f"  {row['name']:<{width}}"
+        + "".join(f"{row[column]:>12,}" for column in columns)
         + f"{dollars(row.get('cost')):>12}  {row.get('since', '-')}"
         for row in rows
-    ]  # fmt: skip
+    ]
     return "\n".join([title, head, *body])
 
 
@@ -215,9 +225,15 @@ def sessions(shown: Sequence[Mapping[str, Any]]) -> str:
         for agent in session["agents"]:
             name = agent["agent"] if agent["parent"] is None else f"  └ {agent['agent']}"
             compactions = f" ({agent['compactions']} compactions)" if agent["compactions"] else ""
-            cells = (f"{agent['requests']:,}", f"{agent['input_tokens']:,}", f"{agent['cached_tokens']:,}",
-                     f"{agent['output_tokens']:,}", percent(agent["prefix_cache_hit_rate"]),
-                     seconds(agent["ttft_p50_s"]), dollars(agent["cost"]))  # fmt: skip
+            cells = (
+                f"{agent['requests']:,}",
+                f"{agent['input_tokens']:,}",
+                f"{agent['cached_tokens']:,}",
+                f"{agent['output_tokens']:,}",
+                percent(agent["prefix_cache_hit_rate"]),
+                seconds(agent["ttft_p50_s"]),
+                dollars(agent["cost"]),
+            )
             lines.append(f"    {name[:28]:<28}" + "".join(f"{cell:>11}" for cell in cells) + compactions)
     return "\n".join(lines)
 

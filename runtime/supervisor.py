@@ -74,7 +74,7 @@ class Backoff:
     most_s: float = 60.0
 
     def delay(self, deaths: int) -> float:
-        return min(self.first_s * 2 ** (deaths - 1), self.most_s)
+        return min(self.first_s * 2.0 ** (deaths - 1), self.most_s)
 
 
 class Ask(enum.Enum):

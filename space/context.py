@@ -29,8 +29,26 @@ DOCKERFILE = "Dockerfile"  # where the rendered file sits in a context: the Spac
 EXTRA_CA_IN_CONTEXT = "docker/certs/build-py-extra.crt"
 # Names that hold credentials (a dotenv, an SSH or TLS private key, a secrets file, git's and curl's stored
 # passwords, a key store), in any case (`.ENV`, `ID_RSA`): never uploaded.
-SECRET_NAMES = (".env", ".env.*", "id_*", "*.key", "*.pem", "secrets.*", ".netrc", "_netrc", ".git-credentials",
-                ".pgpass", ".htpasswd", "credentials", "credentials.*", "*.p12", "*.pfx", "*.jks", "*.kdbx", "*.ppk")  # fmt: skip
+SECRET_NAMES = (
+    ".env",
+    ".env.*",
+    "id_*",
+    "*.key",
+    "*.pem",
+    "secrets.*",
+    ".netrc",
+    "_netrc",
+    ".git-credentials",
+    ".pgpass",
+    ".htpasswd",
+    "credentials",
+    "credentials.*",
+    "*.p12",
+    "*.pfx",
+    "*.jks",
+    "*.kdbx",
+    "*.ppk",
+)
 CERTIFICATES = "docker/certs/*.crt"  # public CA certificates: what that folder is for
 LITTER = (".DS_Store", "Thumbs.db", "*.swp", "*.swo", "*~", ".#*")  # an OS's or an editor's, never the project's
 
@@ -50,8 +68,10 @@ def context_files(
         if any(fnmatch.fnmatchcase(name, pattern) for pattern in SECRET_NAMES) and not fnmatch.fnmatch(
             path, CERTIFICATES
         ):
-            raise BuildError(f"{path} looks like a secret (its name): it is not uploaded; move it out of the tree, "
-                             "or rename it if it holds nothing secret")  # fmt: skip
+            raise BuildError(
+                f"{path} looks like a secret (its name): it is not uploaded; move it out of the tree, "
+                "or rename it if it holds nothing secret"
+            )
         content = read_inside(root, path)
         if content is not None:
             files[path] = refuse_credentials(path, content)
@@ -73,8 +93,10 @@ def certificates_to_trust(root: Path) -> dict[str, bytes]:
         if b"PRIVATE KEY" in content:
             raise BuildError(f"{path} holds a private key: it is not uploaded; keep only the CA certificate there")
         if b"-----BEGIN CERTIFICATE-----" not in content:  # update-ca-certificates reads PEM only
-            raise BuildError(f"{path} is no PEM certificate (no BEGIN CERTIFICATE line): convert it "
-                             "(openssl x509 -inform der -in FILE -out FILE.crt) or remove it")  # fmt: skip
+            raise BuildError(
+                f"{path} is no PEM certificate (no BEGIN CERTIFICATE line): convert it "
+                "(openssl x509 -inform der -in FILE -out FILE.crt) or remove it"
+            )
         certificates[path] = content
     return certificates
 
@@ -128,16 +150,22 @@ def read_inside(root: Path, path: str) -> bytes | None:
     where = root / path
     real = where.resolve()
     if not real.is_relative_to(root.resolve()):
-        raise BuildError(f"{path} is a link out of the tree (to {real}): it is not uploaded; "
-                         "copy what it points to into the tree if the image needs it")  # fmt: skip
+        raise BuildError(
+            f"{path} is a link out of the tree (to {real}): it is not uploaded; "
+            "copy what it points to into the tree if the image needs it"
+        )
     if ".git" in real.relative_to(root.resolve()).parts:
-        raise BuildError(f"{path} is a link into git's own files ({real.relative_to(root.resolve())}): it is not "
-                         "uploaded (git's config can hold a token); remove the link")  # fmt: skip
+        raise BuildError(
+            f"{path} is a link into git's own files ({real.relative_to(root.resolve())}): it is not "
+            "uploaded (git's config can hold a token); remove the link"
+        )
     if not real.is_file():
         return None
     if real.stat().st_nlink > 1:
-        raise BuildError(f"{path} is a hard link ({real.stat().st_nlink} names): it is not uploaded (its other name "
-                         "can be anywhere, a credential among them); copy the file instead")  # fmt: skip
+        raise BuildError(
+            f"{path} is a hard link ({real.stat().st_nlink} names): it is not uploaded (its other name "
+            "can be anywhere, a credential among them); copy the file instead"
+        )
     return real.read_bytes()
 
 
@@ -146,8 +174,10 @@ def refuse_credentials(path: str, content: bytes) -> bytes:
     kind and the line, never the value (a Space's files, and the image, may be public)."""
     if found := first_credential(content.decode(errors="replace")):
         what, line = found
-        raise BuildError(f"{path} holds what looks like {what} (line {line}): it is not uploaded; remove it from "
-                         "the file (a pod reads its secrets from its environment)")  # fmt: skip
+        raise BuildError(
+            f"{path} holds what looks like {what} (line {line}): it is not uploaded; remove it from "
+            "the file (a pod reads its secrets from its environment)"
+        )
     return content
 
 

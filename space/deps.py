@@ -117,8 +117,19 @@ def platform_args(glibc: str, python: str) -> list[str]:
     tags = [f"manylinux_{major}_{m}_x86_64" for m in range(minor, 4, -1)]
     tags += [f"{LEGACY_MANYLINUX[t]}_x86_64" for t in LEGACY_MANYLINUX if int(t.split("_")[1]) <= minor]
     abi = "cp" + python.replace(".", "")
-    args = ["--only-binary=:all:", "--python-version", python, "--implementation", "cp",
-            "--abi", abi, "--abi", "abi3", "--abi", "none"]  # fmt: skip
+    args = [
+        "--only-binary=:all:",
+        "--python-version",
+        python,
+        "--implementation",
+        "cp",
+        "--abi",
+        abi,
+        "--abi",
+        "abi3",
+        "--abi",
+        "none",
+    ]
     for tag in tags:
         args += ["--platform", tag]
     return args
@@ -147,16 +158,30 @@ def resolve(requirements: list[str], indexes: list[str], platform: list[str]) ->
     cached = CACHE / "resolutions" / (hashlib.sha256("\n".join(args).encode()).hexdigest()[:24] + ".json")
     if not (cached.is_file() and time.time() - cached.stat().st_mtime < RESOLUTION_TTL_S):
         cached.parent.mkdir(parents=True, exist_ok=True)
-        command = [sys.executable, "-m", "pip", "install", "--isolated", "--dry-run", "--ignore-installed", "--quiet",
-                   "--disable-pip-version-check", "--report", str(cached.with_suffix(".tmp")), *args]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--isolated",
+            "--dry-run",
+            "--ignore-installed",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--report",
+            str(cached.with_suffix(".tmp")),
+            *args,
+        ]
         result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0:
             lines = [line for line in result.stderr.splitlines() if line.strip() and "WARNING" not in line]
             raise BuildError("pip cannot resolve " + " ".join(requirements[-6:]) + ":\n" + "\n".join(lines[-25:]))
         cached.with_suffix(".tmp").rename(cached)
     report = json.loads(cached.read_text())
-    return [Wheel(item["metadata"]["name"].lower(), item["metadata"]["version"], item["download_info"]["url"])
-            for item in report["install"]]  # fmt: skip
+    return [
+        Wheel(item["metadata"]["name"].lower(), item["metadata"]["version"], item["download_info"]["url"])
+        for item in report["install"]
+    ]
 
 
 def sizes(wheels: list[Wheel]) -> list[int]:
@@ -180,8 +205,20 @@ def download(wheel: Wheel, platform: list[str]) -> Path:
     folder = CACHE / "wheels"
     path = folder / wheel.filename
     if not path.is_file():
-        command = [sys.executable, "-m", "pip", "download", "--isolated", "--no-deps", "--quiet", "--disable-pip-version-check",
-                   "--dest", str(folder), *platform, wheel.url.split("#", 1)[0]]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--isolated",
+            "--no-deps",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--dest",
+            str(folder),
+            *platform,
+            wheel.url.split("#", 1)[0],
+        ]
         result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0 or not path.is_file():
             raise BuildError(f"could not download {wheel.filename}: {result.stderr.strip()[-500:]}")
@@ -242,11 +279,15 @@ def check_wheel(path: Path, cuda_major: str, glibc: str) -> Libraries:
             if newest > base:
                 too_new.append(member)
     for library, members in wrong_cuda.items():
-        found.problems.append(f"{count(members, 'library', 'libraries')} link {library} ({members[0]}…), "
-                              f"but the base has CUDA {cuda_major}")  # fmt: skip
+        found.problems.append(
+            f"{count(members, 'library', 'libraries')} link {library} ({members[0]}…), "
+            f"but the base has CUDA {cuda_major}"
+        )
     if too_new:
-        found.problems.append(f"{count(too_new, 'library needs', 'libraries need')} up to GLIBC_{found.glibc[0]}."
-                              f"{found.glibc[1]} ({too_new[0]}…), but the base has glibc {glibc}")  # fmt: skip
+        found.problems.append(
+            f"{count(too_new, 'library needs', 'libraries need')} up to GLIBC_{found.glibc[0]}."
+            f"{found.glibc[1]} ({too_new[0]}…), but the base has glibc {glibc}"
+        )
     return found
 
 

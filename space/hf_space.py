@@ -201,7 +201,7 @@ def upload(api: Any, space: Space, plan: Upload, message: str) -> str:
         lambda: api.create_commit(space.space_id, operations, commit_message=message, repo_type="space"),
         f"upload to {space.space_id}",
     )
-    return commit.oid
+    return str(commit.oid)
 
 
 def hub_call(call: Callable[[], Any], doing: str) -> Any:

@@ -149,8 +149,10 @@ def resume_build(api: Any, space: hf_space.Space, choice: SpaceChoice, say: Say)
         follow_build(api, space, choice.timeout_s, say)
     elif stage in hf_space.NO_IMAGE:
         print_build_log_tail(api, space)
-        raise BuildError(f"{space.space_id}'s last build ended in {stage} and nothing changed since: fix the "
-                         f"cause (the build log's tail is above), then push again ({space.url})")  # fmt: skip
+        raise BuildError(
+            f"{space.space_id}'s last build ended in {stage} and nothing changed since: fix the "
+            f"cause (the build log's tail is above), then push again ({space.url})"
+        )
 
 
 def follow_build(api: Any, space: hf_space.Space, timeout_s: float, say: Say) -> None:

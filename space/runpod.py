@@ -97,8 +97,10 @@ def cluster_body(name: str, image: str, gpu_type: str, gpus_per_node: int, nodes
     machine: the README's multi-node design, on paper (no cluster manager here). Every node runs the image;
     vLLM runs on rank 0 with tensor parallelism inside each node and pipeline parallelism across them.
     Clusters take public images only (no `registry` field)."""
-    engine = {"VL_TP": str(gpus_per_node),
-              "VL_EXTRA_ARGS": f"--distributed-executor-backend ray --pipeline-parallel-size {nodes}"}  # fmt: skip
+    engine = {
+        "VL_TP": str(gpus_per_node),
+        "VL_EXTRA_ARGS": f"--distributed-executor-backend ray --pipeline-parallel-size {nodes}",
+    }
     return {
         "name": name,
         "type": "RAY",  # RunPod provisions the Ray head (rank 0, PRIMARY_ADDR) and its workers
@@ -192,7 +194,7 @@ def named_registry(api: RunPodAPI, image: str) -> str | None:
     existing = [r for r in api.registries() if r.get("name") == name]
     if existing:
         print(f"RunPod: the template pulls with the registry credential {name!r} ({existing[0]['id']})")
-        return existing[0]["id"]
+        return str(existing[0]["id"])
     print(
         f"RunPod: no registry credential named {name!r}: pods pull the image anonymously; if it is private, set "
         f"{REGISTRY_USER} and {REGISTRY_TOKEN} (a token that may only read packages) and run again, or create a "
@@ -214,10 +216,10 @@ def ensure_registry(api: RunPodAPI, image: str, username: str, password: str) ->
             f"RunPod: reusing the registry credential {name!r} ({existing[0]['id']}); RunPod cannot update one: "
             "to change its password, delete it in the console (Settings, container registry auth) and run again"
         )
-        return existing[0]["id"]
+        return str(existing[0]["id"])
     created = api.create_registry(name, username, password)
     print(f"RunPod: created the registry credential {name!r} ({created['id']})")
-    return created["id"]
+    return str(created["id"])
 
 
 def ensure_template(api: RunPodAPI, body: dict[str, Any], owned: Iterable[str] = ()) -> str:
@@ -234,7 +236,7 @@ def ensure_template(api: RunPodAPI, body: dict[str, Any], owned: Iterable[str] =
     if not same_name:
         created = api.create_template(body)
         print(f"RunPod: created the template {name!r} ({created['id']})")
-        return created["id"]
+        return str(created["id"])
     current, ours = same_name[0], body["env"]
     console: dict[str, str] = current.get("env") or {}
     chosen = {variable: ours[variable] for variable in owned if variable in ours}
@@ -247,7 +249,7 @@ def ensure_template(api: RunPodAPI, body: dict[str, Any], owned: Iterable[str] =
         + (f"; kept the console's {', '.join(changed)}" if changed else "")
         + (" (--model RECIPE sets VL_MODEL)" if "VL_MODEL" in changed else "")
     )
-    return updated["id"]
+    return str(updated["id"])
 
 
 def save_template(

@@ -37,9 +37,14 @@ class TemplateChoice:
     def owned(self) -> set[str]:
         """The template's variables this command line chose: an update writes them over the console's values
         (the others it writes only where the template lacks them: a user's edit in the console stays)."""
-        chosen = {"VL_MODEL": self.model, "VL_LOG_REPO": self.log_repo, "VL_CONFIG_REPO": self.config_repo,
-                  "VL_COST_PER_HOUR": self.cost_per_hour, "VL_DESKTOP": self.desktop or None,
-                  DESKTOP_SECRET: self.desktop or None}  # fmt: skip
+        chosen = {
+            "VL_MODEL": self.model,
+            "VL_LOG_REPO": self.log_repo,
+            "VL_CONFIG_REPO": self.config_repo,
+            "VL_COST_PER_HOUR": self.cost_per_hour,
+            "VL_DESKTOP": self.desktop or None,
+            DESKTOP_SECRET: self.desktop or None,
+        }
         return {variable for variable, value in chosen.items() if value is not None}
 
 
@@ -68,11 +73,16 @@ def show_template(target: Target, published: Published, choice: TemplateChoice, 
         if not target.desktop:
             raise BuildError(f"the {target.name} image has no desktop (docker/targets.toml: desktop = false)")
         body = with_desktop(body)
-    print(runpod.render_template(body, private=bool(published.pull_user), saving=choice.save,
-                                 registry=not published.space))  # fmt: skip
+    print(
+        runpod.render_template(
+            body, private=bool(published.pull_user), saving=choice.save, registry=not published.space
+        )
+    )
     if choice.desktop:
-        print(f"Create the secret {DESKTOP_SECRET} too: the browser desktop's password (8 to 128 visible ASCII "
-              "characters), asked at https://POD_ID-6080.proxy.runpod.net/")  # fmt: skip
+        print(
+            f"Create the secret {DESKTOP_SECRET} too: the browser desktop's password (8 to 128 visible ASCII "
+            "characters), asked at https://POD_ID-6080.proxy.runpod.net/"
+        )
     if credential is not None:
         runpod.save_template(body, *credential, owned=choice.owned(), find_registry=not published.space)
 
@@ -97,8 +107,10 @@ def log_repo(choice: TemplateChoice, user: str | None, say: Say) -> str | None:
     logs --follow` needs it sooner)."""
     if not hf_space.has_token():
         if not choice.log_repo:
-            say("no Hugging Face token: the template sets no VL_LOG_REPO (pods publish no boot log); set HF_TOKEN "
-                "or pass --log-repo REPO")  # fmt: skip
+            say(
+                "no Hugging Face token: the template sets no VL_LOG_REPO (pods publish no boot log); set HF_TOKEN "
+                "or pass --log-repo REPO"
+            )
         return choice.log_repo
     api = hf_space.hub_api()
     spec = choice.log_repo or DEFAULT_LOG_REPO.format(
@@ -153,6 +165,8 @@ def registry_credential() -> tuple[str, str] | None:
     user, token = os.environ.get(runpod.REGISTRY_USER, ""), os.environ.get(runpod.REGISTRY_TOKEN, "")
     if bool(user) != bool(token):
         missing = runpod.REGISTRY_TOKEN if user else runpod.REGISTRY_USER
-        raise BuildError(f"{missing} is not set: RunPod's registry credential needs {runpod.REGISTRY_USER} and "
-                         f"{runpod.REGISTRY_TOKEN} (a token that may only read packages: RunPod stores it)")  # fmt: skip
+        raise BuildError(
+            f"{missing} is not set: RunPod's registry credential needs {runpod.REGISTRY_USER} and "
+            f"{runpod.REGISTRY_TOKEN} (a token that may only read packages: RunPod stores it)"
+        )
     return (user, token) if user else None

@@ -99,7 +99,7 @@ def load_versions(path: Path = DOCKER_DIR / "versions.toml") -> dict[str, Any]:
 
 
 def project_version() -> str:
-    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    return str(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"])
 
 
 # --- from a target to the template's values ----------------------------------------------------
@@ -128,8 +128,14 @@ def os_packages(target: Target, versions: dict[str, Any]) -> list[str]:
 # server, and follows the browser's window size), vncpasswd for its password file, JWM (a window manager with a
 # taskbar: 36 MB, where openbox, fluxbox and icewm pull Ghostscript through their image library: +126-134 MB,
 # and XFCE +153 MB), xterm with a scalable font, and Debian's websockify (the distribution's python3 runs it).
-DESKTOP_PACKAGES = ["fonts-dejavu-core", "jwm", "python3-websockify", "tigervnc-standalone-server", "tigervnc-tools",
-                    "xterm"]  # fmt: skip
+DESKTOP_PACKAGES = [
+    "fonts-dejavu-core",
+    "jwm",
+    "python3-websockify",
+    "tigervnc-standalone-server",
+    "tigervnc-tools",
+    "xterm",
+]
 # noVNC's page comes from the distribution's package, unpacked without its dependencies: they are Node.js and
 # Python libraries (143 MB) for tools the page never uses.
 NOVNC_PACKAGE, NOVNC_DIR = "novnc", "/usr/share/novnc"  # runtime/desktop.py serves NOVNC_DIR (a test compares)

@@ -69,9 +69,13 @@ class Outbox:
                 self.since = time.monotonic()
 
     async def start(
-        self, status: int, headers: list[tuple[bytes, bytes]], ping: bytes, interval: float,
+        self,
+        status: int,
+        headers: list[tuple[bytes, bytes]],
+        ping: bytes,
+        interval: float,
         before_ping: Callable[[], Awaitable[bytes]] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """A stream's head; then `ping` after each `interval` without a write, until `end` or `stop`."""
         await self.send({"type": "http.response.start", "status": status, "headers": headers})
         self.pings = Pings(self, ping, interval, before_ping)

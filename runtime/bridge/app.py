@@ -57,8 +57,9 @@ class Api:
         user_id = parsed.metadata.user_id if parsed.metadata else None
         routing = {ROUTING_KEY: routing_key(request.headers, user_id, request.state.key)}
         caller = request.state.caller
-        return MessagesExchange(self.bridge.serving, parsed, len(body), request.state.trace, routing,
-                                caller.cache_salt, caller.swaps)  # fmt: skip
+        return MessagesExchange(
+            self.bridge.serving, parsed, len(body), request.state.trace, routing, caller.cache_salt, caller.swaps
+        )
 
     async def count_tokens(self, request: Request) -> Response:
         parsed = decode(await read_body(request, self.bridge.max_body), CountTokensRequest)
@@ -108,8 +109,11 @@ class Api:
         answer: dict[str, Any] = {"status": pod_condition(engines, model is not None, swap, stopped)}
         if request.state.caller is UNGUARDED_CALLER and not self.bridge.keys.open:
             return JSONResponse(answer)
-        answer |= {"model": model.name if model else None, "context_window": model.context_window if model else None,
-                   "checked": checked(read_selfcheck(self.bridge.state_dir))}  # fmt: skip
+        answer |= {
+            "model": model.name if model else None,
+            "context_window": model.context_window if model else None,
+            "checked": checked(read_selfcheck(self.bridge.state_dir)),
+        }
         extras = {"engines": engines, "stopped": stopped, "swap": swap}
         return JSONResponse(answer | {name: value for name, value in extras.items() if value})
 
@@ -181,8 +185,14 @@ def create_app(bridge: Bridge) -> Starlette:
             await bridge.upstream.aclose()
 
     routes = Api(bridge).routes()
-    accounting = Middleware(Accounting, metrics=bridge.metrics, usage=bridge.usage, sessions=bridge.sessions,
-                            routes=frozenset(route.path for route in routes), activity=bridge.activity)  # fmt: skip
+    accounting = Middleware(
+        Accounting,
+        metrics=bridge.metrics,
+        usage=bridge.usage,
+        sessions=bridge.sessions,
+        routes=frozenset(route.path for route in routes),
+        activity=bridge.activity,
+    )
     # Without a cap (one key or none), no KeyShare: it would only pass every request on.
     sharing = [Middleware(KeyShare, cap=bridge.key_concurrency)] if bridge.key_concurrency is not None else []
     return Starlette(

@@ -101,8 +101,14 @@ class ApiKeys:
     """The accepted keys and who each is; empty means the bridge is open. A worker pod accepts its
     gateway's key (VL_WORKER_KEY) too, labelled `gateway`: the team's traffic, salted by the gateway."""
 
-    def __init__(self, entries: Sequence[ApiKey], secret: bytes, gateway_key: str | None = None,
-                 salted: bool = False, selfcheck_key: str | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        entries: Sequence[ApiKey],
+        secret: bytes,
+        gateway_key: str | None = None,
+        salted: bool = False,
+        selfcheck_key: str | None = None,
+    ) -> None:
         marked = any(entry.admin for entry in entries)
         self.keys: list[tuple[Caller, bytes]] = []
         for position, entry in enumerate(entries):
@@ -236,8 +242,11 @@ class RequireKey:
             return self.keys.identify(*presented(headers))
         host = headers.get(b"host")
         if host is not None and not self.hosts.admits(host.decode("latin-1")):
-            raise BridgeError(403, "the bridge is open (no VL_API_KEYS), so it answers only to its own names in Host: "
-                                   "add this one to VL_ALLOWED_HOSTS, or configure keys")  # fmt: skip
+            raise BridgeError(
+                403,
+                "the bridge is open (no VL_API_KEYS), so it answers only to its own names in Host: "
+                "add this one to VL_ALLOWED_HOSTS, or configure keys",
+            )
         # JSON: the only body type a cross-site page cannot POST without a preflight.
         if scope.get("method") == "POST" and media_type(headers.get(b"content-type")) != JSON_CONTENT_TYPE:
             raise BridgeError(415, f"the body must be sent as Content-Type: {JSON_CONTENT_TYPE}")
@@ -257,8 +266,10 @@ class RequireKey:
 def presented(headers: Mapping[bytes, bytes]) -> tuple[str | None, str | None]:
     """The `Authorization` and `x-api-key` values a request carries (None: absent)."""
     authorization, api_key = headers.get(b"authorization"), headers.get(b"x-api-key")
-    return (authorization.decode("latin-1") if authorization is not None else None,
-            api_key.decode("latin-1") if api_key is not None else None)  # fmt: skip
+    return (
+        authorization.decode("latin-1") if authorization is not None else None,
+        api_key.decode("latin-1") if api_key is not None else None,
+    )
 
 
 async def refuse(error: BridgeError, scope: Scope, receive: Receive, send: Send) -> None:

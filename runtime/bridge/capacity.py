@@ -82,8 +82,9 @@ class Sample:
                         values[field] = values.get(field, 0.0) + sample.value
         if not read:
             return None
-        found: dict[str, Any] = values | {name: int(values.get(name, 0)) for name in ("running", "waiting_capacity",
-                                                                                      "waiting_deferred")}  # fmt: skip
+        found: dict[str, Any] = values | {
+            name: int(values.get(name, 0)) for name in ("running", "waiting_capacity", "waiting_deferred")
+        }
         return cls(at, **found)
 
 
@@ -106,11 +107,12 @@ def field_of(family: str, sample: str, labels: dict[str, str]) -> str | None:
 def grown(earlier: Sample, later: Sample, name: str) -> float:
     """How much a counter grew; an engine that restarted counts from zero again (Prometheus' rule)."""
     before, after = getattr(earlier, name), getattr(later, name)
-    return after - before if after >= before else after
+    return float(after - before if after >= before else after)
 
 
-COUNTED = tuple(f.name for f in fields(Sample) if f.name not in ("at", "running", "waiting_capacity",
-                                                                  "waiting_deferred", "kv_use"))  # fmt: skip
+COUNTED = tuple(
+    f.name for f in fields(Sample) if f.name not in ("at", "running", "waiting_capacity", "waiting_deferred", "kv_use")
+)
 
 
 def capacity(earlier: Sample | None, later: Sample, preempted: float | None = None) -> dict[str, Any]:

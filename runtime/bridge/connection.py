@@ -117,8 +117,11 @@ class GuardedHttp(HttpToolsProtocol):
         now = self.loop.time()
         if now - self.limits.warned_at >= WARN_EVERY_S:
             self.limits.warned_at = now
-            log.warning("%d client connections open, the most allowed: closing the idle ones, longest idle first "
-                        "(this warning at most once a minute)", self.limits.max_connections)  # fmt: skip
+            log.warning(
+                "%d client connections open, the most allowed: closing the idle ones, longest idle first "
+                "(this warning at most once a minute)",
+                self.limits.max_connections,
+            )
 
     def _unsupported_upgrade_warning(self) -> None:
         """uvicorn's call for a request asking for an upgrade it does not perform (the bridge performs none:
@@ -243,8 +246,11 @@ class GuardedHttp(HttpToolsProtocol):
             self.cycle.message_event.set()
             self.client_left()
         body = envelope(status, message)
-        head = [STATUS_LINE[status], *(name + b": " + value + b"\r\n" for name, value in self.server_state.default_headers),
-                b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n" % len(body)]  # fmt: skip
+        head = [
+            STATUS_LINE[status],
+            *(name + b": " + value + b"\r\n" for name, value in self.server_state.default_headers),
+            b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n" % len(body),
+        ]
         self.transport.write(b"".join(head) + body)
         self.flow.pause_reading()
         if self.transport.can_write_eof():

@@ -34,8 +34,14 @@ class EngineView:
     prefix_hit_rate: float | None = None  # 0..1, since the engine started
 
     def as_json(self, index: int) -> dict[str, object]:
-        return {"replica": index, "state": "healthy" if self.answering else "down", "running": self.running,
-                "waiting": self.waiting, "kv_use": self.kv_use, "prefix_hit_rate": self.prefix_hit_rate}  # fmt: skip
+        return {
+            "replica": index,
+            "state": "healthy" if self.answering else "down",
+            "running": self.running,
+            "waiting": self.waiting,
+            "kv_use": self.kv_use,
+            "prefix_hit_rate": self.prefix_hit_rate,
+        }
 
 
 def families(text: bytes) -> list[Metric]:

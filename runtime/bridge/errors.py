@@ -96,12 +96,12 @@ def upstream_message(body: bytes) -> str:
         return body.decode("utf-8", "replace").strip()[:2000] or "upstream error"
     if isinstance(data, dict):
         inner = data.get("error")
-        if isinstance(inner, dict) and isinstance(inner.get("message"), str):
-            return inner["message"]
+        if isinstance(inner, dict) and isinstance(message := inner.get("message"), str):
+            return message
         if isinstance(inner, str):
             return inner
-        if isinstance(data.get("message"), str):
-            return data["message"]
+        if isinstance(message := data.get("message"), str):
+            return message
     return str(data)[:2000]
 
 

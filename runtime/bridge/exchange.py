@@ -39,8 +39,11 @@ from runtime.logsafe import loggable
 
 log = logging.getLogger("runtime.bridge")
 
-SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
-               (b"x-accel-buffering", b"no")]  # fmt: skip
+SSE_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
 # A prompt whose upper bound of tokens (one per byte, doubled for the template) fits the window with
 # this margin cannot be too long: the /tokenize round trip is skipped (images are always counted).
 TEMPLATE_MARGIN_TOKENS = 16384
@@ -193,9 +196,13 @@ class MessagesExchange(Answer):
             raise upstream_refusal(error)
 
     async def stream(
-        self, response: aiohttp.ClientResponse, out: Outbox, translation: Translation, input_tokens: int,
+        self,
+        response: aiohttp.ClientResponse,
+        out: Outbox,
+        translation: Translation,
+        input_tokens: int,
         begun: tuple[AnthropicSse, StreamTranslator] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """The answer as SSE; `begun`: the sink and translator of a stream already started (a swap's wait)."""
         if begun is None:
             sink = AnthropicSse()
@@ -254,9 +261,12 @@ class MessagesExchange(Answer):
         await out.send({"type": "http.response.body", "body": body})
 
     async def pump(
-        self, response: aiohttp.ClientResponse, translator: StreamTranslator,
-        sink: AnthropicSse | None = None, out: Outbox | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        response: aiohttp.ClientResponse,
+        translator: StreamTranslator,
+        sink: AnthropicSse | None = None,
+        out: Outbox | None = None,
+    ) -> None:
         """Upstream bytes → translator; when streaming, one write per network read (many events, one write)."""
         parser, read = SseParser(), response.content.readany
         try:
@@ -276,9 +286,11 @@ class MessagesExchange(Answer):
     def record(self, translator: StreamTranslator) -> None:
         trace = self.trace
         trace.update(
-            input=translator.input_tokens, cached=translator.cached_tokens, output=translator.output_tokens,
+            input=translator.input_tokens,
+            cached=translator.cached_tokens,
+            output=translator.output_tokens,
             stop=translator.stop_reason or trace.get("stop"),
-        )  # fmt: skip
+        )
         if translator.first_token_at is not None:
             trace["ttft_s"] = translator.first_token_at - self.started
         if translator.blocked:
@@ -291,9 +303,13 @@ class MessagesExchange(Answer):
         for write in writes:
             self.serving.count_blocked_write(write.label)
             log.warning(
-                "guard blocked a truncated write id=%s tool=%s path=%s line=%d marker=%s", self.id,
-                loggable(write.tool), loggable(write.path), write.line, loggable(write.marker),
-            )  # fmt: skip
+                "guard blocked a truncated write id=%s tool=%s path=%s line=%d marker=%s",
+                self.id,
+                loggable(write.tool),
+                loggable(write.path),
+                write.line,
+                loggable(write.marker),
+            )
 
 
 def last_user_text(messages: list[dict[str, Any]]) -> str:

@@ -105,8 +105,12 @@ class Ledger:
             self.keep(data, written)
             if not self.failing:
                 why = error or f"{written} of {len(data)} bytes written (a full volume?)"
-                log.warning("could not append to the usage ledger %s: %s; the totals are kept in memory and "
-                            "written once it can (said once)", self.path, why)  # fmt: skip
+                log.warning(
+                    "could not append to the usage ledger %s: %s; the totals are kept in memory and "
+                    "written once it can (said once)",
+                    self.path,
+                    why,
+                )
             self.failing = True
         else:
             self.failing = False

@@ -23,42 +23,60 @@ class Metrics:
     def __init__(self, upstream_in_use: Callable[[], float]) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter(
-            "bridge_requests", "Requests answered, by route, HTTP status, Anthropic error type and key label.",
-            ["route", "status", "error_type", "key"], registry=self.registry,
-        )  # fmt: skip
+            "bridge_requests",
+            "Requests answered, by route, HTTP status, Anthropic error type and key label.",
+            ["route", "status", "error_type", "key"],
+            registry=self.registry,
+        )
         self.tokens = Counter(
-            "bridge_tokens", "Tokens by key label and kind (input excludes cached, as Anthropic counts).",
-            ["key", "kind"], registry=self.registry,
-        )  # fmt: skip
+            "bridge_tokens",
+            "Tokens by key label and kind (input excludes cached, as Anthropic counts).",
+            ["key", "kind"],
+            registry=self.registry,
+        )
         self.by_class = Counter(
-            "bridge_requests_by_class", "Generation requests by Claude Code's request class (`none`: not said; "
-            "`other`: a class we do not know) and key label.", ["request_class", "key"], registry=self.registry,
-        )  # fmt: skip
+            "bridge_requests_by_class",
+            "Generation requests by Claude Code's request class (`none`: not said; "
+            "`other`: a class we do not know) and key label.",
+            ["request_class", "key"],
+            registry=self.registry,
+        )
         self.tokens_by_class = Counter(
-            "bridge_tokens_by_class", "Tokens of generation requests by Claude Code's request class and kind.",
-            ["request_class", "kind"], registry=self.registry,
-        )  # fmt: skip
+            "bridge_tokens_by_class",
+            "Tokens of generation requests by Claude Code's request class and kind.",
+            ["request_class", "kind"],
+            registry=self.registry,
+        )
         self.ttft = Histogram(
-            "bridge_time_to_first_token_seconds", "From request to the first content token, for /v1/messages.",
-            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600), registry=self.registry,
-        )  # fmt: skip
+            "bridge_time_to_first_token_seconds",
+            "From request to the first content token, for /v1/messages.",
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
+            registry=self.registry,
+        )
         self.open_streams = Gauge("bridge_open_streams", "Responses being streamed now.", registry=self.registry)
         self.guard_blocked = Counter(
-            "bridge_guard_blocked", "Whole-file writes blocked by VL_GUARD (their content elided the file), by tool.",
-            ["tool"], registry=self.registry,
-        )  # fmt: skip
+            "bridge_guard_blocked",
+            "Whole-file writes blocked by VL_GUARD (their content elided the file), by tool.",
+            ["tool"],
+            registry=self.registry,
+        )
         for label in WHOLE_FILE_WRITES.values():  # each at 0 from the start: a rate can be read from the first
             self.guard_blocked.labels(label)
-        in_use = Gauge("bridge_upstream_connections_in_use", "Upstream requests in flight (the bounded pool's use).",
-                       registry=self.registry)  # fmt: skip
+        in_use = Gauge(
+            "bridge_upstream_connections_in_use",
+            "Upstream requests in flight (the bounded pool's use).",
+            registry=self.registry,
+        )
         in_use.set_function(upstream_in_use)
         gpu = ["gpu", "name"]  # the index nvidia-smi gives, and the product name
-        self.gpu_utilization = Gauge("vlpod_gpu_utilization_percent", "GPU utilization (nvidia-smi, every 2 s).",
-                                     gpu, registry=self.registry)  # fmt: skip
+        self.gpu_utilization = Gauge(
+            "vlpod_gpu_utilization_percent", "GPU utilization (nvidia-smi, every 2 s).", gpu, registry=self.registry
+        )
         self.gpu_memory_used = Gauge("vlpod_gpu_memory_used_bytes", "GPU memory in use.", gpu, registry=self.registry)
         self.gpu_memory_total = Gauge("vlpod_gpu_memory_total_bytes", "GPU memory in all.", gpu, registry=self.registry)
-        self.gpu_temperature = Gauge("vlpod_gpu_temperature_celsius", "GPU temperature, where reported.",
-                                     gpu, registry=self.registry)  # fmt: skip
+        self.gpu_temperature = Gauge(
+            "vlpod_gpu_temperature_celsius", "GPU temperature, where reported.", gpu, registry=self.registry
+        )
         self.gpu_power = Gauge("vlpod_gpu_power_watts", "GPU power draw, where reported.", gpu, registry=self.registry)
 
         # The counters' series by labels, as `labels` made them: as many as the labels' bounded values.
@@ -112,8 +130,13 @@ class Metrics:
             gauge.clear()
         for gpu in gpus:
             labels = (str(gpu.index), gpu.name)
-            values = (gpu.utilization_pct, gpu.memory_used_mib * MIB, gpu.memory_total_mib * MIB, gpu.temperature_c,
-                      gpu.power_w)  # fmt: skip
+            values = (
+                gpu.utilization_pct,
+                gpu.memory_used_mib * MIB,
+                gpu.memory_total_mib * MIB,
+                gpu.temperature_c,
+                gpu.power_w,
+            )
             for gauge, value in zip(gauges, values, strict=True):
                 if value is not None:
                     gauge.labels(*labels).set(value)

@@ -15,6 +15,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from typing import Any
 
 import msgspec
 
@@ -117,7 +118,7 @@ class Catalog:
         others = sorted(self.model.upstream_ids - {name})
         return list(dict.fromkeys([name, prefixed, name + ONE_MILLION, *others, *self.aliases, *self.others()]))
 
-    def anthropic_info(self, model_id: str) -> dict:
+    def anthropic_info(self, model_id: str) -> dict[str, Any]:
         """One entry of Anthropic's `/v1/models`, with the context window; Claude Code's model picker
         shows `display_name` and `description`."""
         assert self.model is not None
@@ -136,7 +137,7 @@ class Catalog:
             "max_tokens": window,
         }
 
-    def anthropic_listing(self) -> dict:
+    def anthropic_listing(self) -> dict[str, Any]:
         """Every public id, those naming `claude` first: Claude Code's discovery keeps only ids that
         contain `claude` or `anthropic`. The list is short and always whole (`limit` has nothing to cut)."""
         names = sorted(self.names(), key=lambda name: "claude" not in name.lower())  # stable: the order of names()

@@ -23,7 +23,7 @@ NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
 CHUNK = 1 << 16  # brackets summed at a time: a deep body is refused after its first chunk
 
 
-def bracket_steps(text: bytes) -> array:
+def bracket_steps(text: bytes) -> array[int]:
     """+1 for each bracket that opens, -1 for each that closes, outside strings, in order.
     Every step is a C-speed pass over the bytes: linear on any input, hostile ones included."""
     unescaped = text.replace(b"\\\\", b"").replace(b'\\"', b"")  # a string now ends at its next quote

@@ -40,26 +40,53 @@ FILES_SPARE = 64  # open files besides connections: logs, the event loop, the li
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--upstream", required=True, help="vLLM's OpenAI server, e.g. http://127.0.0.1:18081")
-    parser.add_argument("--engine", action="append", default=[], metavar="URL",
-                        help="an engine behind the router that --upstream names (repeat for each): aborts, /tokenize, "
-                        "/v1/models and /metrics go to the engines directly")  # fmt: skip
-    parser.add_argument("--thinks-unasked", action="store_true",
-                        help="keep the chat template's thinking default for a request without `thinking` (the "
-                        "recipe's thinks_unasked); else it gets none, as from Anthropic's API")  # fmt: skip
-    parser.add_argument("--ledger", type=Path, metavar="FILE",
-                        help="keep each key's usage totals in FILE across restarts (the pod's: on its volume)")  # fmt: skip
+    parser.add_argument(
+        "--engine",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="an engine behind the router that --upstream names (repeat for each): aborts, /tokenize, "
+        "/v1/models and /metrics go to the engines directly",
+    )
+    parser.add_argument(
+        "--thinks-unasked",
+        action="store_true",
+        help="keep the chat template's thinking default for a request without `thinking` (the "
+        "recipe's thinks_unasked); else it gets none, as from Anthropic's API",
+    )
+    parser.add_argument(
+        "--ledger",
+        type=Path,
+        metavar="FILE",
+        help="keep each key's usage totals in FILE across restarts (the pod's: on its volume)",
+    )
     parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default: all)")
     parser.add_argument("--port", type=int, default=8080, help="port to listen on; 0 = a free one (default: 8080)")
-    parser.add_argument("--max-connections", type=int, default=512,
-                        help="upstream connection pool size (default: 512)")  # fmt: skip
-    parser.add_argument("--pool-timeout", type=float, default=10.0,
-                        help="seconds to wait for a free upstream connection before answering 529 (default: 10)")  # fmt: skip
-    parser.add_argument("--keep-alive-s", type=int, default=KEEP_ALIVE_S,
-                        help=f"seconds a client connection may idle (default: {KEEP_ALIVE_S})")  # fmt: skip
-    parser.add_argument("--head-timeout-s", type=float, default=HEAD_TIMEOUT_S,
-                        help=f"seconds a client may take to send a request's head (default: {HEAD_TIMEOUT_S:g})")  # fmt: skip
-    parser.add_argument("--body-timeout-s", type=float, default=BODY_TIMEOUT_S,
-                        help=f"seconds a body may lag behind 8 KiB/s (default: {BODY_TIMEOUT_S:g})")  # fmt: skip
+    parser.add_argument("--max-connections", type=int, default=512, help="upstream connection pool size (default: 512)")
+    parser.add_argument(
+        "--pool-timeout",
+        type=float,
+        default=10.0,
+        help="seconds to wait for a free upstream connection before answering 529 (default: 10)",
+    )
+    parser.add_argument(
+        "--keep-alive-s",
+        type=int,
+        default=KEEP_ALIVE_S,
+        help=f"seconds a client connection may idle (default: {KEEP_ALIVE_S})",
+    )
+    parser.add_argument(
+        "--head-timeout-s",
+        type=float,
+        default=HEAD_TIMEOUT_S,
+        help=f"seconds a client may take to send a request's head (default: {HEAD_TIMEOUT_S:g})",
+    )
+    parser.add_argument(
+        "--body-timeout-s",
+        type=float,
+        default=BODY_TIMEOUT_S,
+        help=f"seconds a body may lag behind 8 KiB/s (default: {BODY_TIMEOUT_S:g})",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -69,8 +96,9 @@ def run(args: argparse.Namespace) -> int:
     except SettingsError as error:
         print(error, file=sys.stderr)
         return 2
-    bridge = Bridge(args.upstream, settings, args.max_connections, args.pool_timeout, args.engine, args.ledger,
-                    args.thinks_unasked)  # fmt: skip
+    bridge = Bridge(
+        args.upstream, settings, args.max_connections, args.pool_timeout, args.engine, args.ledger, args.thinks_unasked
+    )
     if bridge.keys.open:
         log.warning("=" * 72)
         log.warning("VL_API_KEYS is empty: the bridge is OPEN, anyone who can reach it can use the model")
@@ -87,11 +115,16 @@ def run(args: argparse.Namespace) -> int:
     )
     log.info("at most %d client connections", limits.max_connections)
     config = uvicorn.Config(
-        create_app(bridge), host=args.host, port=args.port, access_log=False, log_level="info",
-        timeout_graceful_shutdown=5, timeout_keep_alive=args.keep_alive_s,
+        create_app(bridge),
+        host=args.host,
+        port=args.port,
+        access_log=False,
+        log_level="info",
+        timeout_graceful_shutdown=5,
+        timeout_keep_alive=args.keep_alive_s,
         http=functools.partial(GuardedHttp, limits=limits),  # type: ignore[arg-type]  # uvicorn calls it as a class
         ws="none",  # an upgrade is served as HTTP: no WebSocket code is reachable from the public port
-    )  # fmt: skip
+    )
     server = uvicorn.Server(config)
     server.run()
     return 0 if server.started else 1

@@ -41,8 +41,11 @@ class KeyShare:
         state = scope["state"]
         key = state["key"]
         if self.in_flight[key] >= self.cap:
-            refusal = BridgeError(429, f"this API key already has {self.cap} requests in flight, the most allowed "
-                                       "(VL_KEY_CONCURRENCY); retry once one has ended")  # fmt: skip
+            refusal = BridgeError(
+                429,
+                f"this API key already has {self.cap} requests in flight, the most allowed "
+                "(VL_KEY_CONCURRENCY); retry once one has ended",
+            )
             state["trace"]["error_type"] = refusal.type
             await refusal.response()(scope, receive, send)
             return

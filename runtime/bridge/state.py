@@ -54,9 +54,17 @@ class Bridge:
         )
         if self.swaps is not None:
             self.catalog.others = self.swaps.others
-        self.serving = Serving(self.upstream, self.catalog, self.metrics.open_streams, settings.bridge_ping_s,
-                               settings.client_stall_s, settings.log_prompts, self.swaps, guard=settings.guard,
-                               count_blocked_write=self.metrics.count_blocked_write)  # fmt: skip
+        self.serving = Serving(
+            self.upstream,
+            self.catalog,
+            self.metrics.open_streams,
+            settings.bridge_ping_s,
+            settings.client_stall_s,
+            settings.log_prompts,
+            self.swaps,
+            guard=settings.guard,
+            count_blocked_write=self.metrics.count_blocked_write,
+        )
         self.max_body: int = settings.max_body_mb * 2**20
         self.key_concurrency: int | None = key_cap(max_connections, len(self.keys.labels), settings.key_concurrency)
         # Each key's totals across restarts, when the pod gives a ledger (on its volume).

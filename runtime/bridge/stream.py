@@ -120,10 +120,18 @@ class StreamTranslator:
         if self.started:
             return
         self.started = True
-        self.sink.message_start({
-            "id": self.message_id, "type": "message", "role": "assistant", "model": self.model, "content": [],
-            "stop_reason": None, "stop_sequence": None, "usage": self.usage(),
-        })  # fmt: skip
+        self.sink.message_start(
+            {
+                "id": self.message_id,
+                "type": "message",
+                "role": "assistant",
+                "model": self.model,
+                "content": [],
+                "stop_reason": None,
+                "stop_sequence": None,
+                "usage": self.usage(),
+            }
+        )
 
     def feed(self, payload: bytes) -> None:
         if payload == b"[DONE]":

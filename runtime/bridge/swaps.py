@@ -75,9 +75,12 @@ class Swaps:
         recipe = self.recipe_of(model, state)
         if recipe in (None, state.loaded, state.target):
             return None
-        return BridgeError(403, f"this key may not change the loaded model ({state.loaded} is loaded; {model} would "
-                                f"restart the engine on {recipe}): ask for {state.loaded}, or use a key allowed to "
-                                "swap (VL_API_KEYS: name:key:swap)")  # fmt: skip
+        return BridgeError(
+            403,
+            f"this key may not change the loaded model ({state.loaded} is loaded; {model} would "
+            f"restart the engine on {recipe}): ask for {state.loaded}, or use a key allowed to "
+            "swap (VL_API_KEYS: name:key:swap)",
+        )
 
     async def keep_loaded(self, model: str, may_swap: bool, state: SwapState) -> None:
         """A request for the loaded recipe from a key that may swap drops a swap still waiting for its turn
@@ -105,8 +108,9 @@ class Swaps:
             elif state.engine_up and await self.learned(state):
                 continue  # the swap is done, and its model known before anything is sent to it
             if time.monotonic() >= deadline:
-                raise BridgeError(529, f"{model} is being loaded ({self.progress(state)}): retry in a while",
-                                  UNSTREAMED_RETRY_S)  # fmt: skip
+                raise BridgeError(
+                    529, f"{model} is being loaded ({self.progress(state)}): retry in a while", UNSTREAMED_RETRY_S
+                )
             await asyncio.sleep(POLL_S)
 
     async def learned(self, state: SwapState) -> bool:
@@ -139,6 +143,13 @@ class Swaps:
         if state is None:
             return None
         now = time.time()
-        return {"loaded": state.loaded, "phase": state.phase, "target": state.target, "models": self.table,
-                "phase_for_s": round(now - state.phase_since, 1), "serving_for_s": round(now - state.since, 1),
-                "last": state.last, "failed": state.failed}  # fmt: skip
+        return {
+            "loaded": state.loaded,
+            "phase": state.phase,
+            "target": state.target,
+            "models": self.table,
+            "phase_for_s": round(now - state.phase_since, 1),
+            "serving_for_s": round(now - state.since, 1),
+            "last": state.last,
+            "failed": state.failed,
+        }

@@ -188,8 +188,11 @@ class Translator:
         tools = []
         for index, tool in enumerate(request.tools or []):
             if tool.type not in (None, "custom"):  # web search, tool search, MCP toolsets: Anthropic runs them
-                raise BridgeError(400, f"invalid request: tools[{index}]: the server tool {tool.type!r} is not "
-                                       "supported here (no server tools run on this model server; client tools do)")  # fmt: skip
+                raise BridgeError(
+                    400,
+                    f"invalid request: tools[{index}]: the server tool {tool.type!r} is not "
+                    "supported here (no server tools run on this model server; client tools do)",
+                )
             if tool.name is None or tool.input_schema is None:
                 field = "name" if tool.name is None else "input_schema"
                 raise BridgeError(400, f"invalid request: tools[{index}].{field} is required")

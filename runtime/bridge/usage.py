@@ -86,12 +86,16 @@ class Usage:
 
     def count(self, key: str, failed: bool, spent: Spent) -> None:
         now = self.clock()
-        self.recent.append(Finished(now, spent.input_tokens + spent.cached_tokens, spent.cached_tokens,
-                                    spent.output_tokens, spent.ttft_s))  # fmt: skip
+        self.recent.append(
+            Finished(
+                now, spent.input_tokens + spent.cached_tokens, spent.cached_tokens, spent.output_tokens, spent.ttft_s
+            )
+        )
         self.forget(now)
         usage = self.keys.get(key) or self.keys.setdefault(key, KeyUsage(key, utc_now()))
-        one = KeyUsage(key, usage.since, 1, spent.input_tokens, spent.cached_tokens, spent.output_tokens,
-                       int(failed), spent.busy_s)  # fmt: skip
+        one = KeyUsage(
+            key, usage.since, 1, spent.input_tokens, spent.cached_tokens, spent.output_tokens, int(failed), spent.busy_s
+        )
         usage.add(one)
         if self.record is not None:
             self.record(key, usage.since, one)

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeGuard
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from runtime.engine.volume import cache_env, cache_root
 from runtime.gpu import GpuError, inspect_gpu
@@ -77,8 +77,9 @@ def shell_word(word: str) -> str:
     command line never runs an escape code, and the pasted line still means the same word."""
     if word.isprintable():
         return shlex.quote(word)
-    escaped = (char if char.isprintable() and char not in "\\'" else ascii(char)[1:-1].replace("'", "\\'")
-               for char in word)  # fmt: skip
+    escaped = (
+        char if char.isprintable() and char not in "\\'" else ascii(char)[1:-1].replace("'", "\\'") for char in word
+    )
     return "$'" + "".join(escaped) + "'"
 
 
@@ -181,7 +182,7 @@ def _window(settings: Settings, recipe: Recipe) -> int:
     raise SettingsError("VL_CTX", str(window), allowed)
 
 
-def _yarn_overrides(recipe: Recipe, window: int) -> dict:
+def _yarn_overrides(recipe: Recipe, window: int) -> dict[str, Any]:
     assert recipe.yarn is not None  # _window allows a window above native only with YaRN
     rope = recipe.yarn.rope_parameters | {
         "rope_type": "yarn",
@@ -191,7 +192,7 @@ def _yarn_overrides(recipe: Recipe, window: int) -> dict:
     return {recipe.yarn.config_key: {"rope_parameters": rope}} if recipe.yarn.config_key else {"rope_parameters": rope}
 
 
-def _speculation(settings: Settings, recipe: Recipe) -> dict | None:
+def _speculation(settings: Settings, recipe: Recipe) -> dict[str, Any] | None:
     method = recipe.speculation.default if settings.spec == "auto" else settings.spec
     if method == "off":
         return None

@@ -57,8 +57,12 @@ def refuse_missing_requirements(recipe: Recipe, venv: Path) -> None:
     """SettingsError (VL_MODEL) when the engine in `venv` lacks a module the recipe cannot run without."""
     for module, where in recipe.requires.items():
         if not _has_module(venv, module):
-            raise SettingsError("VL_MODEL", recipe.name, f"a model this image's engine can serve: {recipe.name} "
-                                f"needs {module}, which {venv} does not have ({where})")  # fmt: skip
+            raise SettingsError(
+                "VL_MODEL",
+                recipe.name,
+                f"a model this image's engine can serve: {recipe.name} "
+                f"needs {module}, which {venv} does not have ({where})",
+            )
 
 
 def _has_module(venv: Path, module: str) -> bool:

@@ -111,34 +111,54 @@ def download(
         os.environ.pop("HF_XET_HIGH_PERFORMANCE", None)
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
-    from huggingface_hub.utils import disable_progress_bars
+    from huggingface_hub.utils.tqdm import disable_progress_bars
 
     disable_progress_bars()  # the lines below say the same in the boot log, without a bar's carriage returns
     folder = repo_folder(cache, repo)
     with downloading(cache, folder):
         try:
             listing = list_repo(repo)
-            log.info("downloading %s (revision %s): %d files, %s, into %s", repo, listing.revision[:12],
-                     len(listing.files), human_bytes(listing.size), cache)  # fmt: skip
+            log.info(
+                "downloading %s (revision %s): %d files, %s, into %s",
+                repo,
+                listing.revision[:12],
+                len(listing.files),
+                human_bytes(listing.size),
+                cache,
+            )
             started = time.monotonic()
             patterns = [glob_literal(name) for name in listing.files]
             with Progress(repo, folder, listing.size, share.report_every_s, on_progress):
                 # At the commit listed: huggingface_hub asks for no other, and writes no ref (done below, once checked).
-                snapshot_download(repo, revision=listing.revision, allow_patterns=patterns, cache_dir=cache,
-                                  max_workers=share.files_at_once)  # fmt: skip
+                snapshot_download(
+                    repo,
+                    revision=listing.revision,
+                    allow_patterns=patterns,
+                    cache_dir=cache,
+                    max_workers=share.files_at_once,
+                )
         except WeightsError:
             raise
         except (RepositoryNotFoundError, GatedRepoError) as error:
-            raise WeightsError(f"the Hub has no model repo {repo} that HF_TOKEN may read "
-                               f"(check {setting}, the token, and the model's terms): {type(error).__name__}") from None  # fmt: skip
+            raise WeightsError(
+                f"the Hub has no model repo {repo} that HF_TOKEN may read "
+                f"(check {setting}, the token, and the model's terms): {type(error).__name__}"
+            ) from None
         except Exception as error:  # HTTP, network, disk and Xet errors alike: one line, and resumed next time
-            raise WeightsError(f"downloading {repo} failed: {one_line(error)}; the next start takes it up again") from None  # fmt: skip
+            raise WeightsError(
+                f"downloading {repo} failed: {one_line(error)}; the next start takes it up again"
+            ) from None
         seconds = time.monotonic() - started
         refuse_wrong_sizes(repo, folder, listing)
         write_atomically(folder / "refs" / "main", listing.revision)  # what vLLM's offline start resolves `main` by
         (folder / COMPLETE).write_text(json.dumps({"revision": listing.revision, "files": list(listing.files)}) + "\n")
-    log.info("downloaded %s: %s in %.1f s (%s/s)", repo, human_bytes(listing.size), seconds,
-             human_bytes(listing.size / max(seconds, 1e-3)))  # fmt: skip
+    log.info(
+        "downloaded %s: %s in %.1f s (%s/s)",
+        repo,
+        human_bytes(listing.size),
+        seconds,
+        human_bytes(listing.size / max(seconds, 1e-3)),
+    )
     return listing
 
 
@@ -172,8 +192,10 @@ def refuse_wrong_sizes(repo: str, folder: Path, listing: Listing) -> None:
     if wrong:
         name, served = next(iter(wrong.items()))
         listed, more = exact_bytes(listing.sizes[name]), f" (and {len(wrong) - 1} more)" if len(wrong) > 1 else ""
-        raise WeightsError(f"downloading {repo}: {name} is listed at {listed} but {exact_bytes(served)} were "
-                           f"served{more}: removed, the next start downloads it again")  # fmt: skip
+        raise WeightsError(
+            f"downloading {repo}: {name} is listed at {listed} but {exact_bytes(served)} were "
+            f"served{more}: removed, the next start downloads it again"
+        )
 
 
 def size_on_disk(path: Path) -> int:
@@ -201,8 +223,12 @@ def drop_partial_files(folder: Path) -> None:
         size = sum(path.stat().st_size for path in partial)
         for path in partial:
             path.unlink(missing_ok=True)
-        log.info("removed %d partial file%s a stopped download left (%s); finished files are kept",
-                 len(partial), "" if len(partial) == 1 else "s", human_bytes(size))  # fmt: skip
+        log.info(
+            "removed %d partial file%s a stopped download left (%s); finished files are kept",
+            len(partial),
+            "" if len(partial) == 1 else "s",
+            human_bytes(size),
+        )
 
 
 def list_repo(repo: str) -> Listing:
@@ -212,8 +238,10 @@ def list_repo(repo: str) -> Listing:
 
     info = HfApi().model_info(repo, files_metadata=True)
     if not is_commit_id(info.sha):
-        raise WeightsError(f"the Hub answered {repo}'s revision as {ascii(info.sha)[:100]}, not a 40-hex commit id: "
-                           "nothing was downloaded (check HF_ENDPOINT)")  # fmt: skip
+        raise WeightsError(
+            f"the Hub answered {repo}'s revision as {ascii(info.sha)[:100]}, not a 40-hex commit id: "
+            "nothing was downloaded (check HF_ENDPOINT)"
+        )
     siblings = info.siblings or []
     has_safetensors = any(s.rfilename.endswith(".safetensors") for s in siblings)
     kept = [s for s in siblings if not (has_safetensors and SKIPPED_WITH_SAFETENSORS.search(s.rfilename))]
@@ -269,8 +297,15 @@ class Progress:
             rate = (done - start_bytes) / (now - started)
             left = f", about {human_seconds((self.total - done) / rate)} left" if rate > 0 and done < self.total else ""
             share = f" ({100 * done / self.total:.0f}%)" if self.total else ""
-            log.info("downloading %s: %s of %s%s, %s/s%s", self.repo, human_bytes(done), human_bytes(self.total),
-                     share, human_bytes(rate), left)  # fmt: skip
+            log.info(
+                "downloading %s: %s of %s%s, %s/s%s",
+                self.repo,
+                human_bytes(done),
+                human_bytes(self.total),
+                share,
+                human_bytes(rate),
+                left,
+            )
 
 
 def human_seconds(seconds: float) -> str:

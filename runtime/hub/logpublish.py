@@ -50,13 +50,17 @@ def refusal_line(repo: HubRepo, error: Exception) -> str | None:
         return None
     until = "; until then `python -m runtime logs` shows nothing of this pod"
     if isinstance(repo.token, str) and (reference := RUNPOD_SECRET_REFERENCE.search(repo.token)):
-        return (f"the Hub refuses this pod's log ({repo}: HTTP {status}): the RunPod secret {reference.group(1)} "
-                f"(HF_TOKEN) was never created: create it in RunPod's console (Secrets), a token with write access "
-                f"to {repo}{until}")  # fmt: skip
+        return (
+            f"the Hub refuses this pod's log ({repo}: HTTP {status}): the RunPod secret {reference.group(1)} "
+            f"(HF_TOKEN) was never created: create it in RunPod's console (Secrets), a token with write access "
+            f"to {repo}{until}"
+        )
     if status == 401:
         return f"the Hub refuses this pod's log ({repo}: HTTP 401): it knows no such HF_TOKEN{until}"
-    return (f"the Hub refuses this pod's log ({repo}: HTTP 403): HF_TOKEN may not write there (a read token only "
-            f"downloads): give the pod a token with write access to {repo}{until}")  # fmt: skip
+    return (
+        f"the Hub refuses this pod's log ({repo}: HTTP 403): HF_TOKEN may not write there (a read token only "
+        f"downloads): give the pod a token with write access to {repo}{until}"
+    )
 
 
 @dataclass
@@ -122,8 +126,15 @@ class LogPublisher:
     ) -> LogPublisher:
         """The pod's publisher: `VL_LOG_REPO`, `VL_LOG_INTERVAL_S`, `HF_ENDPOINT`, `HF_TOKEN`, `RUNPOD_POD_ID`."""
         repo = HubRepo.from_environ(settings.log_repo, environ) if settings.log_repo else None
-        return cls(repo, pod_id(environ), sources, is_healthy, redactor, interval_s=settings.log_interval_s,
-                   state_dir=Path(settings.state_dir))  # fmt: skip
+        return cls(
+            repo,
+            pod_id(environ),
+            sources,
+            is_healthy,
+            redactor,
+            interval_s=settings.log_interval_s,
+            state_dir=Path(settings.state_dir),
+        )
 
     def start(self) -> None:
         if self._thread is None:  # a previous start's refusal says nothing of this one

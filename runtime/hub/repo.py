@@ -14,11 +14,12 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from huggingface_hub import HfApi, RepoFile, hf_hub_url, set_client_factory
 from huggingface_hub.errors import RemoteEntryNotFoundError, RepositoryNotFoundError
-from huggingface_hub.utils import disable_progress_bars
 from huggingface_hub.utils._http import default_client_factory
+from huggingface_hub.utils.tqdm import disable_progress_bars
 
 from runtime.settings import hub_repo, is_commit_id
 
@@ -38,7 +39,7 @@ def bound_hub_timeouts() -> None:
         if _bounded:
             return
 
-        def bounded_client():  # returns huggingface_hub's own client class, whatever it is
+        def bounded_client() -> Any:  # huggingface_hub's own client class, whatever it is
             client = default_client_factory()
             client.timeout = HUB_TIMEOUT_S
             return client

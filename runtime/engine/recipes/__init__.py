@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import tomllib
 from functools import cache
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -17,7 +17,7 @@ from runtime.settings import RECIPES_DIR, recipe_names
 
 # A vLLM option's value in a recipe: true → `--flag`, false → `--no-flag`, a table → compact JSON,
 # a list → one argument per item, anything else → its text.
-OptionValue = bool | int | float | str | list[str] | dict
+OptionValue = bool | int | float | str | list[str] | dict[str, Any]
 
 
 class RecipeError(ValueError):
@@ -32,7 +32,7 @@ class Speculation(Strict):
     """Speculative decoding methods the model supports, as vLLM `--speculative-config` tables."""
 
     default: str = "off"
-    methods: dict[str, dict] = {}
+    methods: dict[str, dict[str, Any]] = {}
 
     @model_validator(mode="after")
     def default_is_known(self) -> Speculation:
@@ -49,7 +49,7 @@ class Yarn(Strict):
 
     max_factor: Annotated[float, Field(gt=1)]
     config_key: str = ""  # where rope_parameters live: "" (top level) or e.g. "text_config"
-    rope_parameters: dict
+    rope_parameters: dict[str, Any]
 
 
 class Recipe(Strict):

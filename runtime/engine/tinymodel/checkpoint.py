@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from safetensors.torch import save_file
 from tokenizers import Tokenizer
@@ -39,7 +40,7 @@ def write_checkpoint(directory: Path, answer: str = "hello") -> Path:
     return directory
 
 
-def model_config(tokenizer: Tokenizer, vocab_size: int) -> dict:
+def model_config(tokenizer: Tokenizer, vocab_size: int) -> dict[str, Any]:
     return {
         "architectures": ["Qwen3ForCausalLM"],
         "model_type": "qwen3",
@@ -63,7 +64,7 @@ def model_config(tokenizer: Tokenizer, vocab_size: int) -> dict:
     }
 
 
-def generation_config(tokenizer: Tokenizer) -> dict:
+def generation_config(tokenizer: Tokenizer) -> dict[str, Any]:
     # No sampling defaults: a client that sends no temperature gets vLLM's own (1.0).
     return {
         "bos_token_id": tokenizer.token_to_id(END_OF_TEXT),
@@ -72,7 +73,7 @@ def generation_config(tokenizer: Tokenizer) -> dict:
     }
 
 
-def tokenizer_config() -> dict:
+def tokenizer_config() -> dict[str, Any]:
     return {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": None,
@@ -85,5 +86,5 @@ def tokenizer_config() -> dict:
     }
 
 
-def write_json(path: Path, data: dict) -> None:
+def write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")

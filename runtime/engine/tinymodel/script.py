@@ -44,8 +44,12 @@ TOOL_CALL_PIECES = (
 )
 # Its own first and last pieces: `<tool_call>` and `}\n` already lead to the Bash call's pieces. vLLM's
 # hermes parser reads the text, not the token ids, so a longer token holding `<tool_call>` is read alike.
-AGENT_ARGUMENTS = {"description": "Say hello", "prompt": AGENT_PROMPT, "subagent_type": "general-purpose",
-                   "run_in_background": False}  # fmt: skip
+AGENT_ARGUMENTS = {
+    "description": "Say hello",
+    "prompt": AGENT_PROMPT,
+    "subagent_type": "general-purpose",
+    "run_in_background": False,
+}
 AGENT_CALL_PIECES = (
     f'<tool_call>\n{{"name": "{AGENT_TOOL}", "arguments": ',
     json.dumps(AGENT_ARGUMENTS),
@@ -57,8 +61,17 @@ WRITE_CALL_PIECES = (
     json.dumps(WRITE_ARGUMENTS),
     AGENT_CALL_PIECES[-1],
 )
-PIECES = (*THINKING_PIECES, *ANSWER_PIECES, *OTHER_ANSWER_PIECES, *AFTER_TOOL_PIECES, *LONG_PIECES, *PONDER_PIECES,
-          *TOOL_CALL_PIECES, *AGENT_CALL_PIECES, *WRITE_CALL_PIECES[:-1])  # fmt: skip
+PIECES = (
+    *THINKING_PIECES,
+    *ANSWER_PIECES,
+    *OTHER_ANSWER_PIECES,
+    *AFTER_TOOL_PIECES,
+    *LONG_PIECES,
+    *PONDER_PIECES,
+    *TOOL_CALL_PIECES,
+    *AGENT_CALL_PIECES,
+    *WRITE_CALL_PIECES[:-1],
+)
 
 THINKING = "".join(THINKING_PIECES)
 ANSWER = "".join(ANSWER_PIECES)
@@ -75,8 +88,14 @@ EOS = TURN_END
 
 # Replies without reasoning, by mode. With thinking on they open with `</think>` (the qwen3 parser
 # reads everything before it as reasoning); with thinking off the parser takes the text verbatim.
-REPLIES = {"text": ANSWER_PIECES, "tool": TOOL_CALL_PIECES, "agent": AGENT_CALL_PIECES, "write": WRITE_CALL_PIECES,
-           "after_tool": AFTER_TOOL_PIECES, "long": LONG_PIECES}  # fmt: skip
+REPLIES = {
+    "text": ANSWER_PIECES,
+    "tool": TOOL_CALL_PIECES,
+    "agent": AGENT_CALL_PIECES,
+    "write": WRITE_CALL_PIECES,
+    "after_tool": AFTER_TOOL_PIECES,
+    "long": LONG_PIECES,
+}
 REASONING_MODES = ("think", "ponder")
 
 
