@@ -22,8 +22,7 @@ from typing import Any
 import httpx
 
 from runtime.checkimages import pictures_to_show
-from runtime.client import USER_AGENT
-from runtime.connect import ANTHROPIC_VERSION, EndpointError, check_endpoint
+from runtime.connect import EndpointError, api_headers, check_endpoint
 from runtime.engine.tinymodel.script import MARK_TOOL
 
 DEFAULT_URL = "http://127.0.0.1:8080"
@@ -269,7 +268,7 @@ async def run_checks(
     """Each named check in order against the pod at `url` (on `model`, else the served model's bare name); each
     outcome said as soon as it is known; `before_each` awaited before each check (the pod's own: its users first)."""
     endpoint = await asyncio.to_thread(check_endpoint, url, key, model)
-    headers = {"anthropic-version": ANTHROPIC_VERSION, "authorization": f"Bearer {key}", "user-agent": USER_AGENT}
+    headers = api_headers(key)
     outcomes = []
     async with httpx.AsyncClient(base_url=endpoint.base_url, headers=headers, timeout=REQUEST_S) as client:
         pod = Pod(client, endpoint.model, endpoint.window)

@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "connect": ("runtime.connect", "check an endpoint and print Claude Code's environment"),
     "launch": ("runtime.launch", "check the pod's endpoint, then run Claude Code on it (-- passes claude's arguments)"),
     "check": ("runtime.check", "prove the pod's model answers right under load: needle, prefills, tools, cache…"),
+    "bench": ("runtime.bench", "measure the pod's speed as the field notes did: solo decode, sessions, prefill"),
     "pod": ("runtime.pods", "start, watch, stop and delete your pods on RunPod (up, watch, status, stop, start, down)"),
     "status": ("runtime.status", "show a running pod's console in the terminal: engine, traffic, keys, GPUs, cost"),
     "desktop": ("runtime.desktop", "run the browser desktop on port 6080 (VL_DESKTOP=on; `start` supervises it)"),

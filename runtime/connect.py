@@ -46,10 +46,17 @@ def bare_model(ids: list[str]) -> str:
     raise EndpointError(f"no model id usable by Claude Code among {ids}")
 
 
+def api_headers(key: str) -> dict[str, str]:
+    """What every request of ours to a pod carries: the API version, who we are, and the key when there is one (an
+    open pod takes none; an empty `Bearer ` is no header at all)."""
+    headers = {"anthropic-version": ANTHROPIC_VERSION, "user-agent": USER_AGENT}
+    return headers | ({"authorization": f"Bearer {key}"} if key else {})
+
+
 def check_endpoint(base_url: str, key: str, model: str | None = None, timeout_s: float = 60.0) -> Endpoint:
     """Ask the endpoint what it serves, then for one real token; raise EndpointError on any failure."""
     base_url = base_url.rstrip("/")
-    headers = {"anthropic-version": ANTHROPIC_VERSION, "authorization": f"Bearer {key}", "user-agent": USER_AGENT}
+    headers = api_headers(key)
     with httpx.Client(base_url=base_url, headers=headers, timeout=timeout_s) as client:
         _require_a_served_model(client)
         listing = _request(client, "GET", "/v1/models")

@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 
+from runtime.benchstate import summary
 from runtime.client import KEY_VARIABLES, USER_AGENT, pod_key
 from runtime.logsafe import strip_controls
 from runtime.selfcheckstate import checked
@@ -107,6 +108,8 @@ def overview(state: Mapping[str, Any]) -> str:
         rows.insert(2, ("Swap", swapping(swap)))
     if verdict := state.get("selfcheck"):  # VL_SELFCHECK
         rows.insert(2, ("Checked", self_checked(verdict)))
+    if bench := state.get("bench"):  # runtime bench's last report
+        rows.append(("Bench", summary(bench)))
     if refused := state.get("hub_log_refused"):  # a token that cannot write: `runtime logs` shows nothing
         rows.append(("Hub log", refused))
     for engine, why in (state.get("stopped") or {}).items():  # a sick host, a setting vLLM cannot take

@@ -7,6 +7,7 @@ or on the upstream pool: the seeds' bridge was restarted for a pool jammed by le
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -19,6 +20,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from runtime.benchstate import MAX_BYTES as BENCH_MAX_BYTES
+from runtime.benchstate import BenchRefused, checked_report, keep_bench
 from runtime.bridge.accounting import Accounting
 from runtime.bridge.affinity import ROUTING_KEY, routing_key
 from runtime.bridge.auth import UNGUARDED_CALLER, RequireKey
@@ -28,6 +31,7 @@ from runtime.bridge.engines import merged_metrics
 from runtime.bridge.errors import BridgeError, internal_failure
 from runtime.bridge.exchange import MessagesExchange, count_prompt
 from runtime.bridge.metrics import CONTENT_TYPE
+from runtime.bridge.nesting import refuse_deep_nesting
 from runtime.bridge.podstatus import pod_status
 from runtime.bridge.relay import Relay, rewrite_model
 from runtime.bridge.schema import CountTokensRequest, MessagesRequest, decode
@@ -120,6 +124,21 @@ class Api:
     async def status(self, request: Request) -> Response:
         return JSONResponse(await pod_status(self.bridge, request.state.caller))
 
+    async def keep_bench(self, request: Request) -> Response:
+        """`runtime bench`'s report, kept (on the volume) for the console and `runtime status`: an admin's to send."""
+        if not request.state.caller.admin:
+            raise BridgeError(403, "the pod keeps a bench report sent with an admin key (name:key:admin)")
+        body = await read_body(request, BENCH_MAX_BYTES)
+        refuse_deep_nesting(body)
+        try:
+            report = checked_report(json.loads(body))
+        except BenchRefused as refused:
+            raise BridgeError(400, str(refused)) from None
+        except ValueError:
+            raise BridgeError(400, "the body is not JSON: send the report `runtime bench --json` prints") from None
+        await asyncio.to_thread(keep_bench, self.bridge.bench_folder, report)
+        return Response(status_code=204)
+
     async def hello(self, request: Request) -> Response:
         return Response(b"", 200)  # Claude Code's connection probes, before any key is read: HEAD / and /api/hello
 
@@ -140,6 +159,7 @@ class Api:
             Route("/detokenize", self.relay, methods=["POST"]),
             Route("/metrics", self.prometheus, methods=["GET"]),
             Route("/v1/pod/status", self.status, methods=["GET"]),
+            Route("/v1/pod/bench", self.keep_bench, methods=["PUT"]),
         ]
 
 

@@ -69,6 +69,7 @@ class Bridge:
         self.key_concurrency: int | None = key_cap(max_connections, len(self.keys.labels), settings.key_concurrency)
         # Each key's totals across restarts, when the pod gives a ledger (on its volume).
         self.ledger = Ledger(ledger) if ledger is not None else None
+        self.bench_folder = ledger.parent if ledger is not None else Path(settings.state_dir)  # the last bench's
         totals = self.ledger.load() if self.ledger is not None else {}
         self.usage = Usage(totals=totals, record=self.ledger.record if self.ledger is not None else None)
         self.sessions = Sessions()

@@ -17,6 +17,7 @@ from runtime.enginehealth import write_engine_stopped
 from runtime.health import serves_model
 from runtime.settings import load_settings
 from runtime.status import render
+from tests.support.bench_report import nemotron_on_an_ada
 from tests.support.bridge import Process, pod_status, start_bridge
 from tests.support.vllm_server import VllmServer
 
@@ -145,3 +146,34 @@ def test_roles_an_admin_marked_anywhere_else_the_first_entry_and_never_the_gatew
     assert admins("", "sk-gateway-0123456789") == []
     entry = load_settings({"VL_API_KEYS": f"ops:{ANONYMOUS}:admin"}).api_keys[0]
     assert (entry.name, entry.key, entry.admin, entry.entry) == ("ops", ANONYMOUS, True, f"ops:{ANONYMOUS}:admin")
+
+
+def test_the_admin_alone_keeps_a_bench_report_which_the_status_then_shows(guarded: Process) -> None:
+    """`runtime bench` sends its report with the pod's key: an admin's is kept (beside the ledger) for the console and
+    `runtime status`; another key's is refused, and so is anything that is not a report, checked field by field."""
+    report = nemotron_on_an_ada()
+    solo = report["solo"]
+
+    def keep(key: str, body: object = None, content: bytes | None = None) -> httpx.Response:
+        headers = {"x-api-key": key}
+        url = f"{guarded.url}/v1/pod/bench"
+        return (
+            httpx.put(url, headers=headers, content=content) if content else httpx.put(url, headers=headers, json=body)
+        )
+
+    refused = keep(ANONYMOUS, report)
+    assert refused.status_code == 403 and refused.json()["error"]["type"] == "permission_error"
+    wrong = keep(ALICE, report | {"solo": [{**solo[0], "decode_tok_s": "fast"}]})
+    assert wrong.status_code == 400 and wrong.json()["error"]["message"].startswith("not a bench report: solo.0.")
+    assert keep(ALICE, content=b"[" * 100_000).status_code == 413  # past 64 KiB
+    assert keep(ALICE, content=b"[" * 10_000).status_code == 400  # nested past 128 levels
+    assert pod_status(guarded.url, ANONYMOUS)["bench"] is None  # none kept yet
+    assert keep(ALICE, report).status_code == 204
+    status = pod_status(guarded.url, ANONYMOUS)  # every key sees how fast the pod runs
+    assert {name: value for name, value in status["bench"].items() if name != "at"} == report
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", status["bench"]["at"])
+    row = next(line for line in render(status).splitlines() if line.startswith("Bench"))
+    assert row.endswith(
+        ": solo 199.4 tok/s at 3,050 tokens, 8 sessions 583.2 tok/s, prefill 21,333.3 tok/s cold, "
+        "0.95 of the notes' solo on an RTX 6000 Ada"
+    )
