@@ -121,6 +121,7 @@ class Accounting:
                 asker = Asker.of(headers, key)
                 self.sessions.count(asker, spent)
                 metrics.count_class(asker.request_class, key, *tokens)
+                metrics.count_hints(asker.first_party_class, asker.auxiliary_type)
         log.info(trace_line(scope["method"], route, status, key, duration, trace, headers.get("x-request-id"), asker))
 
 
@@ -174,6 +175,8 @@ def trace_line(
     fields = [f"trace id={trace.get('id', '-')} {loggable(method)} {route} {status} key={key}"]
     if asker is not None and asker.session is not None:
         fields.append(f"session={asker.session} agent={asker.agent} class={asker.request_class}")
+        hints = (("1p", asker.first_party_class), ("auxiliary", asker.auxiliary_type))
+        fields += [f"{name}={value}" for name, value in hints if value != "none"]  # bounded words, never the client's
     if "model" in trace:
         fields.append(f"model={loggable(trace['model'])}")
     for name in ("stream", "input", "cached", "output"):

@@ -47,6 +47,14 @@ class Metrics:
             ["request_class", "kind"],
             registry=self.registry,
         )
+        self.by_hint = Counter(
+            "bridge_requests_by_hint",
+            "Generation requests by Claude Code's other hint headers: `1p` (x-claude-1p-request-class, what "
+            "Anthropic's API is told of the request) and `auxiliary` (x-claude-code-auxiliary-type, a memory pass); "
+            "`other`: a value we do not know.",
+            ["hint", "value"],
+            registry=self.registry,
+        )
         self.ttft = Histogram(
             "bridge_time_to_first_token_seconds",
             "From request to the first content token, for /v1/messages.",
@@ -101,6 +109,12 @@ class Metrics:
         """One generation of `request_class` (one of sessions.REQUEST_CLASSES, `other` or `none`: bounded)."""
         self.counter(self.by_class, request_class, key).inc()
         self.add_tokens(self.tokens_by_class, request_class, (input_tokens, cached_tokens, output_tokens))
+
+    def count_hints(self, first_party_class: str, auxiliary_type: str) -> None:
+        """What the request's other hints said (each one of a bounded set, or `other`); nothing when it said none."""
+        for hint, value in (("1p", first_party_class), ("auxiliary", auxiliary_type)):
+            if value != "none":
+                self.counter(self.by_hint, hint, value).inc()
 
     def count_blocked_write(self, tool: str) -> None:
         """One write blocked by VL_GUARD; `tool` is its label (one of guard.WHOLE_FILE_WRITES': bounded)."""

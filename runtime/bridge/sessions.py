@@ -25,6 +25,14 @@ CLASS_HEADER = "x-claude-code-request-class"
 COMPACTED_HEADER = "x-claude-code-context-compacted"
 # Claude Code 2.1.332's classes; another is counted as "other", a request that says none as "none".
 REQUEST_CLASSES = frozenset({"main", "subagent", "workflow", "compaction", "auxiliary", "side_reply"})
+# Its other hints, each counted as the classes are: what Anthropic's own API is told of the request's class (whether
+# a user waits on it), and which memory pass an auxiliary request is.
+FIRST_PARTY_CLASS_HEADER = "x-claude-1p-request-class"
+FIRST_PARTY_CLASSES = frozenset(
+    {"main", "blocking-subagent", "background-task", "followup-generation", "summary-extraction"}
+)
+AUXILIARY_HEADER = "x-claude-code-auxiliary-type"
+AUXILIARY_TYPES = frozenset({"memory_save", "cowork_memory_save"})
 MAIN = "main"  # the agent of a request that names none: the session's own
 OTHERS = "others"  # the agents of a session past MAX_AGENTS, together
 MAX_ID_CHARS = 64
@@ -33,6 +41,12 @@ MAX_KEY_SESSIONS = 8  # one key's share: ~33 refused requests with new session i
 MAX_AGENTS = 64
 TTFT_SAMPLES = 32  # each agent's last times to first token, for its median
 NOT_AN_ID_CHAR = re.compile(r"[^A-Za-z0-9._:-]")
+
+
+def one_of(headers: Mapping[str, str], name: str, known: frozenset[str]) -> str:
+    """A hint header's value as counted: one of `known`, "other" for another, "none" when the request says none."""
+    said = headers.get(name, "").strip().lower()
+    return (said if said in known else "other") if said else "none"
 
 
 def client_id(value: str | None) -> str | None:
@@ -51,18 +65,21 @@ class Asker:
     parent: str | None = None
     request_class: str = "none"
     compacted: bool = False
+    first_party_class: str = "none"
+    auxiliary_type: str = "none"
 
     @classmethod
     def of(cls, headers: Mapping[str, str], key: str) -> Asker:
-        said = headers.get(CLASS_HEADER, "").strip().lower()
         agent = client_id(headers.get(AGENT_HEADER))
         return cls(
             key=key,
             session=client_id(headers.get(SESSION_HEADER)),
             agent=agent or MAIN,
             parent=client_id(headers.get(PARENT_HEADER)) or (MAIN if agent else None),
-            request_class=(said if said in REQUEST_CLASSES else "other") if said else "none",
+            request_class=one_of(headers, CLASS_HEADER, REQUEST_CLASSES),
             compacted=headers.get(COMPACTED_HEADER, "").strip().lower() in ("1", "true"),
+            first_party_class=one_of(headers, FIRST_PARTY_CLASS_HEADER, FIRST_PARTY_CLASSES),
+            auxiliary_type=one_of(headers, AUXILIARY_HEADER, AUXILIARY_TYPES),
         )
 
 
@@ -88,6 +105,10 @@ class AgentUsage:
         self.busy_s += spent.busy_s
         self.compactions += asker.request_class == "compaction"
         self.classes[asker.request_class] += 1
+        if asker.first_party_class != "none":
+            self.classes[f"1p:{asker.first_party_class}"] += 1
+        if asker.auxiliary_type != "none":
+            self.classes[f"auxiliary:{asker.auxiliary_type}"] += 1
         if spent.ttft_s is not None:
             self.ttfts.append(spent.ttft_s)
 

@@ -74,6 +74,28 @@ def test_an_unknown_request_class_is_other_so_the_labels_stay_bounded() -> None:
     assert Asker.of({"x-claude-code-request-class": "compaction"}, "k").request_class == "compaction"
 
 
+def test_the_other_hints_are_counted_as_the_classes_are_and_stay_bounded() -> None:
+    """Claude Code 2.1.332 also says what Anthropic's API is told of a request (x-claude-1p-request-class) and which
+    memory pass an auxiliary request is (x-claude-code-auxiliary-type): each agent counts them with its classes."""
+    headers = {"x-claude-code-session-id": "s-9", "x-claude-code-request-class": "auxiliary",
+               "x-claude-1p-request-class": "Background-Task", "x-claude-code-auxiliary-type": "memory_save"}  # fmt: skip
+    asker = Asker.of(headers, "alice")
+    assert (asker.request_class, asker.first_party_class, asker.auxiliary_type) == (
+        "auxiliary",
+        "background-task",
+        "memory_save",
+    )
+    odd = Asker.of({"x-claude-1p-request-class": "x" * 500, "x-claude-code-auxiliary-type": "\x1b[2J"}, "k")
+    assert (odd.first_party_class, odd.auxiliary_type) == ("other", "other")
+    assert (Asker.of({}, "k").first_party_class, Asker.of({}, "k").auxiliary_type) == ("none", "none")
+    sessions = Sessions()
+    sessions.count(asker, Spent(output_tokens=3))
+    sessions.count(Asker.of({"x-claude-code-session-id": "s-9", "x-claude-code-request-class": "main"}, "alice"),
+                   Spent(output_tokens=1))  # fmt: skip
+    (agent,) = sessions.recent(1, None)[0]["agents"]
+    assert agent["classes"] == {"1p:background-task": 1, "auxiliary": 1, "auxiliary:memory_save": 1, "main": 1}
+
+
 def test_sessions_are_forgotten_least_recently_seen_first_and_agents_are_capped() -> None:
     clock = Clock()
     sessions = Sessions(max_sessions=3, clock=clock)
@@ -290,7 +312,8 @@ def test_sessions_reach_the_status_the_metrics_and_the_trace_bounded(vllm_server
         main = ask(bridge, {"x-claude-code-session-id": "sess-1", "x-claude-code-request-class": "main"})
         sub = ask(bridge, {"x-claude-code-session-id": "sess-1", "x-claude-code-agent-id": "agent-2",
                            "x-claude-code-request-class": "subagent"})  # fmt: skip
-        ask(bridge, {"x-claude-code-session-id": hostile, "x-claude-code-request-class": "<script>"})
+        ask(bridge, {"x-claude-code-session-id": hostile, "x-claude-code-request-class": "<script>",
+                     "x-claude-1p-request-class": "background-task", "x-claude-code-auxiliary-type": "<b>"})  # fmt: skip
         status = pod_status(bridge.url, KEY)
         metrics = httpx.get(f"{bridge.url}/metrics", headers={"x-api-key": KEY}).text
         log = bridge.log()
@@ -306,7 +329,9 @@ def test_sessions_reach_the_status_the_metrics_and_the_trace_bounded(vllm_server
     assert re.search(rf'bridge_tokens_by_class_total\{{kind="output",request_class="subagent"\}} {sub}\.0', metrics)
     assert "sess-1" not in metrics  # sessions are never a label
     assert "session=sess-1 agent=agent-2 class=subagent" in log
-    assert f"session={'s' * MAX_ID_CHARS} agent=main class=other " in log
+    assert f"session={'s' * MAX_ID_CHARS} agent=main class=other 1p=background-task auxiliary=other " in log
+    assert re.search(r'bridge_requests_by_hint_total\{hint="1p",value="background-task"\} 1\.0', metrics)
+    assert re.search(r'bridge_requests_by_hint_total\{hint="auxiliary",value="other"\} 1\.0', metrics)
     assert "forged" not in log and "<script>" not in log
 
 
