@@ -331,6 +331,12 @@ def run(args: argparse.Namespace) -> int:
     except (CheckFailed, httpx.HTTPError) as error:
         print(f"runtime bench: {type(error).__name__}: {error}"[:300], file=sys.stderr)
         return 1
+    except (ValueError, KeyError, TypeError) as error:  # an event that is not Anthropic's: no traceback for it
+        print(
+            f"runtime bench: the pod's stream is not the Messages API's ({type(error).__name__}: {error})"[:300],
+            file=sys.stderr,
+        )
+        return 1
     if args.json:
         print(json.dumps(asdict(report), indent=2))
     return 0

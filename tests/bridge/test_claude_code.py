@@ -101,8 +101,9 @@ def test_a_session_that_starts_a_subagent(bridge: Process, tmp_path: Path) -> No
     main, helper = session["agents"]
     subagent_id = re.search(r"agentId: (\w+)", handed_back[0])
     assert subagent_id and (helper["agent"], helper["parent"]) == (subagent_id.group(1), "main")
-    assert (main["agent"], main["parent"], main["classes"]) == ("main", None, {"main": 2})
-    assert helper["classes"] == {"subagent": 1} and helper["output_tokens"] > 0
+    print(main["classes"], helper["classes"])  # what 2.1.332 said of each request, for the record (-s)
+    assert (main["agent"], main["parent"], main["classes"]) == ("main", None, {"main": 2, "1p:main": 2})
+    assert helper["classes"] == {"subagent": 1, "1p:blocking-subagent": 1} and helper["output_tokens"] > 0
     told = result["usage"], result["modelUsage"][tiny.SERVED_NAME]  # the main agent's; the session's
     assert (main["input_tokens"], main["cached_tokens"]) == (
         told[0]["input_tokens"],
