@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from space.docker_build import wheel_sources
-from tests.support.docker_engine import HostPip, private_engine
+from tests.support.docker_engine import HostPip, private_engine, remove_container
 from tests.support.environ import outer_environ
 from tests.support.hub_server import HubServer
 from tests.support.images import Engine, report, run_build_py, wait_for_status_page
@@ -138,7 +138,7 @@ def test_the_published_image_runs_from_the_registry_as_the_hub_runs_a_space(
             assert facts["space_id"] == SPACE and facts["prebaked"] is True
             assert facts["facts"]["target"] == "cpu"
         finally:
-            container.remove(force=True)
+            remove_container(container)
 
 
 def test_a_failed_build_shows_its_log_and_exits_non_zero(
@@ -223,7 +223,7 @@ def test_the_whole_journey_push_runpod_template_pod_up_and_down(
                 pod["image"], detach=True, network_mode="host", environment=environment, shm_size="1g"
             )  # fmt: skip
         elif status in ("EXITED", "TERMINATED") and pod_id in containers:
-            containers.pop(pod_id).remove(force=True)
+            remove_container(containers.pop(pod_id))  # RunPod answers the delete; the machine goes in its time
 
     runpod_server.state.on_pod = machine
     env = {"RUNPOD_API_KEY": runpod_server.api_key, "RUNPOD_API_URL": runpod_server.url,
@@ -256,4 +256,4 @@ def test_the_whole_journey_push_runpod_template_pod_up_and_down(
         assert runpod_server.pods == [] and not containers
     finally:
         for container in containers.values():
-            container.remove(force=True)
+            remove_container(container)

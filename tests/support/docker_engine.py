@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import docker
-from docker.errors import DockerException
+from docker.errors import APIError, DockerException, NotFound
+from docker.models.containers import Container
 
 from space.pip_index import configured_index
 from tests.support.repo_copy import ROOT
@@ -281,3 +282,20 @@ def host_pip_build_options() -> list[str]:
     if pip.ca_cert:
         options += ["--ca-cert", pip.ca_cert]
     return options
+
+
+def remove_container(container: Container, tries: int = 5) -> None:
+    """Force-remove `container`. A loaded Docker engine may answer "Could not kill running container …, tried to kill
+    container, but did not receive an exit event" (its kill went out; the exit came later than it waited for): wait
+    for that exit, then ask again."""
+    for attempt in range(tries):
+        try:
+            container.remove(force=True)
+            return
+        except NotFound:
+            return
+        except APIError:
+            if attempt == tries - 1:
+                raise
+            with suppress(DockerException, OSError):
+                container.wait(timeout=30)
