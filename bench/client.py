@@ -6,7 +6,7 @@ One stand-in upstream paced like an engine (`tests/support/upstream.py`), the re
 `runtime.bench`'s own stream reader, and (with `--aiperf`, an `aiperf` executable installed apart: it is no
 dependency of ours) AIPerf's `messages` endpoint type, each sending the same answers. The figure is each client's CPU
 time per streamed token, from its own processes' counters; AIPerf's start-up (its services) is taken out by the
-difference of a full run and an 8-answer one.
+difference of a full run and one of an answer per stream.
 """
 
 from __future__ import annotations
@@ -14,27 +14,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import re
 import resource
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bench.bridge import BRIDGE_ENV, LISTENING, UPSTREAM_ARGV, bridge_command, process  # noqa: E402
 from runtime.bench import stream  # noqa: E402
 from runtime.check import Pod  # noqa: E402
 from runtime.engine.tinymodel import write_tiny_model  # noqa: E402
-from runtime.start import bridge_argv  # noqa: E402
 
-LISTENING = re.compile(r"(?:listening on|running on) http://[\d.]+:(\d+)", re.I)
 MODEL = "claude-fake"  # the stand-in's
 
 
@@ -46,25 +40,6 @@ def children_cpu_s() -> float:
 def own_cpu_s() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
-
-
-@contextmanager
-def serving(argv: list[str], env: dict[str, str] | None = None) -> Iterator[int]:
-    """`argv` started, until it says the port it listens on; stopped on exit."""
-    with tempfile.NamedTemporaryFile("w+") as log:
-        process = subprocess.Popen(
-            argv, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, **(env or {})}
-        )
-        try:
-            deadline = time.monotonic() + 60
-            while not (found := LISTENING.search(Path(log.name).read_text())):
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit(f"{argv[2]} did not start:\n{Path(log.name).read_text()[-2000:]}")
-                time.sleep(0.1)
-            yield int(found.group(1))
-        finally:
-            process.terminate()
-            process.wait()
 
 
 async def ours(url: str, streams: int, answers: int, tokens: int) -> dict[str, float]:
@@ -127,34 +102,25 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--pace-ms", default="5", help="the stand-in's time between tokens (an engine's pace)")
     args = parser.parse_args()
-    upstream_argv = [
-        sys.executable,
-        "-m",
-        "tests.support.upstream",
-        "--port",
-        "0",
-        "--tokens",
-        "100000",
-        "--pace-ms",
-        args.pace_ms,
-    ]
+    upstream_argv = [*UPSTREAM_ARGV, "--pace-ms", args.pace_ms]  # bench/bridge.py's fast one, at an engine's pace
     report: dict[str, object] = {"streams": args.streams, "answers": args.answers, "tokens": args.tokens}
-    with serving(upstream_argv) as upstream:
-        bridge = bridge_argv(f"http://127.0.0.1:{upstream}", "127.0.0.1", 0)
-        with serving(bridge, {"VL_API_KEYS": "", "VL_BRIDGE_PING_S": "15"}) as port:
-            url = f"http://127.0.0.1:{port}"
-            report["runtime_bench"] = asyncio.run(ours(url, args.streams, args.answers, args.tokens))
-            if args.aiperf:
-                with tempfile.TemporaryDirectory() as directory:
-                    tokenizer = write_tiny_model(Path(directory) / "tiny")  # AIPerf loads one, even to count nothing
-                    small = aiperf(args.aiperf, url, args.streams, args.streams, args.tokens, tokenizer)
-                    full = aiperf(args.aiperf, url, args.streams, args.answers, args.tokens, tokenizer)
-                extra = (args.answers - args.streams) * args.tokens
-                report["aiperf"] = {
-                    "cpu_s_with_8_answers": round(small, 2),
-                    "full_run_cpu_s": round(full, 2),
-                    "cpu_us_per_token": round((full - small) / extra * 1e6, 1),
-                }
+    with (
+        process(upstream_argv, LISTENING) as (_, upstream),
+        process(bridge_command(int(upstream.group(1))), LISTENING, BRIDGE_ENV) as (_, bridge),
+    ):
+        url = f"http://127.0.0.1:{bridge.group(1)}"
+        report["runtime_bench"] = asyncio.run(ours(url, args.streams, args.answers, args.tokens))
+        if args.aiperf:
+            with tempfile.TemporaryDirectory() as directory:
+                tokenizer = write_tiny_model(Path(directory) / "tiny")  # AIPerf loads one, even to count nothing
+                small = aiperf(args.aiperf, url, args.streams, args.streams, args.tokens, tokenizer)
+                full = aiperf(args.aiperf, url, args.streams, args.answers, args.tokens, tokenizer)
+            extra = (args.answers - args.streams) * args.tokens
+            report["aiperf"] = {
+                f"cpu_s_with_{args.streams}_answers": round(small, 2),
+                "full_run_cpu_s": round(full, 2),
+                "cpu_us_per_token": round((full - small) / extra * 1e6, 1),
+            }
     print(json.dumps(report, indent=2))
 
 

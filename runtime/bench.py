@@ -27,7 +27,8 @@ from typing import Any
 import httpx
 
 from runtime.check import DEFAULT_URL, REQUEST_S, CheckFailed, Pod
-from runtime.connect import EndpointError, api_headers, check_endpoint
+from runtime.client import api_headers
+from runtime.connect import EndpointError, check_endpoint
 from runtime.engine.tinymodel.script import MARK_LONG
 
 CONTEXTS = (3_000, 32_000, 114_000, 282_000, 1_000_000)  # the notes' solo columns (Ornith NVFP4 on an Ada)
@@ -95,6 +96,10 @@ class Report:
     prefill: dict[str, Any] = field(default_factory=dict)
     reference: dict[str, Any] | None = None
     kept: str = ""  # what became of it on the pod
+
+    def sent(self) -> dict[str, Any]:
+        """The report as the pod keeps it (`PUT /v1/pod/bench`): all but what became of it."""
+        return {name: value for name, value in asdict(self).items() if name != "kept"}
 
 
 async def stream(pod: Pod, content: str, max_tokens: int) -> Answer:
@@ -263,9 +268,8 @@ async def run_bench(url: str, key: str, quick: bool, say: Any) -> Report:
 
 async def kept_on_the_pod(client: httpx.AsyncClient, report: Report) -> str:
     """The report sent to the pod, which keeps the last one on its volume for the console and `runtime status`."""
-    body = {name: value for name, value in asdict(report).items() if name != "kept"}
     try:
-        answer = await client.put("/v1/pod/bench", json=body)
+        answer = await client.put("/v1/pod/bench", json=report.sent())
     except httpx.HTTPError as error:
         return f"not kept on the pod: {type(error).__name__}"
     if answer.status_code == 204:

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from runtime.statefile import read_json, write_json
+from runtime.statefile import Watched, write_json
 
 FILE = "bench.json"
 MAX_BYTES = 64 * 2**10  # a report is ~2 KiB
@@ -82,9 +82,13 @@ def keep_bench(folder: Path, report: dict[str, Any]) -> None:
     write_json(folder / FILE, {**report, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
 
 
-def read_bench(folder: Path) -> dict[str, Any] | None:
-    """The last report kept, or None (none yet, or a file that cannot be read)."""
-    kept = read_json(folder / FILE)
+def kept_bench(folder: Path) -> Watched[dict[str, Any]]:
+    """The last report kept, read again only when a new one replaced it (the console asks every 2 s); None before the
+    first, or for a file that is not a report (the volume is the user's to edit)."""
+    return Watched(folder / FILE, as_report)
+
+
+def as_report(kept: Any) -> dict[str, Any] | None:
     if not isinstance(kept, dict):
         return None
     try:

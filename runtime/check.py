@@ -22,7 +22,8 @@ from typing import Any
 import httpx
 
 from runtime.checkimages import pictures_to_show
-from runtime.connect import EndpointError, api_headers, check_endpoint
+from runtime.client import api_headers
+from runtime.connect import EndpointError, check_endpoint
 from runtime.engine.tinymodel.script import MARK_TOOL
 
 DEFAULT_URL = "http://127.0.0.1:8080"

@@ -17,10 +17,8 @@ from typing import Any
 
 import httpx
 
-from runtime.client import USER_AGENT
+from runtime.client import api_headers
 from runtime.health import serves_model
-
-ANTHROPIC_VERSION = "2023-06-01"
 
 
 class EndpointError(Exception):
@@ -44,13 +42,6 @@ def bare_model(ids: list[str]) -> str:
         if not model_id.startswith("claude-") and not model_id.endswith("[1m]"):
             return model_id
     raise EndpointError(f"no model id usable by Claude Code among {ids}")
-
-
-def api_headers(key: str) -> dict[str, str]:
-    """What every request of ours to a pod carries: the API version, who we are, and the key when there is one (an
-    open pod takes none; an empty `Bearer ` is no header at all)."""
-    headers = {"anthropic-version": ANTHROPIC_VERSION, "user-agent": USER_AGENT}
-    return headers | ({"authorization": f"Bearer {key}"} if key else {})
 
 
 def check_endpoint(base_url: str, key: str, model: str | None = None, timeout_s: float = 60.0) -> Endpoint:

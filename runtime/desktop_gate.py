@@ -21,6 +21,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from http import HTTPStatus
 
 from runtime.desktop_auth import REALM, basic_password_matches
 
@@ -45,16 +46,6 @@ FIELD = re.compile(rb"([!#$%&'*+\-.^_`|~0-9A-Za-z]+):[ \t]*([\x20-\x7e\t\x80-\xf
 # closed after its answer, so that a proxy's shared connection never carries a second, unchecked request).
 DROPPED = {b"authorization", b"proxy-authorization"}
 HOP_BY_HOP = {b"connection", b"keep-alive", b"upgrade", b"te", b"transfer-encoding"}
-REASONS = {
-    400: "Bad Request",
-    401: "Unauthorized",
-    405: "Method Not Allowed",
-    408: "Request Timeout",
-    429: "Too Many Requests",
-    431: "Request Header Fields Too Large",
-    502: "Bad Gateway",
-    503: "Service Unavailable",
-}
 
 
 @dataclass
@@ -292,7 +283,7 @@ async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, ref
     close does not reset the connection before the client has read why."""
     body = f"{refusal.message}\n".encode()
     head = [
-        f"HTTP/1.1 {refusal.status} {REASONS[refusal.status]}",
+        f"HTTP/1.1 {refusal.status} {HTTPStatus(refusal.status).phrase}",
         "Content-Type: text/plain; charset=utf-8",
         f"Content-Length: {len(body)}",
         "Connection: close",

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 
 from runtime.benchstate import summary
-from runtime.client import KEY_VARIABLES, USER_AGENT, pod_key
+from runtime.client import KEY_VARIABLES, api_headers, pod_key
 from runtime.logsafe import strip_controls
 from runtime.selfcheckstate import checked
 
@@ -38,7 +38,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     key = pod_key(args.key)
-    headers = {"user-agent": USER_AGENT} | ({"authorization": f"Bearer {key}"} if key else {})
+    headers = api_headers(key)
     # The environment's proxy and CA settings apply, as for `runtime connect`: the pod is usually remote.
     with httpx.Client(base_url=args.url.rstrip("/"), headers=headers, timeout=TIMEOUT_S) as client:
         if not args.watch:

@@ -15,7 +15,6 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from runtime.benchstate import read_bench
 from runtime.bridge.auth import Caller
 from runtime.bridge.engines import EngineView, engine_view
 from runtime.bridge.state import Bridge
@@ -86,10 +85,8 @@ async def pod_status(bridge: Bridge, caller: Caller) -> dict[str, Any]:
         "model": {"name": model.name, "context_window": model.context_window or None} if model else None,
         "engine": {"state": state, "boot_log": boot_log},
         "engines": [engine.as_json(index) for index, engine in enumerate(engines)],
-        "selfcheck": read_selfcheck(bridge.state_dir),
-        "bench": read_bench(
-            bridge.bench_folder
-        ),  # runtime bench's last report; None before the first  # VL_SELFCHECK's verdict (runtime.check); None when off
+        "selfcheck": read_selfcheck(bridge.state_dir),  # VL_SELFCHECK's verdict (runtime.check); None when off
+        "bench": bridge.bench.read(),  # runtime bench's last report; None before the first
         "preload": read_preload_state(bridge.state_dir),  # VL_PRELOAD's repos (runtime.preload); None without
         "hub_log_refused": read_hub_log_refusal(bridge.state_dir),  # why the Hub refuses the pod's log, or None
         "stopped": read_engine_stopped(bridge.state_dir),  # engines left stopped by their start limit, and why

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from runtime.activity import Activity
+from runtime.benchstate import kept_bench
 from runtime.bridge.answer import Serving
 from runtime.bridge.auth import AllowedHosts, ApiKeys
 from runtime.bridge.capacity import CapacityWatch
@@ -70,6 +71,7 @@ class Bridge:
         # Each key's totals across restarts, when the pod gives a ledger (on its volume).
         self.ledger = Ledger(ledger) if ledger is not None else None
         self.bench_folder = ledger.parent if ledger is not None else Path(settings.state_dir)  # the last bench's
+        self.bench = kept_bench(self.bench_folder)
         totals = self.ledger.load() if self.ledger is not None else {}
         self.usage = Usage(totals=totals, record=self.ledger.record if self.ledger is not None else None)
         self.sessions = Sessions()

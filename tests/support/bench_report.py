@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from typing import Any
 
 from runtime import bench
@@ -18,4 +17,4 @@ def nemotron_on_an_ada() -> dict[str, Any]:
     }
     report = bench.Report("nemotron", "NVIDIA RTX 6000 Ada Generation", solo, aggregate, prefill)
     report.reference = bench.compared(report)
-    return {name: value for name, value in asdict(report).items() if name != "kept"}
+    return report.sent()
