@@ -46,7 +46,7 @@ RUN apt-get update \
  && apt-get clean \
  && rm -rf /var/lib/apt/lists/* /etc/ssh/ssh_host_*
 
-# The browser desktop (VL_DESKTOP=on, runtime/desktop.py): its own layer, as rarely changed as the one above.
+# The browser desktop (VL_DESKTOP=on, runtime/pod/desktop.py): its own layer, as rarely changed as the one above.
 # noVNC's page is unpacked from its package without the package's dependencies (tools the page never uses);
 # its index sends a browser to the page with the settings the desktop is made for.
 RUN apt-get update \

@@ -3,7 +3,7 @@
     python bench/client.py [--aiperf PATH] [--streams 8] [--answers 64] [--tokens 256] [--pace-ms 5]
 
 One stand-in upstream paced like an engine (`tests/support/upstream.py`), the real bridge in front of it; then
-`runtime.bench`'s own stream reader, and (with `--aiperf`, an `aiperf` executable installed apart: it is no
+`runtime.client.bench`'s own stream reader, and (with `--aiperf`, an `aiperf` executable installed apart: it is no
 dependency of ours) AIPerf's `messages` endpoint type, each sending the same answers. The figure is each client's CPU
 time per streamed token, from its own processes' counters; AIPerf's start-up (its services) is taken out by the
 difference of a full run and one of an answer per stream.
@@ -25,8 +25,8 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench.bridge import BRIDGE_ENV, LISTENING, UPSTREAM_ARGV, bridge_command, process  # noqa: E402
-from runtime.bench import stream  # noqa: E402
-from runtime.check import Pod  # noqa: E402
+from runtime.client.bench import stream  # noqa: E402
+from runtime.client.check import Pod  # noqa: E402
 from runtime.engine.tinymodel import write_tiny_model  # noqa: E402
 
 MODEL = "claude-fake"  # the stand-in's

@@ -27,7 +27,7 @@ SOURCES = (
     "README.md",
     "runtime/bridge/exchange.py",
     "runtime/bridge/stream.py",
-    "runtime/start.py",
+    "runtime/pod/start.py",
     "runtime/settings.py",
 )
 

@@ -12,19 +12,34 @@ import sys
 from collections.abc import Callable, Sequence
 
 COMMANDS: dict[str, tuple[str, str]] = {
-    "start": ("runtime.start", "start sshd, vLLM and the bridge, and keep them alive (the image entrypoint)"),
+    "start": ("runtime.pod.start", "start sshd, vLLM and the bridge, and keep them alive (the image entrypoint)"),
     "bridge": ("runtime.bridge.server", "serve the Anthropic Messages API in front of an OpenAI-style upstream"),
     "engine-args": ("runtime.engine.command", "print the vLLM command line that the current environment yields"),
     "weights": ("runtime.engine.weights", "download the model's files into the cache (the volume), as a start would"),
-    "preload": ("runtime.preload", "download VL_PRELOAD's repos into the cache, at the lowest priority, as a pod does"),
+    "preload": (
+        "runtime.pod.preload",
+        "download VL_PRELOAD's repos into the cache, at the lowest priority, as a pod does",
+    ),
     "logs": ("runtime.hub.logtail", "tail a pod's remote log on the Hub"),
-    "connect": ("runtime.connect", "check an endpoint and print Claude Code's environment"),
-    "launch": ("runtime.launch", "check the pod's endpoint, then run Claude Code on it (-- passes claude's arguments)"),
-    "check": ("runtime.check", "prove the pod's model answers right under load: needle, prefills, tools, cache…"),
-    "bench": ("runtime.bench", "measure the pod's speed as the field notes did: solo decode, sessions, prefill"),
-    "pod": ("runtime.pods", "start, watch, stop and delete your pods on RunPod (up, watch, status, stop, start, down)"),
-    "status": ("runtime.status", "show a running pod's console in the terminal: engine, traffic, keys, GPUs, cost"),
-    "desktop": ("runtime.desktop", "run the browser desktop on port 6080 (VL_DESKTOP=on; `start` supervises it)"),
+    "connect": ("runtime.client.connect", "check an endpoint and print Claude Code's environment"),
+    "launch": (
+        "runtime.client.launch",
+        "check the pod's endpoint, then run Claude Code on it (-- passes claude's arguments)",
+    ),
+    "check": (
+        "runtime.client.check",
+        "prove the pod's model answers right under load: needle, prefills, tools, cache…",
+    ),
+    "bench": ("runtime.client.bench", "measure the pod's speed as the field notes did: solo decode, sessions, prefill"),
+    "pod": (
+        "runtime.client.pods",
+        "start, watch, stop and delete your pods on RunPod (up, watch, status, stop, start, down)",
+    ),
+    "status": (
+        "runtime.client.status",
+        "show a running pod's console in the terminal: engine, traffic, keys, GPUs, cost",
+    ),
+    "desktop": ("runtime.pod.desktop", "run the browser desktop on port 6080 (VL_DESKTOP=on; `start` supervises it)"),
     "settings": (
         "runtime.settings_command",
         "print the effective VL_* settings, check a settings file, or the README's tables",

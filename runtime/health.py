@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from runtime.enginehealth import SERVING_CONDITIONS, read_engine_health  # standard library only, as these
 from runtime.settings import BY_ENV, parse_value  # standard library only, as this module at load
+from runtime.state.enginehealth import SERVING_CONDITIONS, read_engine_health  # standard library only, as these
 
 if TYPE_CHECKING:
     import httpx
@@ -117,7 +117,7 @@ class Answers200:
 
 def serves_model(status: int, body: bytes) -> bool:
     """What a /health answer says of the pod: to a key, the bridge's names its model once vLLM serves it; to anyone
-    else its condition says it (runtime.enginehealth); an empty 200 is vLLM's own /health (VL_BRIDGE=off), which
+    else its condition says it (runtime.state.enginehealth); an empty 200 is vLLM's own /health (VL_BRIDGE=off), which
     answers only once the model is loaded."""
     if status != 200:
         return False

@@ -398,7 +398,7 @@ def is_authorized_keys(text: str) -> bool:
 
 
 def is_pod_environment(text: str) -> bool:
-    """Empty, or written by the runtime (runtime.sshd starts it with ENVIRONMENT_FILE_HEADER)."""
+    """Empty, or written by the runtime (runtime.pod.sshd starts it with ENVIRONMENT_FILE_HEADER)."""
     return not text.strip() or text.startswith(ENVIRONMENT_FILE_HEADER)
 
 

@@ -11,7 +11,7 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from runtime.runpod import API_URL, CUDA_VERSIONS, VOLUME_PATH, RunPodClient, RunPodError
+from runtime.client.runpod import API_URL, CUDA_VERSIONS, VOLUME_PATH, RunPodClient, RunPodError
 from space import BuildError
 from space.targets import ROOT
 
@@ -167,7 +167,7 @@ def render_template(
 
 
 class RunPodAPI(RunPodClient):
-    """The project's one RunPod client (runtime.runpod), each call ending in data or a BuildError: build.py's way."""
+    """The project's one RunPod client (runtime.client.runpod), each call ending in data or a BuildError: build.py's way."""
 
     def __init__(self, api_key: str, base_url: str | None = None, *, secrets: tuple[str, ...] = ()) -> None:
         try:

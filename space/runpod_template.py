@@ -15,7 +15,7 @@ from space.publish import Published, Say
 from space.targets import Target
 
 DEFAULT_LOG_REPO = "datasets/{user}/vllm-pod-logs"  # a private dataset: the pods' boot logs (VL_LOG_REPO)
-DESKTOP_PORT = "6080/http"  # the browser desktop (runtime/desktop.py's port) through RunPod's HTTPS proxy
+DESKTOP_PORT = "6080/http"  # the browser desktop (runtime/pod/desktop.py's port) through RunPod's HTTPS proxy
 DESKTOP_SECRET = "VL_DESKTOP_PASSWORD"  # a RunPod secret of the same name, like HF_TOKEN and VL_API_KEYS
 REPO_TYPES = {"datasets": "dataset", "spaces": "space"}
 

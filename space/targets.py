@@ -40,7 +40,7 @@ class Target:
     cuda_arch: str | None
     dockerfile: Path
     committed: bool
-    desktop: bool  # whether the image carries the browser desktop (VL_DESKTOP; runtime/desktop.py)
+    desktop: bool  # whether the image carries the browser desktop (VL_DESKTOP; runtime/pod/desktop.py)
 
 
 # --- the target table and the pins -------------------------------------------------------------
@@ -124,7 +124,7 @@ def os_packages(target: Target, versions: dict[str, Any]) -> list[str]:
     return sorted([*common, f"cuda-compat-{major}-{minor}", "g++", f"python{python}-dev"])
 
 
-# The browser desktop (runtime/desktop.py says why each piece): TigerVNC's Xvnc (an X server that is its own VNC
+# The browser desktop (runtime/pod/desktop.py says why each piece): TigerVNC's Xvnc (an X server that is its own VNC
 # server, and follows the browser's window size), vncpasswd for its password file, JWM (a window manager with a
 # taskbar: 36 MB, where openbox, fluxbox and icewm pull Ghostscript through their image library: +126-134 MB,
 # and XFCE +153 MB), xterm with a scalable font, and Debian's websockify (the distribution's python3 runs it).
@@ -138,7 +138,7 @@ DESKTOP_PACKAGES = [
 ]
 # noVNC's page comes from the distribution's package, unpacked without its dependencies: they are Node.js and
 # Python libraries (143 MB) for tools the page never uses.
-NOVNC_PACKAGE, NOVNC_DIR = "novnc", "/usr/share/novnc"  # runtime/desktop.py serves NOVNC_DIR (a test compares)
+NOVNC_PACKAGE, NOVNC_DIR = "novnc", "/usr/share/novnc"  # runtime/pod/desktop.py serves NOVNC_DIR (a test compares)
 
 
 def desktop_layer(target: Target) -> dict[str, Any] | None:

@@ -1,8 +1,9 @@
-"""The import directions the design promises (DESIGN §3: settings → engine/bridge → supervisor), read from
-the source with `ast`, nothing imported: the bridge never imports the supervisor, the engine or the Hub
-code; the build side imports nothing of the runtime but its standard-library leaves; no package imports
-the pod's entry points; the engine's helpers that run in vLLM's venv or at image build import nothing of
-ours but themselves, nor do the packages that enclose them; no cycles.
+"""The import directions the design promises (DESIGN §3: settings → engine/bridge → supervisor) and the wings'
+rules (runtime/__init__.py), read from the source with `ast`, nothing imported: the bridge never imports the pod,
+the client side, the engine or the Hub code; nothing outside the pod imports it; the pod takes from the client side
+only the checks it runs on itself; the state files import only each other; the build side imports nothing of the
+runtime but its standard-library leaves; the engine's helpers that run in vLLM's venv or at image build import
+nothing of ours but themselves, nor do the packages that enclose them; no cycles.
 
 Every import counts, those inside functions and those `if TYPE_CHECKING:` too (a type is a dependency,
 and an import deferred into a function is a circle all the same), in the cycle check as in the rest.
@@ -19,17 +20,20 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 OURS = ("runtime", "space")
-# The pod's entry points: what `python -m runtime …` runs. They use the packages, never the reverse.
-ENTRY_POINTS = ("runtime.start", "runtime.cli", "runtime.supervisor", "runtime.connect", "runtime.builder_page",
-                "runtime.status", "runtime.settings_command", "runtime.pods", "runtime.check", "runtime.launch", "runtime.__main__")  # fmt: skip
-BRIDGE_NEVER = ("runtime.engine", "runtime.hub", "runtime.sshd", *ENTRY_POINTS)  # the supervisor and start among them
+# The wings (runtime/__init__.py). The pod's process is the top: nothing outside it imports it. The commands on
+# the user's machine are imported by the pod only for what it runs on itself: its self-check (VL_SELFCHECK, through
+# its own public port as `runtime check` does) and the RunPod client it stops itself with (VL_IDLE_STOP_MIN).
+POD, CLIENT, STATE = "runtime.pod", "runtime.client", "runtime.state"
+POD_MAY = ("runtime.client.check", "runtime.client.checkimages", "runtime.client.connect", "runtime.client.identity",
+           "runtime.client.runpod")  # fmt: skip
+BRIDGE_NEVER = ("runtime.engine", "runtime.hub", POD, CLIENT)
 # What the build side (build.py, space/, docker/) may take from the runtime: standard-library-only leaves.
 BUILD_MAY = (
     "runtime.packages",
     "runtime.units",
-    "runtime.liveline",
-    "runtime.runpod",
-    "runtime.client",
+    "runtime.client.liveline",
+    "runtime.client.runpod",
+    "runtime.client.identity",
     "runtime.tokenshapes",
 )  # httpx at most
 # They run in vLLM's venv (vllm_cli) or at image build (tinymodel), where the runtime may not be installed:
@@ -120,14 +124,14 @@ def test_the_parse_sees_the_imports_it_checks() -> None:
     """Guards the test itself: an import at module level, one in a function, one for types, one inside a
     standalone package, all seen; and STANDALONE names modules that are there."""
     seen = {(i.source, i.target, i.in_function, i.for_types) for i in IMPORTS}
-    assert ("runtime/start.py", "runtime.supervisor", False, False) in seen
-    assert ("runtime/start.py", "runtime.hub", False, True) in seen
-    assert any(source == "runtime/start.py" and function for source, _, function, _ in seen)
+    assert ("runtime/pod/start.py", "runtime.pod.supervisor", False, False) in seen
+    assert ("runtime/pod/start.py", "runtime.hub", False, True) in seen
+    assert any(source == "runtime/pod/start.py" and function for source, _, function, _ in seen)
     assert ("runtime/engine/tinymodel/checkpoint.py", "runtime.engine.tinymodel.script", False, False) in seen
     assert all(map(is_module, STANDALONE))
 
 
-def test_the_bridge_never_imports_the_supervisor_the_engine_or_the_hub() -> None:
+def test_the_bridge_never_imports_the_pod_the_client_side_the_engine_or_the_hub() -> None:
     offending = [i for i in IMPORTS if i.source.startswith("runtime/bridge/") and within(i.target, BRIDGE_NEVER)]
     assert not offending, broken(f"the bridge imports nothing of {', '.join(BRIDGE_NEVER)}", offending)
 
@@ -140,10 +144,39 @@ def test_the_build_side_imports_nothing_of_the_runtime_but_the_package_table() -
     )
 
 
-def test_no_package_imports_the_pods_entry_points() -> None:
-    in_packages = [i for i in IMPORTS if i.source.startswith("runtime/") and i.source.count("/") > 1]
-    offending = [i for i in in_packages if within(i.target, ENTRY_POINTS)]
-    assert not offending, broken("runtime/<package>/ never imports an entry point (nothing imports upward)", offending)
+def test_nothing_outside_the_pod_imports_the_pod() -> None:
+    """The pod's process is the top of the runtime: `python -m runtime start` names it in a string, nothing imports it."""
+    offending = [i for i in IMPORTS if not i.source.startswith("runtime/pod/") and within(i.target, (POD,))]
+    assert not offending, broken("only runtime/pod/ imports runtime.pod", offending)
+
+
+def test_the_pod_never_imports_the_client_side_but_the_checks_it_runs_on_itself() -> None:
+    """The pod imports from runtime/client/ only POD_MAY, and those import nothing else of it: `pod`, `launch`,
+    `status`, `bench` and the live line never reach a pod's process."""
+    from_pod = [i for i in IMPORTS if i.source.startswith("runtime/pod/") and within(i.target, (CLIENT,))]
+    offending = [i for i in from_pod if not within(i.target, POD_MAY)]
+    assert from_pod and not offending, broken(f"the pod imports from {CLIENT} only {', '.join(POD_MAY)}", offending)
+    allowed = [i for i in IMPORTS if module_name(ROOT / i.source) in POD_MAY]
+    offending = [i for i in allowed if within(i.target, (CLIENT,)) and not within(i.target, POD_MAY)]
+    assert not offending, broken(f"{', '.join(POD_MAY)} import nothing else of {CLIENT}", offending)
+
+
+def test_the_client_side_is_imported_by_no_other_wing() -> None:
+    """The commands on the user's machine are theirs: the bridge, the engine, the Hub side, the state files and the
+    shared leaves never import them (the pod and the build side by their lists above)."""
+    others = [
+        i
+        for i in IMPORTS
+        if i.source.startswith("runtime/") and not i.source.startswith(("runtime/pod/", "runtime/client/"))
+    ]
+    offending = [i for i in others if within(i.target, (CLIENT,))]
+    assert not offending, broken(f"only runtime/pod/ (POD_MAY) and runtime/client/ import {CLIENT}", offending)
+
+
+def test_the_state_files_import_nothing_of_ours_but_each_other() -> None:
+    """Every process of the pod reads them (the bridge, the pod, the probes): they pull nobody's code along."""
+    offending = [i for i in IMPORTS if i.source.startswith("runtime/state/") and not within(i.target, (STATE,))]
+    assert not offending, broken(f"runtime/state/ imports only {STATE}", offending)
 
 
 def standalone_of(source: str) -> str | None:
@@ -248,6 +281,8 @@ def test_every_module_named_in_a_string_resolves() -> None:
     """A module named in a string (the commands table, vLLM's --middleware, websockify's auth plugin, the vLLM
     CLI's `python -m`) is checked by no import: a rename would break it only on a pod."""
     named = [entry for path in sources() for entry in named_in_strings(path)]
-    assert {"runtime.bridge.auth.EngineKeys", "runtime.engine.vllm_cli", "runtime.pods"} <= {n for _, _, n in named}
+    assert {"runtime.bridge.auth.EngineKeys", "runtime.engine.vllm_cli", "runtime.client.pods"} <= {
+        n for _, _, n in named
+    }
     unresolved = [f"{source}:{line} names {name}" for source, line, name in named if not resolves(name)]
     assert not unresolved, "strings name modules that do not exist:\n  " + "\n  ".join(unresolved)

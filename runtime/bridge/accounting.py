@@ -12,7 +12,6 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from runtime.activity import Activity
 from runtime.bridge.answer import GONE
 from runtime.bridge.auth import GATEWAY_LABEL, SELFCHECK_LABEL
 from runtime.bridge.errors import error_type
@@ -21,6 +20,7 @@ from runtime.bridge.sessions import Asker, BusyTime, Sessions
 from runtime.bridge.upstream import ROUTED_PATHS
 from runtime.bridge.usage import Spent, Usage
 from runtime.logsafe import PROMPT_CHARS, loggable
+from runtime.state.activity import Activity
 
 log = logging.getLogger("runtime.bridge")
 

@@ -20,8 +20,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from runtime.benchstate import MAX_BYTES as BENCH_MAX_BYTES
-from runtime.benchstate import BenchRefused, checked_report, keep_bench
 from runtime.bridge.accounting import Accounting
 from runtime.bridge.affinity import ROUTING_KEY, routing_key
 from runtime.bridge.auth import UNGUARDED_CALLER, RequireKey
@@ -38,9 +36,11 @@ from runtime.bridge.schema import CountTokensRequest, MessagesRequest, decode
 from runtime.bridge.sharing import KeyShare
 from runtime.bridge.state import Bridge
 from runtime.bridge.translate import Translator
-from runtime.enginehealth import pod_condition, read_engine_health, read_engine_stopped
 from runtime.logsafe import loggable
-from runtime.selfcheckstate import checked, read_selfcheck
+from runtime.state.bench import MAX_BYTES as BENCH_MAX_BYTES
+from runtime.state.bench import BenchRefused, checked_report, keep_bench
+from runtime.state.enginehealth import pod_condition, read_engine_health, read_engine_stopped
+from runtime.state.selfcheck import checked, read_selfcheck
 
 log = logging.getLogger("runtime.bridge")
 GENERATIONS = frozenset({"/v1/chat/completions", "/v1/completions"})  # what reads vLLM's prefix cache

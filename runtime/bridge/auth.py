@@ -23,8 +23,8 @@ from pathlib import Path
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from runtime.bridge.errors import JSON_CONTENT_TYPE, BridgeError
-from runtime.selfcheckstate import SELFCHECK_KEY
 from runtime.settings import BY_ENV, ApiKey, Settings, parse_value
+from runtime.state.selfcheck import SELFCHECK_KEY
 
 log = logging.getLogger("runtime.bridge")
 
@@ -33,7 +33,7 @@ GATEWAY_LABEL = "gateway"  # a worker pod's label for its gateway's key (VL_WORK
 # Claude Code's probes (HEAD / and /api/hello), the watchdog, the console's page: none carries data.
 UNGUARDED = frozenset({"/", "/api/hello", "/health", "/console"})
 ENGINE_UNGUARDED = frozenset({"/health"})  # vLLM's as the public server: no console, no warm-up route of ours
-SELFCHECK_LABEL = "selfcheck"  # the pod's own key for its self-check (VL_SELFCHECK, runtime.selfcheckstate)
+SELFCHECK_LABEL = "selfcheck"  # the pod's own key for its self-check (VL_SELFCHECK, runtime.state.selfcheck)
 SALT_FILE = "key-label.salt"  # in VL_STATE_DIR: made once, so labels survive bridge restarts
 SALT_BYTES = 32  # 256 bits: a label cannot be tested against guessed keys without the salt
 LABEL_HEX = 12  # 48 bits of the HMAC: enough to tell a pod's keys apart, all a label needs

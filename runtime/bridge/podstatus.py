@@ -18,12 +18,12 @@ from typing import Any
 from runtime.bridge.auth import Caller
 from runtime.bridge.engines import EngineView, engine_view
 from runtime.bridge.state import Bridge
-from runtime.enginehealth import read_engine_stopped
-from runtime.hublogstate import read_hub_log_refusal
 from runtime.logfiles import tail
-from runtime.preloadstate import read_preload_state
 from runtime.redact import Redactor
-from runtime.selfcheckstate import read_selfcheck
+from runtime.state.enginehealth import read_engine_stopped
+from runtime.state.hublog import read_hub_log_refusal
+from runtime.state.preload import read_preload_state
+from runtime.state.selfcheck import read_selfcheck
 
 BOOT_LOG_LINES = 20
 SESSIONS_SHOWN = 8  # the console's and `runtime status`'s: the sessions seen last
@@ -71,7 +71,7 @@ def cost(per_hour: float | None, uptime_s: float, output_tokens_per_s: float) ->
 
 
 async def pod_status(bridge: Bridge, caller: Caller) -> dict[str, Any]:
-    """The status object (its contract: the README's "Watch the pod" and runtime/status.py): the pod's
+    """The status object (its contract: the README's "Watch the pod" and runtime/client/status.py): the pod's
     health for every key, and the keys' usage and sessions, all of them for an admin, else the caller's."""
     # One read of the engines' /metrics: their queues for the console, a sample for the capacity panel.
     engines = [engine_view(answer) for answer in await bridge.capacity.sample(bridge.upstream, QUEUE_TIMEOUT_S)]
@@ -85,9 +85,9 @@ async def pod_status(bridge: Bridge, caller: Caller) -> dict[str, Any]:
         "model": {"name": model.name, "context_window": model.context_window or None} if model else None,
         "engine": {"state": state, "boot_log": boot_log},
         "engines": [engine.as_json(index) for index, engine in enumerate(engines)],
-        "selfcheck": read_selfcheck(bridge.state_dir),  # VL_SELFCHECK's verdict (runtime.check); None when off
+        "selfcheck": read_selfcheck(bridge.state_dir),  # VL_SELFCHECK's verdict (runtime.client.check); None when off
         "bench": bridge.bench.read(),  # runtime bench's last report; None before the first
-        "preload": read_preload_state(bridge.state_dir),  # VL_PRELOAD's repos (runtime.preload); None without
+        "preload": read_preload_state(bridge.state_dir),  # VL_PRELOAD's repos (runtime.pod.preload); None without
         "hub_log_refused": read_hub_log_refusal(bridge.state_dir),  # why the Hub refuses the pod's log, or None
         "stopped": read_engine_stopped(bridge.state_dir),  # engines left stopped by their start limit, and why
         "uptime_s": round(uptime_s, 1),

@@ -9,8 +9,6 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from runtime.activity import Activity
-from runtime.benchstate import kept_bench
 from runtime.bridge.answer import Serving
 from runtime.bridge.auth import AllowedHosts, ApiKeys
 from runtime.bridge.capacity import CapacityWatch
@@ -25,6 +23,8 @@ from runtime.bridge.usage import Usage
 from runtime.image import public_facts, read_image_facts
 from runtime.logfiles import ENGINE, log_file
 from runtime.settings import Settings
+from runtime.state.activity import Activity
+from runtime.state.bench import kept_bench
 from runtime.telemetry import GpuTelemetry
 
 

@@ -1,5 +1,5 @@
 """The bridge's side of the model swap (VL_SWAP): which recipe a request's model needs, asking the pod for it
-(runtime.swap's files), and the wait until it serves. One request or fifty for the other model: one ask, one swap.
+(runtime.state.swap's files), and the wait until it serves. One request or fifty for the other model: one ask, one swap.
 A swap stops the engine for everyone: only a key with the swap right (the admin, `name:key:swap`) may cause one.
 
 A streamed request waits with pings (RunPod's proxy cuts a silent connection at ~100-125 s; a first
@@ -19,7 +19,7 @@ from typing import Any
 from runtime.bridge.errors import BridgeError
 from runtime.bridge.models import Catalog
 from runtime.bridge.upstream import Upstream
-from runtime.swap import WAITING, SwapState, ask_for, asked, state_watch, swap_table
+from runtime.state.swap import WAITING, SwapState, ask_for, asked, state_watch, swap_table
 
 POLL_S = 0.25  # how often a waiting request reads the pod's state file (a few hundred bytes)
 UNSTREAMED_WAIT_S = 60.0  # below the proxy's ~100 s cut: a short swap still answers an unstreamed request

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runtime.settings import is_commit_id
-from runtime.statefile import write_atomically
+from runtime.state.statefile import write_atomically
 from runtime.units import human_bytes
 
 log = logging.getLogger(__name__)

@@ -19,11 +19,11 @@ from pathlib import Path
 
 from runtime.hub.budget import CommitBudget
 from runtime.hub.repo import HubRepo, pod_id
-from runtime.hublogstate import write_hub_log_refusal
 from runtime.logfiles import tail
 from runtime.logsafe import strip_controls
 from runtime.redact import Redactor
 from runtime.settings import RUNPOD_SECRET_REFERENCE, Settings
+from runtime.state.hublog import write_hub_log_refusal
 
 log = logging.getLogger("runtime.hub.log")
 
@@ -95,7 +95,7 @@ class LogPublisher:
         state_dir: Path | None = None,
     ) -> None:
         self.repo, self.pod, self.path = repo, pod, log_path(pod)
-        self.state_dir = state_dir  # where the Hub's refusal is told to the bridge (runtime.hublogstate)
+        self.state_dir = state_dir  # where the Hub's refusal is told to the bridge (runtime.state.hublog)
         self.refused: str | None = None  # the Hub's refusal of our writes, said once until a write goes through
         self.sources = {name: Path(p) for name, p in sources.items()}
         self.is_healthy, self.redact = is_healthy, redactor

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 
-from runtime.connect import Endpoint, claude_environment
+from runtime.client.connect import Endpoint, claude_environment
 from runtime.engine import tinymodel as tiny
 from tests.support.bridge import Process
 from tests.support.claude_code import CLAUDE, TIMEOUT_S, parse_result, quiet_environment, require_claude_code

@@ -12,11 +12,11 @@ import httpx
 import pytest
 
 from runtime.bridge.auth import SALT_FILE, ApiKeys, label_of
+from runtime.client.status import render
 from runtime.engine import tinymodel as tiny
-from runtime.enginehealth import write_engine_stopped
 from runtime.health import serves_model
 from runtime.settings import load_settings
-from runtime.status import render
+from runtime.state.enginehealth import write_engine_stopped
 from tests.support.bench_report import nemotron_on_an_ada
 from tests.support.bridge import Process, pod_status, start_bridge
 from tests.support.vllm_server import VllmServer

@@ -16,7 +16,7 @@ import pytest
 
 from runtime.bridge.accounting import Refusals
 from runtime.logsafe import CLIENT_VALUE_CHARS, PROMPT_CHARS
-from runtime.supervisor import until
+from runtime.pod.supervisor import until
 from tests.support.bridge import SLOW_WAIT_S, start_bridge, start_stand_in
 
 pytestmark = pytest.mark.slow  # bridge processes and the stand-in upstream

@@ -26,7 +26,7 @@ from PIL import Image
 from playwright.sync_api import Browser
 from websockets.sync.client import connect
 
-from runtime.desktop import PORT
+from runtime.pod.desktop import PORT
 from tests.support.images import Engine, report
 from tests.support.net import free_port
 from tests.support.polling import wait_until

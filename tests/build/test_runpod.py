@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import httpx
 import pytest
 
-import runtime.runpod as runpod_client
+import runtime.client.runpod as runpod_client
 from runtime.settings import SettingsError, load_settings, recipe_names
 from space import BuildError, runpod
 from tests.support.net import free_port

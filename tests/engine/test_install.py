@@ -185,7 +185,7 @@ def test_runtime_copied_without_docker_versions_toml_is_refused_with_one_line(tm
 
 def test_a_stock_images_bare_python_loads_the_settings_and_the_start_without_any_package():
     code = (
-        "import runtime.start; from runtime.settings import load_settings; "
+        "import runtime.pod.start; from runtime.settings import load_settings; "
         "print(load_settings({'VL_MODEL': 'tiny'}).model)"
     )
     result = subprocess.run([sys.executable, "-S", "-c", code], cwd=REPO_ROOT, capture_output=True, text=True)

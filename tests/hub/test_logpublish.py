@@ -11,15 +11,15 @@ import pytest
 from huggingface_hub import HfApi
 from huggingface_hub.errors import RepositoryNotFoundError
 
+from runtime.client.status import render
 from runtime.gpu import GpuError, HostGpu, decide
 from runtime.hub.budget import CommitBudget
 from runtime.hub.logpublish import LogPublisher
 from runtime.hub.repo import HubRepo
-from runtime.hublogstate import read_hub_log_refusal
 from runtime.logfiles import tail
 from runtime.redact import MARKER, Redactor
 from runtime.settings import load_settings
-from runtime.status import render
+from runtime.state.hublog import read_hub_log_refusal
 from tests.support.bridge import pod_status, start_bridge
 from tests.support.hub_server import HubServer
 from tests.support.net import free_port

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from runtime.builder_page import builder_page_server
+from runtime.pod.builder_page import builder_page_server
 from runtime.settings import load_settings
 
 FACTS = {

@@ -1,6 +1,6 @@
-"""The browser desktop (VL_DESKTOP=on, runtime/desktop.py) without an image: its refusals in one line, the
+"""The browser desktop (VL_DESKTOP=on, runtime/pod/desktop.py) without an image: its refusals in one line, the
 command lines of its pieces (no password in any: `ps` shows them to everyone in the pod), the supervised
-child `runtime start` adds, and the password check websockify runs (runtime/desktop_auth.py).
+child `runtime start` adds, and the password check websockify runs (runtime/pod/desktop_auth.py).
 
 The desktop itself (Xvnc, JWM, websockify and noVNC in the cpu image, a real Chromium in front) is
 tests/build/test_desktop_image.py.
@@ -17,10 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from runtime import cli, desktop, desktop_auth
+from runtime import cli
+from runtime.pod import desktop, desktop_auth
+from runtime.pod.start import Pod, PodHub
+from runtime.pod.supervisor import ChildSpec
 from runtime.settings import SettingsError, load_settings
-from runtime.start import Pod, PodHub
-from runtime.supervisor import ChildSpec
 from space import runpod_template, targets
 from tests.support.environ import outer_environ
 
@@ -89,7 +90,7 @@ def test_no_command_line_holds_the_password(tmp_path: Path) -> None:
     assert not any(PASSWORD in word for argv in argvs for word in argv)
     web = desktop.websockify_argv(place)
     assert web[web.index("--auth-source") + 1] == "VL_DESKTOP_GATE_TOKEN"  # the variable's name, not its value
-    assert web[web.index("--auth-plugin") + 1] == "runtime.desktop_auth.DesktopPassword"
+    assert web[web.index("--auth-plugin") + 1] == "runtime.pod.desktop_auth.DesktopPassword"
 
 
 def test_vnc_is_on_a_private_socket_and_behind_the_full_password_too(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""The desktop's gate (runtime/desktop_gate.py) on a real port: what reaches websockify, and when nothing does.
+"""The desktop's gate (runtime/pod/desktop_gate.py) on a real port: what reaches websockify, and when nothing does.
 
 The gate stands in front of websockify, which forks a process for each connection it accepts: every test
 here counts what the upstream accepted. The upstream is a real WebSocket server (the `websockets` library,
@@ -23,7 +23,7 @@ from websockets.datastructures import Headers
 from websockets.exceptions import InvalidStatus
 from websockets.http11 import Request, Response
 
-from runtime.desktop_gate import MAX_HEAD_BYTES, FailureBudget, Gate, Throttle, closing
+from runtime.pod.desktop_gate import MAX_HEAD_BYTES, FailureBudget, Gate, Throttle, closing
 
 pytestmark = pytest.mark.anyio
 
@@ -183,7 +183,7 @@ async def test_repeated_wrong_passwords_are_slowed_and_then_even_the_right_one_w
 ) -> None:
     """Five wrong guesses from an address, then one every 3 s: while it waits, the password is not checked
     at all (a guess learns nothing), and one line in the log tells of them all."""
-    with caplog.at_level(logging.WARNING, logger="runtime.desktop"):
+    with caplog.at_level(logging.WARNING, logger="runtime.pod.desktop"):
         for _ in range(5):
             assert (await get(door, "guess")).status_code == 401
         slowed = await get(door, PASSWORD)

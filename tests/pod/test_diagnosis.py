@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.diagnosis import SICK, diagnose
+from runtime.pod.diagnosis import SICK, diagnose
 
 HEADER = "--- 2026-12-04 10:00:00 /opt/venv/bin/python -m vllm.entrypoints.openai.api_server --max-model-len 262144\n"
 # (the log's last lines, the cause's first words, a sick host): from the field notes, as the engine wrote them.

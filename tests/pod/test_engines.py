@@ -1,4 +1,4 @@
-"""The engines' owner (runtime.engines) without an engine running: a refused change leaves the plan in force, and
+"""The engines' owner (runtime.pod.engines) without an engine running: a refused change leaves the plan in force, and
 the swap's phases move only as their table allows. Each change's drain-and-health sequence, the same for a Hub
 file, a swap and a roll, is asserted where real engines run it: test_start.py, test_swap.py, test_replicas.py."""
 
@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from runtime.diagnosis import explain
 from runtime.engine.command import engine_command
-from runtime.engines import ChangeRefused, Engines, Plan
-from runtime.replicas import plan_replicas
+from runtime.pod.diagnosis import explain
+from runtime.pod.engines import ChangeRefused, Engines, Plan
+from runtime.pod.replicas import plan_replicas
+from runtime.pod.supervisor import Backoff, ChildSpec, StartLimit, Supervisor
 from runtime.settings import load_settings
-from runtime.supervisor import Backoff, ChildSpec, StartLimit, Supervisor
-from runtime.swap import PREPARING, SERVING, STARTING, STOPPING, WAITING, read_state
+from runtime.state.swap import PREPARING, SERVING, STARTING, STOPPING, WAITING, read_state
 from tests.support.environ import outer_environ
 
 KEYS = {"VL_API_KEYS": "owner:sk-owner-0123456789abcdef"}

@@ -1,6 +1,6 @@
 """VL_PRELOAD: other models' weights downloaded into the cache in the background once the first model serves, so that
 a later swap downloads nothing. The real huggingface_hub client against the test Hub, which serves the tiny model as
-real model repos; `python -m runtime preload` as the pod runs it, and the pod's side of it (runtime.start's Pod) with
+real model repos; `python -m runtime preload` as the pod runs it, and the pod's side of it (runtime.pod.start's Pod) with
 a real supervisor over a stand-in engine whose health the test decides.
 """
 
@@ -24,14 +24,14 @@ from playwright.sync_api import Browser, expect
 from runtime.engine.command import engine_command
 from runtime.engine.tinymodel import write_tiny_model
 from runtime.engine.weights import is_complete, repo_folder
-from runtime.engines import Plan
-from runtime.preload import PID_FILE, RedactingFormatter, relay
-from runtime.preloadstate import FILE, read_preload_state
+from runtime.pod.engines import Plan
+from runtime.pod.preload import PID_FILE, RedactingFormatter, relay
+from runtime.pod.replicas import plan_replicas
+from runtime.pod.start import Pod, PodHub
+from runtime.pod.supervisor import ChildSpec, Health
 from runtime.redact import Redactor
-from runtime.replicas import plan_replicas
 from runtime.settings import load_settings
-from runtime.start import Pod, PodHub
-from runtime.supervisor import ChildSpec, Health
+from runtime.state.preload import FILE, read_preload_state
 from tests.support.bridge import pod_status, start_bridge, start_stand_in
 from tests.support.browser import chromium
 from tests.support.environ import outer_environ
@@ -52,7 +52,7 @@ API_KEY = "sk-preload-test-0123456789"
 
 def test_the_child_s_lines_keep_their_level_and_an_error_reaches_the_hub(caplog: pytest.LogCaptureFixture) -> None:
     told: list[str] = []
-    with caplog.at_level(logging.INFO, logger="runtime.preload"):
+    with caplog.at_level(logging.INFO, logger="runtime.pod.preload"):
         relay("INFO downloading a/b (revision 0123456789ab): 6 files\n", told.append)
         relay("ERROR preload of a/c failed: the Hub has no model repo a/c\n", told.append)
         relay("a library's own print\n", told.append)
@@ -67,7 +67,7 @@ def test_the_child_s_lines_keep_their_level_and_an_error_reaches_the_hub(caplog:
 def test_a_line_of_the_child_never_holds_the_token() -> None:
     token = "hf_" + "k" * 34
     formatter = RedactingFormatter("%(levelname)s %(message)s", Redactor.from_environ({"HF_TOKEN": token}))
-    record = logging.LogRecord("runtime.preload", logging.ERROR, __file__, 1, "failed: %s", (f"bad {token}",), None)
+    record = logging.LogRecord("runtime.pod.preload", logging.ERROR, __file__, 1, "failed: %s", (f"bad {token}",), None)
     assert token not in formatter.format(record) and formatter.format(record).startswith("ERROR failed: bad ")
 
 
@@ -273,7 +273,7 @@ async def test_the_pod_preloads_once_its_engine_serves_and_the_child_dies_with_i
 ) -> None:
     running, engine, told = pod
     state = tmp_path / "state"
-    caplog.set_level(logging.INFO, logger="runtime.preload")
+    caplog.set_level(logging.INFO, logger="runtime.pod.preload")
     preloading = asyncio.create_task(running.preload_when_serving())
     try:
         await eventually(lambda: engine.probes >= 5)  # asked five times, and not serving yet: nothing starts
@@ -295,6 +295,6 @@ async def test_the_pod_preloads_once_its_engine_serves_and_the_child_dies_with_i
     await asyncio.wait_for(running.preload_when_serving(), 120)
     assert read_preload_state(state) == [{"repo": OTHER, "state": "done", "total": size_in_cache(tmp_path, OTHER)}]
     assert is_complete(hub_cache(tmp_path), OTHER) and not repo_folder(hub_cache(tmp_path), SERVED).exists()
-    lines = [record.getMessage() for record in caplog.records if record.name == "runtime.preload"]
+    lines = [record.getMessage() for record in caplog.records if record.name == "runtime.pod.preload"]
     assert any(line.startswith(f"downloaded {OTHER}: 1.9 MB") for line in lines), lines
     assert told == [] and not any(hub.read_token in line for line in lines)

@@ -18,14 +18,14 @@ from runtime.bridge.auth import ApiKeys
 from runtime.bridge.engines import engine_view, merged_metrics
 from runtime.bridge.state import Bridge
 from runtime.engine.command import engine_command
-from runtime.enginehealth import pod_condition, read_engine_health, write_engine_health
-from runtime.gateway import check_roles
 from runtime.health import degradation
 from runtime.packages import read_versions
-from runtime.replicas import plan_replicas, tensor_parallel
-from runtime.router import RouterError, check_router, pinned_version, router_argv, router_url
+from runtime.pod.gateway import check_roles
+from runtime.pod.replicas import plan_replicas, tensor_parallel
+from runtime.pod.router import RouterError, check_router, pinned_version, router_argv, router_url
+from runtime.pod.start import Pod, PodHub
 from runtime.settings import SettingsError, load_settings
-from runtime.start import Pod, PodHub
+from runtime.state.enginehealth import pod_condition, read_engine_health, write_engine_health
 
 BASE = {"VL_MODEL": "tiny"}
 

@@ -153,7 +153,7 @@ def test_a_rolling_engine_change_from_the_hub_fails_no_request(pod: Pod) -> None
         asking.join(180)
     log = pod.boot_log()
     assert log.index("engine-0 serves the new settings") < log.index("restarting engine-1")  # one at a time
-    for name in ("engine-0", "engine-1"):  # the one drain policy (runtime.engines), as for a Hub change and a swap
+    for name in ("engine-0", "engine-1"):  # the one drain policy (runtime.pod.engines), as for a Hub change and a swap
         assert f"{name} serves the new settings: withdrawn, drained, restarted, healthy, readmitted" in log
     windows = [httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).json()["data"][0]["max_model_len"]
                for port in pod.engines]  # fmt: skip

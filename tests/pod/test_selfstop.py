@@ -15,11 +15,11 @@ import anthropic
 import httpx
 import pytest
 
-from runtime.activity import activity_file
-from runtime.runpod import RunPodClient
-from runtime.selfstop import SelfStop
+from runtime.client.runpod import RunPodClient
+from runtime.pod.selfstop import SelfStop
+from runtime.pod.start import Pod, PodHub
 from runtime.settings import load_settings
-from runtime.start import Pod, PodHub
+from runtime.state.activity import activity_file
 from tests.support.bridge import start_bridge
 from tests.support.environ import outer_environ
 from tests.support.hub_server import HubServer

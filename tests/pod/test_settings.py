@@ -354,7 +354,7 @@ def test_an_authorized_keys_file_passes_with_keys_options_and_comments(tmp_path:
 
 
 def test_the_environment_file_is_taken_only_when_the_runtime_wrote_it(tmp_path: Path) -> None:
-    from runtime.sshd import environment_script
+    from runtime.pod.sshd import environment_script
 
     script = tmp_path / "pod-environment.sh"
     for content in ("", environment_script({"VL_MODEL": "tiny"})):

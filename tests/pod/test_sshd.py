@@ -1,4 +1,4 @@
-"""A real OpenSSH server, configured by runtime.sshd, and a real `ssh` client with a generated key."""
+"""A real OpenSSH server, configured by runtime.pod.sshd, and a real `ssh` client with a generated key."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime import sshd
+from runtime.pod import sshd
 from tests.support.net import free_port
 from tests.support.polling import wait_until
 from tests.support.ssh import ssh_argv

@@ -303,7 +303,7 @@ def test_an_engine_change_restarts_vllm_with_the_new_settings(pod: RunningPod) -
     assert pod.engine_window() == 4096
     assert "my-alias" in pod.model_ids()
     assert pod.pid("bridge") == bridge, "the bridge learns the new model without a restart"
-    # The one drain policy (runtime.engines), as for a swap and a roll: drained, restarted, healthy.
+    # The one drain policy (runtime.pod.engines), as for a swap and a roll: drained, restarted, healthy.
     wait_until(lambda: "engine serves the new settings: drained, restarted, healthy (its settings changed)"
                in pod.boot_log(), "the change's one line", 60.0, every_s=0.2)  # fmt: skip
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from runtime.health import pod_health_url
+from runtime.pod.start import Pod, PodHub, bridge_argv, starting_settings
 from runtime.settings import VARIABLES, Scope, load_settings
 from runtime.settingsfile import SettingsFile
-from runtime.start import Pod, PodHub, bridge_argv, starting_settings
 from tests.support.hub_server import HubServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,7 +53,7 @@ def test_the_bridge_reads_no_engine_setting() -> None:
 
 def test_the_path_to_the_engine_launch_imports_nothing_heavy() -> None:
     heavy = ("httpx", "huggingface_hub", "torch", "vllm", "starlette", "uvicorn", "tokenizers", "runtime.bridge")
-    code = f"import sys, runtime.start; print(sorted(m for m in {heavy!r} if m in sys.modules))"
+    code = f"import sys, runtime.pod.start; print(sorted(m for m in {heavy!r} if m in sys.modules))"
     result = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,

@@ -12,9 +12,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from runtime.diagnosis import explain
-from runtime.enginehealth import read_engine_stopped
-from runtime.supervisor import Backoff, ChildSpec, Health, StartLimit, Supervisor
+from runtime.pod.diagnosis import explain
+from runtime.pod.supervisor import Backoff, ChildSpec, Health, StartLimit, Supervisor
+from runtime.state.enginehealth import read_engine_stopped
 from tests.support.net import free_port
 from tests.support.polling import eventually
 from tests.support.signals import alive

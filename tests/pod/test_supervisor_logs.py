@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from runtime.logfiles import LINE_CUT, MAX_LINE_BYTES, tail
-from runtime.supervisor import Backoff, ChildSpec, Supervisor
+from runtime.pod.supervisor import Backoff, ChildSpec, Supervisor
 from tests.support.polling import eventually
 
 pytestmark = pytest.mark.anyio

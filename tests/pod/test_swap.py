@@ -28,8 +28,8 @@ from playwright.sync_api import expect
 from runtime.engine.tinymodel import ANSWER, MARK_TEXT, OTHER_ANSWER, write_tiny_model
 from runtime.engine.volume import hub_cache
 from runtime.engine.weights import is_complete
-from runtime.selfcheckstate import SELFCHECK_KEY
-from runtime.swap import asked
+from runtime.state.selfcheck import SELFCHECK_KEY
+from runtime.state.swap import asked
 from tests.support.bridge import pod_status
 from tests.support.browser import chromium
 from tests.support.environ import outer_environ

@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from runtime import statefile, swap
 from runtime.bridge import swaps as swaps_module
 from runtime.bridge.auth import ApiKeys
 from runtime.bridge.errors import BridgeError
 from runtime.bridge.models import Catalog
 from runtime.bridge.swaps import Swaps
-from runtime.engines import check_swap
+from runtime.pod.engines import check_swap
 from runtime.settings import SettingsError, load_settings
-from runtime.swap import REQUEST_FILE, SwapState, asked, read_state, swap_table, write_state
+from runtime.state import statefile, swap
+from runtime.state.swap import REQUEST_FILE, SwapState, asked, read_state, swap_table, write_state
 
 KEYS = {"VL_API_KEYS": "owner:sk-owner-0123456789abcdef"}  # VL_SWAP takes keys: a stranger could stop the engine
 LISTING = json.dumps({"data": [{"id": "tiny", "max_model_len": 65536}, {"id": "claude-tiny"}]}).encode()

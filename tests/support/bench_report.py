@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from runtime import bench
+from runtime.client import bench
 
 
 def nemotron_on_an_ada() -> dict[str, Any]:

@@ -1,0 +1,566 @@
+"""`python -m runtime pod up|watch|status|stop|start|down`: the user's pods on RunPod, from the template
+build.py saved to a pod that serves Claude Code, without RunPod's console.
+
+`up` creates the pod from the template (the GPU types in the user's order of preference, the next one
+tried on a capacity refusal), then watches it boot: the pod's Hub log as it comes, then its `/health`
+through RunPod's proxy until the model is served, and ends with what `runtime connect` prints. With
+`--workers N`, N such pods and a gateway in front of them (a CPU pod: VL_ROLE=gateway), which is
+what Claude Code is given. Ctrl-C
+or `--timeout` stops the watching, never the pod. Every failure is one line. `RUNPOD_API_KEY` is the
+key; `RUNPOD_API_URL` and `RUNPOD_PROXY_URL` (a pattern with `{pod_id}` and `{port}`) point elsewhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import sys
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import httpx
+
+from runtime.client.connect import EndpointError, check_endpoint, print_environment
+from runtime.client.identity import USER_AGENT, pod_key
+from runtime.client.launch import remember_pod
+from runtime.client.liveline import LiveLine
+from runtime.client.runpod import (
+    CUDA_VERSIONS,
+    KEY_VARIABLE,
+    PROXY_URL,
+    PROXY_URL_VARIABLE,
+    VOLUME_PATH,
+    RunPodClient,
+    RunPodError,
+)
+from runtime.health import health_answer, serves_model
+from runtime.redact import Redactor, redacted_output
+from runtime.units import human_seconds
+
+BRIDGE_PORT = 8080
+# A target's GPUs, the best buy first (the field notes: the RTX 6000 Ada's 48 GB hold the 30B recipes).
+DEFAULT_GPUS = {
+    "sm89": ["NVIDIA RTX 6000 Ada Generation", "NVIDIA L40S", "NVIDIA L40", "NVIDIA GeForce RTX 4090"],
+    "sm120": ["NVIDIA RTX PRO 6000 Blackwell Server Edition", "NVIDIA GeForce RTX 5090"],
+}
+POLL_S = 5.0
+LOG_LINE_CHARS = 300
+HEALTH_TIMEOUT_S = 10.0
+HOST_TAKEN = "not enough free GPUs"  # RunPod's words when a stopped pod's host has been rented again
+GONE = ("EXITED", "ERROR", "TERMINATED")
+GATEWAY_CPU = "cpu3c"  # compute-optimised: the gateway only relays (the bridge and the router, no engine)
+GATEWAY_VCPUS = 2  # RunPod's smallest CPU pod; its RAM is the flavour's share per vCPU
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    up = actions.add_parser("up", help="create a pod from a template and watch it boot")
+    up.add_argument("--template", required=True, help="the template's name or id (build.py --runpod prints both)")
+    up.add_argument("--gpu", action="append", default=[], help="a GPU type, in order of preference; repeatable")
+    volume = up.add_mutually_exclusive_group()
+    volume.add_argument("--volume", metavar="NAME", help="a network volume of yours, mounted at /workspace")
+    volume.add_argument("--volume-gb", type=int, metavar="GB", help="a new volume on the pod's host (>= 10 GB)")
+    up.add_argument("--cloud", choices=("secure", "community"), default="secure")
+    up.add_argument("--name", help="the pod's name (default: the template's target, e.g. vllm-pod-sm89)")
+    up.add_argument(
+        "--workers",
+        type=at_least_one,
+        metavar="N",
+        help="N pods behind a gateway pod (a CPU pod) that keeps each conversation on one of them",
+    )
+    up.add_argument(
+        "--gateway-cpu",
+        default=GATEWAY_CPU,
+        metavar="FLAVOR",
+        help=f"the gateway's CPU flavour, with --workers (default {GATEWAY_CPU})",
+    )
+    watching(up)
+    watching(actions.add_parser("watch", help="watch a pod boot until it serves")).add_argument("pod")
+    watching(actions.add_parser("start", help="start a stopped pod and watch it boot")).add_argument("pod")
+    status = actions.add_parser("status", help="one line per pod of ours: GPU, state, cost, uptime, URL, health")
+    status.add_argument("pod", nargs="?")
+    actions.add_parser("stop", help="stop pods (their volumes stay)").add_argument("pods", nargs="+", metavar="pod")
+    down = actions.add_parser("down", help="delete pods, after saying what goes with them")
+    down.add_argument("pods", nargs="+", metavar="pod")
+    down.add_argument("--yes", action="store_true", help="do not ask (needed without a terminal)")
+    replace = watching(
+        actions.add_parser(
+            "replace",
+            help="recreate a pod on another host (a sick one, or one "
+            "whose GPUs are taken) from its template, then delete it",
+        )
+    )
+    replace.add_argument("pod")
+    replace.add_argument(
+        "--gpu", action="append", default=[], help="a GPU type (default: the pod's, then its target's)"
+    )
+    replace.add_argument("--yes", action="store_true", help="do not ask when a volume on its host goes with it")
+
+
+def at_least_one(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of pods, at least 1")
+    return int(text)
+
+
+def watching(command: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The options of a command that watches a boot and ends with a check through the pod's bridge."""
+    command.add_argument("--key", help="one of the pod's VL_API_KEYS (default: $ANTHROPIC_API_KEY, ...)")
+    command.add_argument("--timeout", type=float, default=30.0, metavar="MIN", help="stop watching after MIN")
+    return command
+
+
+HELD = (KEY_VARIABLE, "HF_TOKEN", "HF_READ_TOKEN")  # the keys a `pod` command holds, never shown whatever quotes them
+
+
+def run(args: argparse.Namespace) -> int:
+    redactor = Redactor(os.environ.get(name, "") for name in HELD)
+    with redacted_output(redactor):
+        try:
+            with RunPodClient(os.environ.get(KEY_VARIABLE, "")) as api:
+                return COMMANDS[args.action](Pods(api, redactor), args)
+        except (RunPodError, EndpointError) as error:
+            print(f"pod: {error}", file=sys.stderr)
+            return 1
+
+
+class Pods:
+    """The account's pods and what they are made from, through the API; a line per step on stdout."""
+
+    def __init__(self, api: RunPodClient, redactor: Redactor | None = None) -> None:
+        self.api, self.redactor = api, redactor or Redactor()
+
+    def hold(self, secret: str) -> None:
+        """A secret made here (the team's key): never in an error line, nor in anything printed."""
+        self.api.secrets += (secret,)
+        self.redactor.add([secret])
+
+    def get(self, pod_id: str) -> dict[str, Any]:
+        return self.api.pod(pod_id)
+
+    def all(self) -> list[dict[str, Any]]:
+        return self.api.pods()
+
+    def act(self, pod_id: str, action: str) -> None:
+        self.api.act(pod_id, action)
+
+    def template(self, name_or_id: str) -> dict[str, Any]:
+        templates = self.api.templates()
+        found = [t for t in templates if name_or_id in (t["id"], t["name"])]
+        if len(found) != 1:
+            names = ", ".join(repr(t["name"]) for t in templates) or "none"
+            raise RunPodError(
+                f"{len(found) or 'no'} template(s) named {name_or_id!r} (yours: {names}): "
+                "pass one name or id (build.py --runpod saves one)"
+            )
+        return found[0]
+
+    def volume(self, name: str) -> dict[str, Any]:
+        volumes = self.api.network_volumes()
+        found = [v for v in volumes if name in (v["id"], v["name"])]
+        if len(found) != 1:
+            names = ", ".join(repr(v["name"]) for v in volumes) or "none"
+            raise RunPodError(f"{len(found) or 'no'} network volume(s) named {name!r} (yours: {names})")
+        return found[0]
+
+
+# --- up, watch, start ------------------------------------------------------------------------------
+
+
+def up(pods: Pods, args: argparse.Namespace) -> int:
+    template = pods.template(args.template)
+    target = next((t for t in DEFAULT_GPUS if f" {t} " in f" {template['name']} "), None)
+    gpus = args.gpu or DEFAULT_GPUS.get(target or "", [])
+    if not gpus:
+        raise RunPodError(f"which GPU? pass --gpu TYPE (the template {template['name']!r} names no target)")
+    cuda = template.get("allowedCudaVersions") or CUDA_VERSIONS
+    body: dict[str, Any] = {
+        "name": args.name or f"vllm-pod-{target or 'pod'}",
+        "templateId": template["id"],
+        "cloud": args.cloud.upper(),
+    }
+    if args.volume:
+        volume = pods.volume(args.volume)  # a network volume lives in one data centre: the pod must too
+        body |= {
+            "mounts": {"network": [{"volumeId": volume["id"], "path": VOLUME_PATH}]},
+            "dataCenterIds": [volume["dataCenter"]],
+        }
+    elif args.volume_gb:
+        body["mounts"] = {"persistent": {"size": args.volume_gb, "path": VOLUME_PATH}}
+    env = template.get("env") or {}
+    if args.workers:
+        return up_team(pods, args, body, gpus, cuda, env)
+    pod = place(pods, body, gpus, cuda)
+    return watch_boot(pods, pod["id"], args, env)
+
+
+def up_team(
+    pods: Pods, args: argparse.Namespace, body: dict[str, Any], gpus: list[str], cuda: list[str], env: Mapping[str, str]
+) -> int:
+    """N pods from the template, then a gateway in front of them (a CPU pod: no GPU to pay for), a key
+    of the team's own between them; watched until the gateway serves, which is what Claude Code is given."""
+    key = secrets.token_urlsafe(32)  # in the team's pods' environment at RunPod, printed nowhere
+    pods.hold(key)
+    workers: list[dict[str, Any]] = []
+    try:
+        for index in range(args.workers):
+            worker = body | {"name": f"{body['name']}-worker-{index}", "env": {"VL_WORKER_KEY": key}}
+            workers.append(place(pods, worker, gpus, cuda))
+    except RunPodError as error:
+        raise RunPodError(f"{error}{still_running(workers)}") from None
+    team_cost = sum(worker["cost"] for worker in workers)
+    gateway_body = {
+        "name": f"{body['name']}-gateway",
+        "templateId": body["templateId"],
+        "cloud": body["cloud"],
+        "cpu": {"id": args.gateway_cpu, "vcpuCount": GATEWAY_VCPUS},  # no volume: a gateway keeps no weights
+        "env": {
+            "VL_ROLE": "gateway",
+            "VL_WORKERS": ",".join(proxy_url(worker["id"]) for worker in workers),
+            "VL_WORKER_KEY": key,
+            "VL_COST_PER_HOUR": f"{team_cost:g}",
+        },  # the console counts the team's GPUs
+    }
+    try:
+        gateway = pods.api.create_pod(gateway_body, f"the gateway on {args.gateway_cpu}")
+    except RunPodError as error:
+        raise RunPodError(f"{error} (try --gateway-cpu another flavour){still_running(workers)}") from None
+    print(
+        f"gateway {gateway['id']} ({gateway['name']}): {args.gateway_cpu}, ${gateway['cost']:.2f}/h, "
+        f"{gateway['status']}, in front of {', '.join(worker['id'] for worker in workers)}",
+        flush=True,
+    )
+    deadline = time.monotonic() + args.timeout * 60
+    for pod in [*workers, gateway]:
+        status = boot(pods, pod["id"], env, deadline)
+        if status:
+            return status
+    print_environment(check_endpoint(proxy_url(gateway["id"]), pod_key(args.key) or "x"))
+    remember_pod(proxy_url(gateway["id"]))  # `runtime launch` without a URL: this team's gateway
+    every = " ".join(pod["id"] for pod in [gateway, *workers])
+    print(f"\n# the team: python -m runtime pod status; pod stop {every}; pod down {every}")
+    return 0
+
+
+def still_running(pods: list[dict[str, Any]]) -> str:
+    """What a failed team leaves behind, and how to remove it."""
+    if not pods:
+        return ""
+    ids = " ".join(pod["id"] for pod in pods)
+    return f"; created already, and billing: {ids} (python -m runtime pod down {ids} --yes)"
+
+
+def place(pods: Pods, body: dict[str, Any], gpus: list[str], cuda: list[str]) -> dict[str, Any]:
+    """The pod created on the first GPU type RunPod can place it on, said in a line; else one line listing
+    what was tried."""
+    tried = []
+    for gpu in gpus:
+        try:
+            pod = pods.api.create_pod(
+                {**body, "gpu": {"id": gpu, "count": 1, "allowedCudaVersions": cuda}}, f"a pod on {gpu}"
+            )
+        except RunPodError as error:
+            if error.status not in (400, 403):  # 400: no capacity (or a rule), 403: not this pool; else stop
+                raise
+            tried.append(f"{gpu} ({error.detail or error.status})")
+            print(f"pod: {gpu}: refused ({error.detail or error.status}); trying the next", file=sys.stderr)
+            continue
+        print(f"pod {pod['id']} ({pod['name']}): {gpu}, ${pod['cost']:.2f}/h, {pod['status']}", flush=True)
+        host = pod.get("cudaVersion")
+        if host and host.split(".")[0] != cuda[0].split(".")[0]:
+            print(
+                f"pod: warning: its host reports CUDA {host}, the image needs {', '.join(cuda)}: it will say so "
+                f"and stop (python -m runtime pod down {pod['id']})",
+                file=sys.stderr,
+            )
+        return pod
+    raise RunPodError(
+        f"no pod could be placed, tried: {'; '.join(tried)}: try other --gpu types, --cloud community, or later"
+    )
+
+
+def watch(pods: Pods, args: argparse.Namespace) -> int:
+    return watch_boot(pods, args.pod, args, pods.get(args.pod).get("env") or {})
+
+
+def start(pods: Pods, args: argparse.Namespace) -> int:
+    pod = pods.get(args.pod)
+    try:
+        pods.act(args.pod, "start")
+    except RunPodError as error:
+        if HOST_TAKEN not in error.detail:
+            raise
+        raise RunPodError(f"{args.pod} cannot start: {restart_advice(pod)}") from None
+    return watch_boot(pods, args.pod, args, pod.get("env") or {})
+
+
+def restart_advice(pod: Mapping[str, Any]) -> str:
+    """What to do with a stopped pod whose host's GPUs are rented again."""
+    if (pod.get("mounts") or {}).get("network"):
+        return (
+            f"its host's GPUs are rented to someone else; its network volume keeps the weights: "
+            f"python -m runtime pod replace {pod['id']}"
+        )
+    return (
+        f"its host's GPUs are rented to someone else, and its volume lives on that host: try again later, or "
+        f"python -m runtime pod replace {pod['id']} --yes (the weights download again)"
+    )
+
+
+def replace(pods: Pods, args: argparse.Namespace) -> int:
+    """The pod made again from its template on the first host RunPod places it on (its network volume kept), the
+    old one deleted once the new one exists, then watched as `up` watches: a sick host's way out."""
+    old = pods.get(args.pod)
+    if not old.get("gpu") or not old.get("template"):
+        raise RunPodError(f"{args.pod} is no GPU pod made from a template (a team's gateway: pod up --workers again)")
+    template = pods.template(old["template"])
+    mounts = old.get("mounts") or {}
+    body: dict[str, Any] = {
+        "name": old["name"],
+        "templateId": template["id"],
+        "cloud": old["cloud"],
+        "env": {k: v for k, v in (old.get("env") or {}).items() if (template.get("env") or {}).get(k) != v},
+    }
+    if mounts.get("network"):
+        body |= {"mounts": {"network": mounts["network"]}, "dataCenterIds": [old["dataCenterId"]]}
+    else:
+        if mounts.get("persistent"):
+            body["mounts"] = {"persistent": mounts["persistent"]}  # a new one, empty, on the new host
+        confirm(f"replacing {going(old)}; a new volume starts empty (the weights download again)", args.yes)
+    target = next((t for t in DEFAULT_GPUS if f"-{t}" in old["name"] or f" {t} " in f" {template['name']} "), "")
+    gpus = list(dict.fromkeys(args.gpu or [old["gpu"]["id"], *DEFAULT_GPUS.get(target, [])]))
+    new = place(pods, body, gpus, template.get("allowedCudaVersions") or CUDA_VERSIONS)
+    pods.api.delete_pod(args.pod)
+    print(f"deleted {going(old)}: replaced by {new['id']}", flush=True)
+    return watch_boot(pods, new["id"], args, old.get("env") or {})
+
+
+def confirm(what: str, yes: bool) -> None:
+    """Asks at a terminal whether to go on with `what`; RunPodError when the answer is no, or when there is no
+    terminal to ask and `--yes` was not given."""
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        raise RunPodError(f"{what}: pass --yes to confirm (no terminal to ask)")
+    if input(f"{what}. Go on? [y/N] ").strip().lower() not in ("y", "yes"):
+        raise RunPodError("kept: nothing was changed")
+
+
+def proxy_url(pod_id: str, port: int = BRIDGE_PORT) -> str:
+    return (os.environ.get(PROXY_URL_VARIABLE) or PROXY_URL).format(pod_id=pod_id, port=port).rstrip("/")
+
+
+def watch_boot(pods: Pods, pod_id: str, args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    """Watch the pod until its bridge serves the model, print Claude Code's environment, then the pod's self-check
+    verdict (VL_SELFCHECK) once it has one."""
+    deadline = time.monotonic() + args.timeout * 60
+    status = boot(pods, pod_id, env, deadline)
+    if not status:
+        key = pod_key(args.key) or "x"
+        print_environment(check_endpoint(proxy_url(pod_id), key))
+        remember_pod(proxy_url(pod_id))  # `runtime launch` without a URL: this pod
+        print_verdict(pod_id, key, deadline)
+    return status
+
+
+def print_verdict(pod_id: str, key: str, deadline: float) -> None:
+    """The pod's self-check (its /health's `checked`, to a key) on the live line while it runs, then its verdict: a
+    pod that serves is not yet a pod that answers right. Nothing when the pod runs none."""
+    url, line, started = proxy_url(pod_id), LiveLine(), time.monotonic()
+    while (verdict := self_checked(url, key)) == "running" and time.monotonic() < deadline:
+        line.show(time.monotonic() - started, "self-check", "running (a line per check in its Hub log)")
+        time.sleep(POLL_S)
+    line.end()
+    if verdict == "running":
+        print(
+            f"self-check: still running after {human_seconds(time.monotonic() - started)}: python -m runtime "
+            f"status {url} --key ... says its verdict"
+        )
+    elif verdict not in (None, "off"):
+        print(f"self-check: {verdict} (python -m runtime logs {pod_id}: a line per check)")
+
+
+def self_checked(url: str, key: str) -> str | None:
+    """`checked` of the pod's /health as a key's holder reads it; None when it cannot be read."""
+    answer = health(url, key)
+    return health_answer(answer[1]).get("checked") if answer is not None else None
+
+
+def boot(pods: Pods, pod_id: str, env: Mapping[str, str], deadline: float) -> int:
+    """Its Hub log and its state on one live line until the pod serves (0), is gone (raises), or the
+    deadline passes or Ctrl-C comes: then what to type to watch again, and the exit status."""
+    url, log, line = proxy_url(pod_id), boot_log(pod_id, env), LiveLine()
+    started, last = time.monotonic(), ""
+    try:
+        while True:
+            status = pods.get(pod_id)["status"]
+            for text in log():
+                # vLLM logs its whole config on one line: cut, as the progress line is
+                line.say(f"  | {text if len(text) <= LOG_LINE_CHARS else text[:LOG_LINE_CHARS] + '...'}")
+                last = text
+            if status in GONE:
+                raise RunPodError(
+                    f"pod {pod_id} is {status}: its log above says why (python -m runtime pod "
+                    f"status {pod_id}; pod start {pod_id} to try again)"
+                )
+            answer = health(url) if status == "RUNNING" else None
+            if answer is not None and serves_model(*answer):
+                break
+            if answer is not None and health_answer(answer[1]).get("status") == "stopped":  # no wait will help
+                line.end()
+                raise RunPodError(
+                    f"{pod_id}'s engine is left stopped: its log above says why (a sick host: "
+                    f"python -m runtime pod replace {pod_id}; a setting: change it, then pod start)"
+                )
+            line.show(time.monotonic() - started, status, last)
+            if time.monotonic() > deadline:
+                line.end()
+                print(
+                    f"pod: {pod_id} is not serving after {human_seconds(time.monotonic() - started)}; it keeps "
+                    f"running: python -m runtime pod watch {pod_id}",
+                    file=sys.stderr,
+                )
+                return 1
+            time.sleep(POLL_S)  # RunPod has no notification of a change: poll it
+    except KeyboardInterrupt:
+        line.end()
+        print(f"pod: stopped watching; {pod_id} keeps running: python -m runtime pod watch {pod_id}", file=sys.stderr)
+        return 130
+    line.end()
+    print(f"pod {pod_id} serves after {time.monotonic() - started:.0f} s", flush=True)
+    return 0
+
+
+def boot_log(pod_id: str, env: Mapping[str, str]) -> Callable[[], list[str]]:
+    """The pod's new Hub log lines at each call (the same reader as `runtime logs --follow`), or none
+    when its template names no VL_LOG_REPO or the log cannot be read yet."""
+    repo_spec = env.get("VL_LOG_REPO", "")
+    if not repo_spec or "{{" in repo_spec:
+        return lambda: []
+    from runtime.hub.logpublish import log_path
+    from runtime.hub.logtail import Fatal, LogFollower, Waiting
+    from runtime.hub.repo import HubRepo
+
+    follower = LogFollower(HubRepo.parse(repo_spec, endpoint=os.environ.get("HF_ENDPOINT") or None), log_path(pod_id))
+    said = ""
+
+    def new_lines() -> list[str]:
+        nonlocal said
+        try:
+            return follower.poll()
+        except (Waiting, Fatal) as reason:  # not published yet, or not readable: the proxy's answer still decides
+            if str(reason) == said:
+                return []
+            said = str(reason)
+            return [f"(its Hub log: {reason}; still watching)"]
+
+    return new_lines
+
+
+def serving(url: str, status: str) -> str:
+    """`status`'s column: yes, no, stopped (its engine left stopped), or - when the pod is not running."""
+    if status != "RUNNING":
+        return "-"
+    answer = health(url)  # no key needed: the one word
+    if answer is None:
+        return "no"
+    return (
+        "stopped" if health_answer(answer[1]).get("status") == "stopped" else "yes" if serves_model(*answer) else "no"
+    )
+
+
+def health(url: str, key: str | None = None) -> tuple[int, bytes] | None:
+    """The pod's /health through RunPod's proxy (status, body), as a key's holder reads it when `key` is given; None
+    while it cannot be reached."""
+    headers = {"user-agent": USER_AGENT} | ({"x-api-key": key} if key else {})
+    try:
+        response = httpx.get(f"{url}/health", headers=headers, timeout=HEALTH_TIMEOUT_S)
+    except httpx.HTTPError:
+        return None
+    return response.status_code, response.content
+
+
+# --- status, stop, down ----------------------------------------------------------------------------
+
+
+def status(pods: Pods, args: argparse.Namespace) -> int:
+    chosen = [pods.get(args.pod)] if args.pod else [p for p in pods.all() if is_ours(p)]
+    if not chosen:
+        print("no pod of ours (python -m runtime pod up --template ... makes one)")
+        return 0
+    rows = [("id", "machine", "state", "$/h", "uptime", "URL", "serves")]
+    for pod in chosen:
+        url = proxy_url(pod["id"])
+        uptime = (pod.get("runtime") or {}).get("uptime")
+        rows.append(
+            (
+                pod["id"],
+                machine(pod),
+                pod["status"],
+                f"{pod['cost']:.2f}",
+                duration(uptime) if uptime is not None else "-",
+                url,
+                serving(url, pod["status"]),
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    return 0
+
+
+def is_ours(pod: Mapping[str, Any]) -> bool:
+    """A pod of this project: its environment holds our settings (a template of build.py's sets VL_MODEL)."""
+    return any(name.startswith("VL_") for name in pod.get("env") or {})
+
+
+def duration(seconds: int) -> str:
+    hours, minutes = divmod(seconds // 60, 60)
+    return f"{hours}h{minutes:02d}" if hours else f"{minutes}m"
+
+
+def stop(pods: Pods, args: argparse.Namespace) -> int:
+    for pod_id in args.pods:
+        pods.act(pod_id, "stop")
+        print(
+            f"stopped {pod_id}: its GPU is released and billing stops but for its volume; the container disk "
+            f"is lost (anything outside {VOLUME_PATH}), the volume keeps the weights and compile caches "
+            f"(python -m runtime pod start {pod_id})"
+        )
+    return 0
+
+
+def down(pods: Pods, args: argparse.Namespace) -> int:
+    what = {pod_id: going(pods.get(pod_id)) for pod_id in args.pods}
+    confirm(f"deleting {'; '.join(what.values())}", args.yes)
+    for pod_id, said in what.items():
+        pods.api.delete_pod(pod_id)
+        print(f"deleted {said}")
+    return 0
+
+
+def going(pod: Mapping[str, Any]) -> str:
+    """A pod, and what goes with it when it is deleted."""
+    network = bool((pod.get("mounts") or {}).get("network"))
+    goes = "its container disk goes; its network volume stays" if network else "its container disk and its volume go"
+    return f"pod {pod['id']} ({pod['name']}, {machine(pod)}, {pod['status']}): {goes}"
+
+
+def machine(pod: Mapping[str, Any]) -> str:
+    """What the pod runs on: its GPU type, or its CPU flavour."""
+    if pod.get("gpu"):
+        return str(pod["gpu"]["id"])
+    return f"{pod['cpu']['id']} ({pod['cpu']['vcpuCount']} vCPU)" if pod.get("cpu") else "-"
+
+
+COMMANDS: dict[str, Callable[[Pods, argparse.Namespace], int]] = {
+    "up": up,
+    "watch": watch,
+    "status": status,
+    "stop": stop,
+    "start": start,
+    "down": down,
+    "replace": replace,
+}

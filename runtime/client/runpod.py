@@ -1,0 +1,176 @@
+"""RunPod's REST API v2, as the project's client-side commands speak it: one request at a time, each
+ending in a JSON object or a `RunPodError` whose text is one line with the fix, never the key.
+
+The API is described by RunPod's published OpenAPI file (runpod/docs, `api-reference-v2/openapi.json`);
+tests/support/runpod_server.py serves that description strictly. `RUNPOD_API_URL` points the client
+elsewhere (the tests' stand-in). Standard library and httpx only: build.py's side uses it too.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import httpx
+
+from runtime.client.identity import USER_AGENT
+
+API_URL = "https://api.runpod.io"  # the `servers` entry of RunPod's OpenAPI description of REST API v2
+API_URL_VARIABLE = "RUNPOD_API_URL"  # points the client elsewhere (the tests' stand-in)
+KEY_VARIABLE = "RUNPOD_API_KEY"
+PROXY_URL_VARIABLE = "RUNPOD_PROXY_URL"
+PROXY_URL = "https://{pod_id}-{port}.proxy.runpod.net"  # RunPod's HTTPS proxy in front of a pod's `N/http` port
+VOLUME_PATH = "/workspace"  # RunPod's convention, and VL_VOLUME's default: the one path that survives a stop
+CUDA_VERSIONS = ["13.0"]  # the images are built on CUDA 13.0 and refuse an older driver at start
+TIMEOUT = httpx.Timeout(30.0, connect=10.0)  # every call: a hung API must end in one line, not a hung command
+KEYS_PAGE = "https://console.runpod.io/user/settings"
+
+
+class RunPodError(Exception):
+    """RunPod refused or could not be reached; `str()` is the one line to show (never the key)."""
+
+    def __init__(self, line: str, status: int | None = None, detail: str = "") -> None:
+        super().__init__(line)
+        self.status, self.detail = status, detail
+
+
+class RunPodClient:
+    """Calls to RunPod's REST API v2 with one key; a context manager that closes its connections."""
+
+    def __init__(self, api_key: str, base_url: str | None = None, *, secrets: tuple[str, ...] = ()) -> None:
+        self.api_key = usable_key(api_key)
+        self.base_url = (base_url or os.environ.get(API_URL_VARIABLE) or API_URL).rstrip("/")
+        self.secrets = (self.api_key, *[s for s in secrets if s])  # never in a message, whatever the server says
+        headers = {"Authorization": f"Bearer {self.api_key}", "User-Agent": USER_AGENT}
+        self.client = httpx.Client(base_url=self.base_url, timeout=TIMEOUT, headers=headers)
+
+    def __enter__(self) -> RunPodClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.client.close()
+
+    def call(
+        self, method: str, path: str, action: str, body: dict[str, Any] | None = None, expect: str | None = "id"
+    ) -> dict[str, Any]:
+        """One request, answered by a JSON object holding `expect` (None: an empty answer will do); `action`
+        says what it was for in an error line (e.g. "create the template 'x'")."""
+        try:
+            response = self.client.request(method, path, json=body)
+        except httpx.TimeoutException:
+            raise RunPodError(
+                f"RunPod's API at {self.base_url} did not answer within {TIMEOUT.read:g} s "
+                f"(trying to {action}): try again, or check {API_URL_VARIABLE} if you set it"
+            ) from None
+        except httpx.UnsupportedProtocol:
+            raise RunPodError(
+                f"RunPod's API URL {self.base_url!r} is not an http(s) URL: fix or unset {API_URL_VARIABLE}"
+            ) from None
+        except (httpx.TransportError, httpx.InvalidURL) as exc:
+            raise RunPodError(
+                f"RunPod's API at {self.base_url} could not be reached ({type(exc).__name__}, "
+                f"trying to {action}): check the network, or {API_URL_VARIABLE} if you set it"
+            ) from None
+        if response.is_error:
+            problem = problem_of(response)
+            detail = self.scrub(str(problem.get("detail", "")))  # RunPod's 400 can quote the request back
+            raise RunPodError(self.scrub(refusal(response, action)), response.status_code, detail)
+        if expect is None and not response.content:
+            return {}
+        try:
+            answer = response.json()
+        except ValueError:
+            answer = None
+        if not isinstance(answer, dict) or (expect is not None and expect not in answer):
+            raise RunPodError(
+                f"RunPod answered {method} {path} with an unexpected body (HTTP {response.status_code}, "
+                f"trying to {action}): check {API_URL_VARIABLE} if you set it"
+            )
+        return answer
+
+    # --- the calls both sides make: build.py's templates and registry credentials, `runtime pod`'s pods ---
+
+    def templates(self) -> list[dict[str, Any]]:
+        return list_of(self.call("GET", "/v2/templates", "list your templates", expect="templates")["templates"])
+
+    def create_template(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self.call("POST", "/v2/templates", f"create the template {body['name']!r}", body)
+
+    def update_template(self, template_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self.call("PATCH", f"/v2/templates/{template_id}", f"update the template {body['name']!r}", body)
+
+    def registries(self) -> list[dict[str, Any]]:
+        action = "list your container registry credentials"
+        return list_of(self.call("GET", "/v2/registries", action, expect="registries")["registries"])
+
+    def create_registry(self, name: str, username: str, password: str) -> dict[str, Any]:
+        body = {"name": name, "username": username, "password": password}
+        return self.call("POST", "/v2/registries", f"create the registry credential {name!r}", body)
+
+    def pod(self, pod_id: str) -> dict[str, Any]:
+        return self.call("GET", f"/v2/pods/{pod_id}", f"read the pod {pod_id}")
+
+    def pods(self) -> list[dict[str, Any]]:
+        return list_of(self.call("GET", "/v2/pods", "list your pods", expect="pods")["pods"])
+
+    def create_pod(self, body: dict[str, Any], on: str) -> dict[str, Any]:
+        return self.call("POST", "/v2/pods", f"create {on}", body)
+
+    def act(self, pod_id: str, action: str) -> None:
+        self.call("POST", f"/v2/pods/{pod_id}/action", f"{action} the pod {pod_id}", {"action": action}, None)
+
+    def delete_pod(self, pod_id: str) -> None:
+        self.call("DELETE", f"/v2/pods/{pod_id}", f"delete the pod {pod_id}", expect=None)
+
+    def network_volumes(self) -> list[dict[str, Any]]:
+        action = "list your network volumes"
+        return list_of(self.call("GET", "/v2/network-volumes", action, expect="networkVolumes")["networkVolumes"])
+
+    def scrub(self, line: str) -> str:
+        for secret in self.secrets:
+            line = line.replace(secret, "***")
+        return line
+
+
+def usable_key(api_key: str) -> str:
+    """The key as sent in a header: stripped of the newline a copy or a file adds; refused when unusable."""
+    key = (api_key or "").strip()
+    if not key:
+        raise RunPodError(f"{KEY_VARIABLE} is empty: create an API key at {KEYS_PAGE}")
+    if not key.isascii() or not key.isprintable() or " " in key:
+        raise RunPodError(f"{KEY_VARIABLE} has spaces or unusual characters: copy it again from RunPod's console")
+    return key
+
+
+def refusal(response: httpx.Response, action: str) -> str:
+    """One line for an error answer: the key's refusal, else the problem+json title/detail/errors."""
+    problem = problem_of(response)
+    reason = "; ".join(p for p in (problem.get("title"), problem.get("detail"), *problem.get("errors", [])) if p)
+    reason = " ".join((reason or f"HTTP {response.status_code}").split())  # one line, whatever the server sent
+    if response.status_code in (401, 403):
+        return (
+            f"{KEY_VARIABLE} was refused: {reason} (trying to {action}): use a key with All or Read/Write "
+            f"permission (console Settings, API Keys: {KEYS_PAGE})"
+        )
+    return f"RunPod refused to {action}: HTTP {response.status_code}: {reason}"
+
+
+def problem_of(response: httpx.Response) -> dict[str, Any]:
+    """The RFC 9457 problem object of an error answer (ErrorResponse), or {} when it is not one."""
+    try:
+        problem = response.json()
+    except ValueError:
+        return {}
+    if not isinstance(problem, dict):
+        return {}
+    errors = problem.get("errors")
+    return {
+        "title": str(problem.get("title") or ""),
+        "detail": str(problem.get("detail") or ""),
+        "errors": [str(e) for e in errors] if isinstance(errors, list) else [],
+    }
+
+
+def list_of(items: Any) -> list[dict[str, Any]]:
+    """A list RunPod answered, its objects only (`call` checked the key holding it)."""
+    return [item for item in items if isinstance(item, dict)] if isinstance(items, list) else []
