@@ -17,7 +17,8 @@ import os
 import secrets
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -115,15 +116,73 @@ def watching(command: argparse.ArgumentParser) -> argparse.ArgumentParser:
 HELD = (KEY_VARIABLE, "HF_TOKEN", "HF_READ_TOKEN")  # the keys a `pod` command holds, never shown whatever quotes them
 
 
+@dataclass(frozen=True)
+class Watching:
+    """How a command that watches a boot asks the pod at the end (its key), and for how long it watches."""
+
+    key: str | None
+    timeout_min: float
+
+    def deadline(self) -> float:
+        """When the watching that starts now stops (time.monotonic's clock)."""
+        return time.monotonic() + self.timeout_min * 60
+
+
+@dataclass(frozen=True)
+class PodRequest:
+    """What `pod up` is asked for: the template, the GPUs in order, the volume, the cloud, the pod's name, and with
+    `workers` a team of that many pods behind a gateway on `gateway_cpu`."""
+
+    template: str
+    gpus: Sequence[str] = ()
+    volume: str | None = None
+    volume_gb: int | None = None
+    cloud: str = "secure"
+    name: str | None = None
+    workers: int | None = None
+    gateway_cpu: str = GATEWAY_CPU
+
+
 def run(args: argparse.Namespace) -> int:
     redactor = Redactor(os.environ.get(name, "") for name in HELD)
     with redacted_output(redactor):
         try:
             with RunPodClient(os.environ.get(KEY_VARIABLE, "")) as api:
-                return COMMANDS[args.action](Pods(api, redactor), args)
+                return dispatch(Pods(api, redactor), args)
         except (RunPodError, EndpointError) as error:
             print(f"pod: {error}", file=sys.stderr)
             return 1
+
+
+def dispatch(pods: Pods, args: argparse.Namespace) -> int:
+    """The command line mapped onto the typed calls below: argparse's Namespace goes no further."""
+    watching = Watching(args.key, args.timeout) if "timeout" in args else Watching(None, 0)
+    match args.action:
+        case "up":
+            request = PodRequest(
+                template=args.template,
+                gpus=args.gpu,
+                volume=args.volume,
+                volume_gb=args.volume_gb,
+                cloud=args.cloud,
+                name=args.name,
+                workers=args.workers,
+                gateway_cpu=args.gateway_cpu,
+            )
+            return up(pods, request, watching)
+        case "watch":
+            return watch(pods, args.pod, watching)
+        case "start":
+            return start(pods, args.pod, watching)
+        case "replace":
+            return replace(pods, args.pod, args.gpu, args.yes, watching)
+        case "status":
+            return status(pods, args.pod)
+        case "stop":
+            return stop(pods, args.pods)
+        case "down":
+            return down(pods, args.pods, args.yes)
+    raise ValueError(f"no pod action {args.action!r}")  # argparse's choices: never
 
 
 class Pods:
@@ -169,35 +228,41 @@ class Pods:
 # --- up, watch, start ------------------------------------------------------------------------------
 
 
-def up(pods: Pods, args: argparse.Namespace) -> int:
-    template = pods.template(args.template)
+def up(pods: Pods, request: PodRequest, watching: Watching) -> int:
+    template = pods.template(request.template)
     target = next((t for t in DEFAULT_GPUS if f" {t} " in f" {template['name']} "), None)
-    gpus = args.gpu or DEFAULT_GPUS.get(target or "", [])
+    gpus = list(request.gpus) or DEFAULT_GPUS.get(target or "", [])
     if not gpus:
         raise RunPodError(f"which GPU? pass --gpu TYPE (the template {template['name']!r} names no target)")
     cuda = template.get("allowedCudaVersions") or CUDA_VERSIONS
     body: dict[str, Any] = {
-        "name": args.name or f"vllm-pod-{target or 'pod'}",
+        "name": request.name or f"vllm-pod-{target or 'pod'}",
         "templateId": template["id"],
-        "cloud": args.cloud.upper(),
+        "cloud": request.cloud.upper(),
     }
-    if args.volume:
-        volume = pods.volume(args.volume)  # a network volume lives in one data centre: the pod must too
+    if request.volume:
+        volume = pods.volume(request.volume)  # a network volume lives in one data centre: the pod must too
         body |= {
             "mounts": {"network": [{"volumeId": volume["id"], "path": VOLUME_PATH}]},
             "dataCenterIds": [volume["dataCenter"]],
         }
-    elif args.volume_gb:
-        body["mounts"] = {"persistent": {"size": args.volume_gb, "path": VOLUME_PATH}}
+    elif request.volume_gb:
+        body["mounts"] = {"persistent": {"size": request.volume_gb, "path": VOLUME_PATH}}
     env = template.get("env") or {}
-    if args.workers:
-        return up_team(pods, args, body, gpus, cuda, env)
+    if request.workers:
+        return up_team(pods, request, watching, body, gpus, cuda, env)
     pod = place(pods, body, gpus, cuda)
-    return watch_boot(pods, pod["id"], args, env)
+    return watch_boot(pods, pod["id"], watching, env)
 
 
 def up_team(
-    pods: Pods, args: argparse.Namespace, body: dict[str, Any], gpus: list[str], cuda: list[str], env: Mapping[str, str]
+    pods: Pods,
+    request: PodRequest,
+    watching: Watching,
+    body: dict[str, Any],
+    gpus: list[str],
+    cuda: list[str],
+    env: Mapping[str, str],
 ) -> int:
     """N pods from the template, then a gateway in front of them (a CPU pod: no GPU to pay for), a key
     of the team's own between them; watched until the gateway serves, which is what Claude Code is given."""
@@ -205,7 +270,7 @@ def up_team(
     pods.hold(key)
     workers: list[dict[str, Any]] = []
     try:
-        for index in range(args.workers):
+        for index in range(request.workers or 0):
             worker = body | {"name": f"{body['name']}-worker-{index}", "env": {"VL_WORKER_KEY": key}}
             workers.append(place(pods, worker, gpus, cuda))
     except RunPodError as error:
@@ -215,7 +280,7 @@ def up_team(
         "name": f"{body['name']}-gateway",
         "templateId": body["templateId"],
         "cloud": body["cloud"],
-        "cpu": {"id": args.gateway_cpu, "vcpuCount": GATEWAY_VCPUS},  # no volume: a gateway keeps no weights
+        "cpu": {"id": request.gateway_cpu, "vcpuCount": GATEWAY_VCPUS},  # no volume: a gateway keeps no weights
         "env": {
             "VL_ROLE": "gateway",
             "VL_WORKERS": ",".join(proxy_url(worker["id"]) for worker in workers),
@@ -224,20 +289,20 @@ def up_team(
         },  # the console counts the team's GPUs
     }
     try:
-        gateway = pods.api.create_pod(gateway_body, f"the gateway on {args.gateway_cpu}")
+        gateway = pods.api.create_pod(gateway_body, f"the gateway on {request.gateway_cpu}")
     except RunPodError as error:
         raise RunPodError(f"{error} (try --gateway-cpu another flavour){still_running(workers)}") from None
     print(
-        f"gateway {gateway['id']} ({gateway['name']}): {args.gateway_cpu}, ${gateway['cost']:.2f}/h, "
+        f"gateway {gateway['id']} ({gateway['name']}): {request.gateway_cpu}, ${gateway['cost']:.2f}/h, "
         f"{gateway['status']}, in front of {', '.join(worker['id'] for worker in workers)}",
         flush=True,
     )
-    deadline = time.monotonic() + args.timeout * 60
+    deadline = watching.deadline()
     for pod in [*workers, gateway]:
         status = boot(pods, pod["id"], env, deadline)
         if status:
             return status
-    print_environment(check_endpoint(proxy_url(gateway["id"]), pod_key(args.key) or "x"))
+    print_environment(check_endpoint(proxy_url(gateway["id"]), pod_key(watching.key) or "x"))
     remember_pod(proxy_url(gateway["id"]))  # `runtime launch` without a URL: this team's gateway
     every = " ".join(pod["id"] for pod in [gateway, *workers])
     print(f"\n# the team: python -m runtime pod status; pod stop {every}; pod down {every}")
@@ -281,19 +346,19 @@ def place(pods: Pods, body: dict[str, Any], gpus: list[str], cuda: list[str]) ->
     )
 
 
-def watch(pods: Pods, args: argparse.Namespace) -> int:
-    return watch_boot(pods, args.pod, args, pods.get(args.pod).get("env") or {})
+def watch(pods: Pods, pod_id: str, watching: Watching) -> int:
+    return watch_boot(pods, pod_id, watching, pods.get(pod_id).get("env") or {})
 
 
-def start(pods: Pods, args: argparse.Namespace) -> int:
-    pod = pods.get(args.pod)
+def start(pods: Pods, pod_id: str, watching: Watching) -> int:
+    pod = pods.get(pod_id)
     try:
-        pods.act(args.pod, "start")
+        pods.act(pod_id, "start")
     except RunPodError as error:
         if HOST_TAKEN not in error.detail:
             raise
-        raise RunPodError(f"{args.pod} cannot start: {restart_advice(pod)}") from None
-    return watch_boot(pods, args.pod, args, pod.get("env") or {})
+        raise RunPodError(f"{pod_id} cannot start: {restart_advice(pod)}") from None
+    return watch_boot(pods, pod_id, watching, pod.get("env") or {})
 
 
 def restart_advice(pod: Mapping[str, Any]) -> str:
@@ -309,12 +374,12 @@ def restart_advice(pod: Mapping[str, Any]) -> str:
     )
 
 
-def replace(pods: Pods, args: argparse.Namespace) -> int:
+def replace(pods: Pods, pod_id: str, gpus_asked: Sequence[str], yes: bool, watching: Watching) -> int:
     """The pod made again from its template on the first host RunPod places it on (its network volume kept), the
     old one deleted once the new one exists, then watched as `up` watches: a sick host's way out."""
-    old = pods.get(args.pod)
+    old = pods.get(pod_id)
     if not old.get("gpu") or not old.get("template"):
-        raise RunPodError(f"{args.pod} is no GPU pod made from a template (a team's gateway: pod up --workers again)")
+        raise RunPodError(f"{pod_id} is no GPU pod made from a template (a team's gateway: pod up --workers again)")
     template = pods.template(old["template"])
     mounts = old.get("mounts") or {}
     body: dict[str, Any] = {
@@ -328,13 +393,13 @@ def replace(pods: Pods, args: argparse.Namespace) -> int:
     else:
         if mounts.get("persistent"):
             body["mounts"] = {"persistent": mounts["persistent"]}  # a new one, empty, on the new host
-        confirm(f"replacing {going(old)}; a new volume starts empty (the weights download again)", args.yes)
+        confirm(f"replacing {going(old)}; a new volume starts empty (the weights download again)", yes)
     target = next((t for t in DEFAULT_GPUS if f"-{t}" in old["name"] or f" {t} " in f" {template['name']} "), "")
-    gpus = list(dict.fromkeys(args.gpu or [old["gpu"]["id"], *DEFAULT_GPUS.get(target, [])]))
+    gpus = list(dict.fromkeys(gpus_asked or [old["gpu"]["id"], *DEFAULT_GPUS.get(target, [])]))
     new = place(pods, body, gpus, template.get("allowedCudaVersions") or CUDA_VERSIONS)
-    pods.api.delete_pod(args.pod)
+    pods.api.delete_pod(pod_id)
     print(f"deleted {going(old)}: replaced by {new['id']}", flush=True)
-    return watch_boot(pods, new["id"], args, old.get("env") or {})
+    return watch_boot(pods, new["id"], watching, old.get("env") or {})
 
 
 def confirm(what: str, yes: bool) -> None:
@@ -352,13 +417,13 @@ def proxy_url(pod_id: str, port: int = BRIDGE_PORT) -> str:
     return (os.environ.get(PROXY_URL_VARIABLE) or PROXY_URL).format(pod_id=pod_id, port=port).rstrip("/")
 
 
-def watch_boot(pods: Pods, pod_id: str, args: argparse.Namespace, env: Mapping[str, str]) -> int:
+def watch_boot(pods: Pods, pod_id: str, watching: Watching, env: Mapping[str, str]) -> int:
     """Watch the pod until its bridge serves the model, print Claude Code's environment, then the pod's self-check
     verdict (VL_SELFCHECK) once it has one."""
-    deadline = time.monotonic() + args.timeout * 60
+    deadline = watching.deadline()
     status = boot(pods, pod_id, env, deadline)
     if not status:
-        key = pod_key(args.key) or "x"
+        key = pod_key(watching.key) or "x"
         print_environment(check_endpoint(proxy_url(pod_id), key))
         remember_pod(proxy_url(pod_id))  # `runtime launch` without a URL: this pod
         print_verdict(pod_id, key, deadline)
@@ -485,8 +550,8 @@ def health(url: str, key: str | None = None) -> tuple[int, bytes] | None:
 # --- status, stop, down ----------------------------------------------------------------------------
 
 
-def status(pods: Pods, args: argparse.Namespace) -> int:
-    chosen = [pods.get(args.pod)] if args.pod else [p for p in pods.all() if is_ours(p)]
+def status(pods: Pods, pod_id: str | None) -> int:
+    chosen = [pods.get(pod_id)] if pod_id else [p for p in pods.all() if is_ours(p)]
     if not chosen:
         print("no pod of ours (python -m runtime pod up --template ... makes one)")
         return 0
@@ -521,8 +586,8 @@ def duration(seconds: int) -> str:
     return f"{hours}h{minutes:02d}" if hours else f"{minutes}m"
 
 
-def stop(pods: Pods, args: argparse.Namespace) -> int:
-    for pod_id in args.pods:
+def stop(pods: Pods, pod_ids: Sequence[str]) -> int:
+    for pod_id in pod_ids:
         pods.act(pod_id, "stop")
         print(
             f"stopped {pod_id}: its GPU is released and billing stops but for its volume; the container disk "
@@ -532,9 +597,9 @@ def stop(pods: Pods, args: argparse.Namespace) -> int:
     return 0
 
 
-def down(pods: Pods, args: argparse.Namespace) -> int:
-    what = {pod_id: going(pods.get(pod_id)) for pod_id in args.pods}
-    confirm(f"deleting {'; '.join(what.values())}", args.yes)
+def down(pods: Pods, pod_ids: Sequence[str], yes: bool) -> int:
+    what = {pod_id: going(pods.get(pod_id)) for pod_id in pod_ids}
+    confirm(f"deleting {'; '.join(what.values())}", yes)
     for pod_id, said in what.items():
         pods.api.delete_pod(pod_id)
         print(f"deleted {said}")
@@ -553,14 +618,3 @@ def machine(pod: Mapping[str, Any]) -> str:
     if pod.get("gpu"):
         return str(pod["gpu"]["id"])
     return f"{pod['cpu']['id']} ({pod['cpu']['vcpuCount']} vCPU)" if pod.get("cpu") else "-"
-
-
-COMMANDS: dict[str, Callable[[Pods, argparse.Namespace], int]] = {
-    "up": up,
-    "watch": watch,
-    "status": status,
-    "stop": stop,
-    "start": start,
-    "down": down,
-    "replace": replace,
-}
