@@ -22,9 +22,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# Claude Code's requests are prose and code: this project's own README and sources, as a stand-in.
+# Claude Code's requests are prose and code: this project's own guides and sources, as a stand-in.
 SOURCES = (
-    "README.md",
+    "docs/guide/run-a-pod.md",
+    "docs/explanation/bridge.md",
     "runtime/bridge/exchange.py",
     "runtime/bridge/stream.py",
     "runtime/pod/start.py",

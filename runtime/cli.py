@@ -42,7 +42,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "desktop": ("runtime.pod.desktop", "run the browser desktop on port 6080 (VL_DESKTOP=on; `start` supervises it)"),
     "settings": (
         "runtime.settings_command",
-        "print the effective VL_* settings, check a settings file, or the README's tables",
+        "print the effective VL_* settings, check a settings file, or the generated tables of docs/reference/settings.md",
     ),
 }
 

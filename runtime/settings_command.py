@@ -1,6 +1,6 @@
 """`python -m runtime settings`: the effective settings and where each comes from, a settings file checked
 before it is published (`--check FILE [--repo OWNER/NAME]`, judged exactly as the pod judges it), and
-the README's generated tables.
+the generated tables of docs/reference/settings.md (`--update-docs`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from runtime.settings import (
     is_secret,
     load_settings,
     markdown_table,
-    readme_with_table,
+    with_tables,
 )
 from runtime.settings import unknown_settings as unknown_in_environment
 from runtime.settingsfile import MAX_FILE_BYTES, FileRefused, SettingsFile, settings_with_file
@@ -27,13 +27,13 @@ REFUSED = 1
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--markdown", action="store_true", help="print the README's settings table")
+    parser.add_argument("--markdown", action="store_true", help="print the settings table")
     parser.add_argument(
-        "--update-readme",
+        "--update-docs",
         metavar="PATH",
         nargs="?",
-        const="README.md",
-        help="rewrite the generated tables of the README (default: ./README.md)",
+        const="docs/reference/settings.md",
+        help="rewrite the generated tables of the settings reference (default: ./docs/reference/settings.md)",
     )
     parser.add_argument(
         "--check",
@@ -52,9 +52,9 @@ def run(args: argparse.Namespace) -> int:
     if args.markdown:
         print(markdown_table())
         return 0
-    if args.update_readme:
-        readme = Path(args.update_readme)
-        readme.write_text(readme_with_table(readme.read_text()))
+    if args.update_docs:
+        document = Path(args.update_docs)
+        document.write_text(with_tables(document.read_text()))
         return 0
     if args.repo and not args.check:
         print("--repo goes with --check FILE", file=sys.stderr)

@@ -94,7 +94,7 @@ def template_body(
 
 def cluster_body(name: str, image: str, gpu_type: str, gpus_per_node: int, nodes: int) -> dict[str, Any]:
     """A Ray Instant Cluster as a CreateClusterRequest (`POST /v2/clusters`), for a model larger than one
-    machine: the README's multi-node design, on paper (no cluster manager here). Every node runs the image;
+    machine: the multi-node design of docs/guide/more-gpus.md, on paper (no cluster manager here). Every node runs the image;
     vLLM runs on rank 0 with tensor parallelism inside each node and pipeline parallelism across them.
     Clusters take public images only (no `registry` field)."""
     engine = {

@@ -71,7 +71,7 @@ def cost(per_hour: float | None, uptime_s: float, output_tokens_per_s: float) ->
 
 
 async def pod_status(bridge: Bridge, caller: Caller) -> dict[str, Any]:
-    """The status object (its contract: the README's "Watch the pod" and runtime/client/status.py): the pod's
+    """The status object (its contract: docs/guide/watch.md and runtime/client/status.py): the pod's
     health for every key, and the keys' usage and sessions, all of them for an admin, else the caller's."""
     # One read of the engines' /metrics: their queues for the console, a sample for the capacity panel.
     engines = [engine_view(answer) for answer in await bridge.capacity.sample(bridge.upstream, QUEUE_TIMEOUT_S)]

@@ -1,7 +1,7 @@
 """The router in front of the pod's engines (VL_REPLICAS > 1): SGLang's gateway `smg`, a child of the
 supervisor on loopback, pinned in docker/versions.toml and installed in the image's engine layer.
 
-Why smg and not vllm-router (both on PyPI, both Rust; measured side by side, README "More GPUs"): a
+Why smg and not vllm-router (both on PyPI, both Rust; measured side by side, docs/guide/more-gpus.md): a
 request to a freshly dead engine was retried on the other one by smg (0 failures in 3) and answered 500
 by vllm-router (2 in 4: its consistent hash kept choosing the dead engine until its health check
 caught up), and logged every request's routing key at its default level. smg's `manual` policy pins a

@@ -84,7 +84,7 @@ SWAP_WAIT_LOOK_S = 1.0  # how often a swap held back by VL_SWAP_MIN_S looks whet
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.epilog = "Reads the VL_* variables (see the README's table); stops on SIGTERM or SIGINT."
+    parser.epilog = "Reads the VL_* variables (docs/reference/settings.md); stops on SIGTERM or SIGINT."
 
 
 def run(args: argparse.Namespace) -> int:

@@ -31,7 +31,7 @@ WAIT_MS = 120_000  # the page polls every 2 s; generous for a machine whose core
 VIEWPORT: ViewportSize = {
     "width": 1200,
     "height": 900,
-}  # the README's screenshot (docs/console.png) is taken at this size
+}  # the screenshot in docs/guide/watch.md (docs/console.png) is taken at this size
 
 expect.set_options(timeout=WAIT_MS)
 

@@ -1,5 +1,5 @@
 """Claude Code's gateway contract ("Gateway protocol reference"), clause by clause, against the bridge
-with keys in front of real vLLM; the README's "Claude Code's gateway contract" table points here.
+with keys in front of real vLLM; docs/explanation/bridge.md's "Claude Code's gateway contract" table points here.
 
 The real CLI's side of it (model discovery, a session with a subagent) is in test_claude_code.py.
 """

@@ -461,7 +461,8 @@ def test_ca_certificates_git_ignores_reach_the_space_and_the_push_says_so(
     tmp_path: Path, hub: dict[str, str], hub_server: HubServer
 ) -> None:
     repo = git_checkout(tmp_path / "clone")
-    (repo / "docker" / "certs" / "proxy.crt").write_text(CERTIFICATE)  # where the README says: ignored by git
+    # Ignored by git, as docs/guide/publish.md says:
+    (repo / "docker" / "certs" / "proxy.crt").write_text(CERTIFICATE)
 
     result = push(repo, hub, "--detach")
 

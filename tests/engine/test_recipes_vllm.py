@@ -26,7 +26,7 @@ def combinations(name: str) -> list[dict[str, str]]:
             "VL_EXTRA_ARGS": "--uvicorn-log-level warning",
         },
     ]
-    # The multi-node design (README "More GPUs"; space/runpod.py's cluster_body): Ray across two nodes.
+    # The multi-node design (docs/guide/more-gpus.md; space/runpod.py's cluster_body): Ray across two nodes.
     cases.append({"VL_TP": "8", "VL_EXTRA_ARGS": "--distributed-executor-backend ray --pipeline-parallel-size 2"})
     cases += [{"VL_SPEC": method, "VL_SPEC_N": "2"} for method in recipe.speculation.methods]
     if recipe.yarn:

@@ -1,4 +1,4 @@
-"""Settings: precedence, the one-line errors a bad value gives, and the README table kept in sync."""
+"""Settings: precedence, the one-line errors a bad value gives, and the settings reference (docs/reference/settings.md) kept in sync."""
 
 import subprocess
 import sys
@@ -18,8 +18,8 @@ from runtime.settings import (
     as_text,
     load_settings,
     quoted,
-    readme_with_table,
     unknown_settings,
+    with_tables,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -114,18 +114,21 @@ def test_changed_scopes_say_what_a_reload_restarts():
     }
 
 
-def test_the_readme_settings_table_is_up_to_date():
-    readme = (ROOT / "README.md").read_text()
-    assert readme_with_table(readme) == readme, "stale: run `python -m runtime settings --update-readme`"
+SETTINGS_DOC = ROOT / "docs" / "reference" / "settings.md"
 
 
-def test_update_readme_rewrites_only_the_table(tmp_path):
-    readme = tmp_path / "README.md"
-    text = (ROOT / "README.md").read_text()
+def test_the_documented_settings_tables_are_up_to_date():
+    document = SETTINGS_DOC.read_text()
+    assert with_tables(document) == document, "stale: run `python -m runtime settings --update-docs`"
+
+
+def test_update_docs_rewrites_only_the_tables(tmp_path):
+    copy = tmp_path / "settings.md"
+    text = SETTINGS_DOC.read_text()
     begin = text.index("<!-- settings table")
-    readme.write_text(text[:begin] + text[begin:].replace("| `VL_CTX` |", "| `VL_CONTEXT` |"))
-    subprocess.run([sys.executable, "-m", "runtime", "settings", "--update-readme", str(readme)], cwd=ROOT, check=True)
-    assert readme.read_text() == text
+    copy.write_text(text[:begin] + text[begin:].replace("| `VL_CTX` |", "| `VL_CONTEXT` |"))
+    subprocess.run([sys.executable, "-m", "runtime", "settings", "--update-docs", str(copy)], cwd=ROOT, check=True)
+    assert copy.read_text() == text
 
 
 # --- every variable against hostile values, generated from the settings table itself ---
