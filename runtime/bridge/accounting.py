@@ -8,7 +8,6 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Awaitable
-from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -17,6 +16,7 @@ from runtime.bridge.auth import GATEWAY_LABEL, SELFCHECK_LABEL
 from runtime.bridge.errors import error_type
 from runtime.bridge.metrics import Metrics
 from runtime.bridge.sessions import Asker, BusyTime, Sessions
+from runtime.bridge.trace import Trace
 from runtime.bridge.upstream import ROUTED_PATHS
 from runtime.bridge.usage import Spent, Usage
 from runtime.logsafe import PROMPT_CHARS, loggable
@@ -35,7 +35,7 @@ GENERATIONS = frozenset({"/v1/messages", *ROUTED_PATHS})  # what keeps the engin
 class Accounting:
     """ASGI middleware: one trace line and one metrics update per request, whatever its outcome.
 
-    Handlers fill `scope["state"]["trace"]` (model, tokens, TTFT, stop reason, error type).
+    Handlers fill `scope["state"]["trace"]`, a `Trace` (model, tokens, TTFT, stop reason, error type).
     """
 
     def __init__(
@@ -61,7 +61,7 @@ class Accounting:
             await self.app(scope, receive, send)
             return
         started = time.monotonic()
-        trace: dict[str, Any] = {}
+        trace = Trace()
         scope.setdefault("state", {})["trace"] = trace
         status = 0
         serving: Activity | None = None  # set once a known key's answer starts: what idleness is measured by
@@ -95,17 +95,17 @@ class Accounting:
         # The gateway asks for /v1/models every 30 s on its own: that kept a team's first worker from ever idling.
         return not (key == GATEWAY_LABEL and (path == "/v1/models" or path.startswith("/v1/models/")))
 
-    def account(self, scope: Scope, trace: dict[str, Any], status: int, duration: float, busy_s: float) -> None:
+    def account(self, scope: Scope, trace: Trace, status: int, duration: float, busy_s: float) -> None:
         path = scope["path"]
         route = path if path in self.routes else ("/v1/models/{id}" if path.startswith("/v1/models/") else "other")
-        status = status or (CLIENT_GONE if trace.get("stop") == GONE else 500)
-        problem = trace.get("error_type") or (error_type(status) if status >= 400 else "")
+        status = status or (CLIENT_GONE if trace.stop == GONE else 500)
+        problem = trace.error_type or (error_type(status) if status >= 400 else "")
         key = scope["state"].get("key", UNIDENTIFIED)
         metrics = self.metrics
-        tokens = trace.get("input", 0), trace.get("cached", 0), trace.get("output", 0)
+        tokens = trace.input, trace.cached, trace.output
         metrics.count_request(route, status, problem, key)
         metrics.count_tokens(key, *tokens)
-        ttft_s = trace.get("ttft_s")
+        ttft_s = trace.ttft_s
         if ttft_s is not None:
             metrics.ttft.observe(ttft_s)
         if route in QUIET_ROUTES:
@@ -165,33 +165,34 @@ def trace_line(
     status: int,
     key: str,
     duration: float,
-    trace: dict[str, Any],
+    trace: Trace,
     client_id: str | None = None,
     asker: Asker | None = None,
 ) -> str:
     """`trace id=… POST /v1/messages 200 key=… session=… agent=… class=… model=… in=… … dur_ms=… stop=…
     client_id=…`: `id` is the bridge's own; what the client chose (model, its x-request-id, prompt) is
     escaped and capped (`loggable`), its session and agent ids cleaned (`sessions.client_id`)."""
-    fields = [f"trace id={trace.get('id', '-')} {loggable(method)} {route} {status} key={key}"]
+    fields = [f"trace id={trace.id} {loggable(method)} {route} {status} key={key}"]
     if asker is not None and asker.session is not None:
         fields.append(f"session={asker.session} agent={asker.agent} class={asker.request_class}")
         hints = (("1p", asker.first_party_class), ("auxiliary", asker.auxiliary_type))
         fields += [f"{name}={value}" for name, value in hints if value != "none"]  # bounded words, never the client's
-    if "model" in trace:
-        fields.append(f"model={loggable(trace['model'])}")
-    for name in ("stream", "input", "cached", "output"):
-        if name in trace:
-            fields.append(f"{name.replace('input', 'in').replace('output', 'out')}={trace[name]}")
-    if "ttft_s" in trace:
-        fields.append(f"ttft_ms={trace['ttft_s'] * 1000:.0f}")
-    if "swap_wait_s" in trace:  # VL_SWAP: how long it waited for its model to be loaded
-        fields.append(f"swap_wait_ms={trace['swap_wait_s'] * 1000:.0f}")
+    if trace.model is not None:
+        fields.append(f"model={loggable(trace.model)}")
+    if trace.stream is not None:
+        fields.append(f"stream={trace.stream}")
+    if trace.tokens_counted:
+        fields.append(f"in={trace.input} cached={trace.cached} out={trace.output}")
+    if trace.ttft_s is not None:
+        fields.append(f"ttft_ms={trace.ttft_s * 1000:.0f}")
+    if trace.swap_wait_s is not None:  # VL_SWAP: how long it waited for its model to be loaded
+        fields.append(f"swap_wait_ms={trace.swap_wait_s * 1000:.0f}")
     fields.append(f"dur_ms={duration * 1000:.0f}")
-    for name in ("stop", "error_type", "guard"):
-        if trace.get(name):
-            fields.append(f"{name.replace('_type', '')}={trace[name]}")
+    for name, value in (("stop", trace.stop), ("error", trace.error_type), ("guard", trace.guard)):
+        if value:
+            fields.append(f"{name}={value}")
     if client_id is not None:
         fields.append(f"client_id={loggable(client_id)}")
-    if "prompt" in trace:
-        fields.append(f"prompt={loggable(trace['prompt'], PROMPT_CHARS)}")
+    if trace.prompt is not None:
+        fields.append(f"prompt={loggable(trace.prompt, PROMPT_CHARS)}")
     return " ".join(fields)

@@ -14,7 +14,6 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
 
 from prometheus_client import Gauge
 from starlette.types import Message, Receive, Scope, Send
@@ -22,6 +21,7 @@ from starlette.types import Message, Receive, Scope, Send
 from runtime.bridge.connection import CONNECTION
 from runtime.bridge.models import Catalog
 from runtime.bridge.swaps import Swaps
+from runtime.bridge.trace import Trace
 from runtime.bridge.upstream import Upstream
 
 GONE = "client_gone"  # the trace's `stop` for a client that closed its connection before the end
@@ -183,7 +183,7 @@ class Answer:
     aborted, the trace's `stop` says `client_gone` or `client_stalled`, and a stalled client is reset."""
 
     serving: Serving
-    trace: dict[str, Any]
+    trace: Trace
 
     async def serve(self, out: Outbox) -> None:
         raise NotImplementedError
@@ -193,6 +193,6 @@ class Answer:
         out = Outbox(send)
         left = await ClientWatch(out, self.serving.stall_s, connection["gone"]).run(self.serve(out))
         if left is not None:
-            self.trace["stop"] = left
+            self.trace.stop = left
         if left == STALLED:
             connection["drop"]()  # uvicorn's own close would wait for the client to read, forever

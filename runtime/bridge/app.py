@@ -165,7 +165,7 @@ class Api:
 
 async def bridge_error(request: Request, error: Exception) -> Response:
     assert isinstance(error, BridgeError)
-    request.state.trace["error_type"] = error.type
+    request.state.trace.error_type = error.type
     return error.response()
 
 

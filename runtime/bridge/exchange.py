@@ -33,6 +33,7 @@ from runtime.bridge.schema import MessagesRequest
 from runtime.bridge.sse import PING, AnthropicSse, SseParser
 from runtime.bridge.stream import MessageAssembler, StreamTranslator
 from runtime.bridge.swaps import UNSTREAMED_WAIT_S, Swaps
+from runtime.bridge.trace import Trace
 from runtime.bridge.translate import Translation, Translator
 from runtime.bridge.upstream import BROKEN, JSON_HEADERS, Upstream
 from runtime.logsafe import loggable
@@ -90,7 +91,7 @@ class MessagesExchange(Answer):
         serving: Serving,
         request: MessagesRequest,
         body_size: int,
-        trace: dict[str, Any],
+        trace: Trace,
         routing: dict[str, str] | None = None,
         cache_salt: str | None = None,
         may_swap: bool = True,
@@ -105,7 +106,7 @@ class MessagesExchange(Answer):
         self.id = "msg_" + uuid.uuid4().hex[:24]
         self.started = time.monotonic()
         self.window = 0  # the served model's context window, once known
-        trace.update(id=self.id, model=request.model, stream=request.stream)
+        trace.id, trace.model, trace.stream = self.id, request.model, request.stream
 
     async def serve(self, out: Outbox) -> None:
         """Errors up to the upstream's acceptance are HTTP errors; `stream` handles the later ones."""
@@ -123,7 +124,7 @@ class MessagesExchange(Answer):
                 else:
                     await self.answer(response, out, input_tokens)
         except BridgeError as error:
-            self.trace["error_type"] = error.type
+            self.trace.error_type = error.type
             await error.send(out.send)
 
     async def swaps_to_wait_on(self) -> Swaps | None:
@@ -147,7 +148,7 @@ class MessagesExchange(Answer):
             async with self.open_chat(translation) as response:
                 await self.stream(response, out, translation, input_tokens, (sink, translator))
         except BridgeError as error:
-            self.trace["error_type"] = error.type
+            self.trace.error_type = error.type
             await out.end(sink.take() + error.event())
 
     async def wait_for_swap(self, swaps: Swaps, timeout_s: float | None = None) -> None:
@@ -156,14 +157,14 @@ class MessagesExchange(Answer):
         try:
             await swaps.ready_for(self.request.model, timeout_s, self.may_swap)
         finally:
-            self.trace["swap_wait_s"] = round(time.monotonic() - began, 2)
+            self.trace.swap_wait_s = round(time.monotonic() - began, 2)
 
     async def translate(self) -> Translation:
         catalog = self.serving.catalog
         self.window = (await catalog.current(self.serving.upstream)).context_window
         translation = Translator(catalog.traits).translate(self.request, catalog.upstream_name)
         if self.serving.log_prompts:
-            self.trace["prompt"] = last_user_text(translation.payload["messages"])
+            self.trace.prompt = last_user_text(translation.payload["messages"])
         if self.cache_salt is not None:
             translation.payload["cache_salt"] = self.cache_salt
         return translation
@@ -220,11 +221,11 @@ class MessagesExchange(Answer):
         try:
             await self.pump(response, translator, sink, out)
         except BridgeError as error:  # after the stream began: an `event: error`
-            self.trace["error_type"] = error.type
+            self.trace.error_type = error.type
             await out.end(sink.take() + error.event())
         except Exception:
             log.exception("internal error in stream %s", self.id)
-            self.trace["error_type"] = "api_error"
+            self.trace.error_type = "api_error"
             await out.end(sink.take() + internal_failure().event())
         else:
             await out.end(sink.take())
@@ -285,21 +286,17 @@ class MessagesExchange(Answer):
 
     def record(self, translator: StreamTranslator) -> None:
         trace = self.trace
-        trace.update(
-            input=translator.input_tokens,
-            cached=translator.cached_tokens,
-            output=translator.output_tokens,
-            stop=translator.stop_reason or trace.get("stop"),
-        )
+        trace.count_tokens(translator.input_tokens, translator.cached_tokens, translator.output_tokens)
+        trace.stop = translator.stop_reason or trace.stop
         if translator.first_token_at is not None:
-            trace["ttft_s"] = translator.first_token_at - self.started
+            trace.ttft_s = translator.first_token_at - self.started
         if translator.blocked:
             self.record_blocked(translator.blocked)
 
     def record_blocked(self, writes: list[BlockedWrite]) -> None:
         """The writes VL_GUARD blocked: in the trace (`guard=blocked:Write`), counted by tool, and one log line
         each with the file and the marker's line, escaped (`loggable`: the model wrote them), never the content."""
-        self.trace["guard"] = "blocked:" + ",".join(write.label for write in writes)
+        self.trace.guard = "blocked:" + ",".join(write.label for write in writes)
         for write in writes:
             self.serving.count_blocked_write(write.label)
             log.warning(

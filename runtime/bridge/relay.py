@@ -53,7 +53,7 @@ class Relay(Answer):
         # vLLM names the generation after it, and the bridge aborts it by that name. Never the client's
         # id: vLLM aborts every generation under an id, so a reused one would abort another client's
         # (the trace line logs the client's beside this one).
-        self.headers["x-request-id"] = self.trace["id"] = f"relay_{uuid.uuid4().hex[:24]}"
+        self.headers["x-request-id"] = self.trace.id = f"relay_{uuid.uuid4().hex[:24]}"
         self.headers[ROUTING_KEY] = routing_key(request.headers, None, request.state.key)
 
     async def serve(self, out: Outbox) -> None:
@@ -68,7 +68,7 @@ class Relay(Answer):
                 except BROKEN as error:
                     raise BridgeError(500, f"the model server closed the connection ({type(error).__name__})") from None
         except BridgeError as error:
-            self.trace["error_type"] = error.type
+            self.trace.error_type = error.type
             await error.send(out.send)
             return
         self.count_usage(content)
@@ -86,7 +86,7 @@ class Relay(Answer):
                 await out.write(data)
                 previous, last = last, data
         except BROKEN as error:
-            self.trace["error_type"] = "api_error"
+            self.trace.error_type = "api_error"
             message = f"the model server broke the stream off ({type(error).__name__})"
             await out.end(
                 b"data: " + msgspec.json.encode({"error": {"message": message, "type": "api_error"}}) + b"\n\n"
@@ -109,7 +109,5 @@ class Relay(Answer):
         if not isinstance(usage, dict):
             return False
         cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-        self.trace.update(
-            input=(usage.get("prompt_tokens") or 0) - cached, cached=cached, output=usage.get("completion_tokens") or 0
-        )
+        self.trace.count_tokens((usage.get("prompt_tokens") or 0) - cached, cached, usage.get("completion_tokens") or 0)
         return True

@@ -46,7 +46,7 @@ class KeyShare:
                 f"this API key already has {self.cap} requests in flight, the most allowed "
                 "(VL_KEY_CONCURRENCY); retry once one has ended",
             )
-            state["trace"]["error_type"] = refusal.type
+            state["trace"].error_type = refusal.type
             await refusal.response()(scope, receive, send)
             return
         self.in_flight[key] += 1
