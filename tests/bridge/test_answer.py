@@ -15,6 +15,7 @@ import pytest
 
 from runtime.bridge.answer import GONE, STALLED, Answer, ClientWatch, Outbox
 from runtime.bridge.connection import CONNECTION
+from runtime.bridge.trace import Trace
 
 PING = b": ping\n\n"
 
@@ -198,8 +199,8 @@ class Stuck(Answer):
     """An answer whose one write waits on its client."""
 
     def __init__(self, stall_s: float) -> None:
-        self.serving = SimpleNamespace(stall_s=stall_s)  # all that `Answer` reads of it
-        self.trace: dict[str, Any] = {}
+        self.serving = SimpleNamespace(stall_s=stall_s)  # type: ignore[assignment]  # all that `Answer` reads of it
+        self.trace = Trace()
 
     async def serve(self, out: Outbox) -> None:
         await out.write(b"x")
@@ -207,7 +208,7 @@ class Stuck(Answer):
 
 @pytest.mark.parametrize("reading", [False, True], ids=["stalled", "gone"])
 def test_an_answer_says_why_it_left_and_resets_only_a_stalled_client(reading: bool) -> None:
-    async def main() -> tuple[dict[str, Any], list[str]]:
+    async def main() -> tuple[Trace, list[str]]:
         gone: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         dropped: list[str] = []
         client = Client(delay_s=3600)  # a client still reading, whose write has not gone out yet
@@ -220,5 +221,5 @@ def test_an_answer_says_why_it_left_and_resets_only_a_stalled_client(reading: bo
         return answer.trace, dropped
 
     trace, dropped = asyncio.run(main())
-    assert trace == {"stop": GONE if reading else STALLED}
+    assert trace == Trace(stop=GONE if reading else STALLED)
     assert dropped == ([] if reading else ["drop"])

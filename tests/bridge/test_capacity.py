@@ -50,7 +50,7 @@ def test_an_engine_that_restarted_counts_from_zero_not_below() -> None:
     before = Sample.of([recorded("kv-full", 1)], 0.0)
     after = Sample.of([recorded("decode", 1)], 10.0)
     rates = capacity(before, after)
-    assert rates["decode_tokens_per_s"] == round(after.generation_tokens / 10, 1) > 0  # type: ignore[union-attr]
+    assert rates["decode_tokens_per_s"] == round(after.generation_tokens / 10, 1) > 0
     assert rates["prefill_tokens_per_s"] >= 0
 
 
@@ -58,7 +58,7 @@ def test_several_engines_are_summed_and_the_fullest_cache_speaks() -> None:
     one, both = Sample.of([recorded("kv-full", 1)], 0.0), Sample.of([recorded("kv-full", 1), recorded("idle", 1)], 0.0)
     assert one is not None and both is not None
     assert both.running == one.running and both.kv_use == one.kv_use  # idle adds nothing, and 0 % is not the max
-    assert both.prompt_tokens == one.prompt_tokens + Sample.of([recorded("idle", 1)], 0.0).prompt_tokens  # type: ignore[union-attr]
+    assert both.prompt_tokens == one.prompt_tokens + Sample.of([recorded("idle", 1)], 0.0).prompt_tokens
     assert Sample.of([None, b""], 0.0) == Sample(0.0)  # an engine that answered nothing it could read
     assert Sample.of([None], 0.0) is None  # none answered
 
@@ -68,11 +68,11 @@ def test_the_watch_reads_rates_over_the_last_minute_and_preemptions_over_five() 
     watch = CapacityWatch(clock=lambda: now[0])
     assert watch.view() is None
     watch.add([recorded("decode", 0)])
-    assert watch.view()["over_s"] is None and watch.view()["verdict"] == "decoding: 2 streams"  # type: ignore[index]
+    assert watch.view()["over_s"] is None and watch.view()["verdict"] == "decoding: 2 streams"
     for at in (30.0, RATE_WINDOW_S + 30.0):
         now[0] = at
         watch.add([recorded("decode", 1)])
-    assert watch.view()["over_s"] == RATE_WINDOW_S  # type: ignore[index]  # the sample at 30 s, not the one at 0
+    assert watch.view()["over_s"] == RATE_WINDOW_S  # the sample at 30 s, not the one at 0
     now[0] = WINDOW_S + 100.0
     watch.add([recorded("idle", 1)])
     assert [sample.at for sample in watch.samples] == [WINDOW_S + 100.0]  # older than the window: forgotten

@@ -49,7 +49,7 @@ def assert_envelope(response: httpx.Response, status: int) -> str:
     return body["error"]["message"]
 
 
-def sse_events(lines: Iterable[str]) -> Iterator[tuple[str, dict]]:
+def sse_events(lines: Iterable[str]) -> Iterator[tuple[str | None, dict]]:
     """(event name, data) pairs from raw SSE lines, as they come."""
     name = None
     for line in lines:

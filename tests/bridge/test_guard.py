@@ -41,7 +41,7 @@ def python_with(line: str) -> str:
 
 # (tool, arguments, blocked): Claude Code's `Write` and the usual whole-file writes, each marker of the
 # notes (English and French), the false positives they removed, and edits, which are never guarded.
-CASES = [
+CASES: list[tuple[str, dict[str, Any], bool]] = [
     ("Write", {"file_path": "/repo/app.py", "content": python_with("# ... rest of file unchanged")}, True),
     ("Write", {"file_path": "/repo/app.py", "content": python_with("# … rest of the file")}, True),
     ("Write", {"file_path": "/repo/app.js", "content": "const a = 1;\n// ... rest of the code\n"}, True),

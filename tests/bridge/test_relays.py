@@ -55,7 +55,7 @@ def test_tokenize_relayed(bridge: Process, vllm_server: VllmServer) -> None:
 def test_models_in_openai_shape_without_anthropic_version(oai: openai.OpenAI, vllm_server: VllmServer) -> None:
     models = oai.models.list().data
     assert [model.id for model in models] == list(load_recipe(tiny.SERVED_NAME).names)  # as a pod serves them
-    assert models[0].max_model_len == vllm_server.max_model_len
+    assert models[0].max_model_len == vllm_server.max_model_len  # type: ignore[attr-defined]  # vLLM's own field
 
 
 def test_relayed_stream_is_aborted_when_the_client_leaves(bridge: Process, vllm_server: VllmServer) -> None:
@@ -65,7 +65,8 @@ def test_relayed_stream_is_aborted_when_the_client_leaves(bridge: Process, vllm_
     request_id = f"relay-{uuid.uuid4().hex}"
     body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": tiny.MARK_LONG}],
                        "max_tokens": LONG_STREAM_TOKENS, "stream": True})  # fmt: skip
-    connection = http.client.HTTPConnection(*bridge.url.removeprefix("http://").split(":"), timeout=SLOW_WAIT_S)
+    host, port = bridge.url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=SLOW_WAIT_S)
     connection.request(
         "POST", "/v1/chat/completions", body, {"content-type": "application/json", "x-request-id": request_id}
     )

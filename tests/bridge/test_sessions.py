@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from runtime.bridge.ledger import EARLIER, MAX_LEDGER_BYTES, Ledger, add_to, line_of, today, totals_of, within
+from runtime.bridge.ledger import EARLIER, MAX_LEDGER_BYTES, Buckets, Ledger, add_to, line_of, today, totals_of, within
 from runtime.bridge.sessions import (
     MAX_AGENTS,
     MAX_ID_CHARS,
@@ -200,7 +200,7 @@ def test_a_ledger_past_its_cap_is_compacted_per_key_and_day_and_keeps_every_tota
 
 
 def test_past_its_budget_the_oldest_days_are_folded_into_one_line_per_key() -> None:
-    buckets = {}
+    buckets: Buckets = {}
     for day in ("2026-12-01", "2026-12-02", "2026-12-03"):
         for name in ("alice", "bob"):
             add_to(buckets, KeyUsage(name, f"{day}T00:00:00Z", requests=1), day)

@@ -116,11 +116,7 @@ def state_files(container: Container) -> dict[str, bytes]:
     """Every file of the pod's state directory (its logs among them), read through Docker's archive API."""
     stream, _ = container.get_archive(STATE_DIR)
     with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as archive:
-        return {
-            member.name: archive.extractfile(member).read()  # type: ignore[union-attr]
-            for member in archive.getmembers()
-            if member.isfile()
-        }
+        return {member.name: archive.extractfile(member).read() for member in archive.getmembers() if member.isfile()}
 
 
 def page_answers() -> bool:
@@ -190,7 +186,7 @@ def test_chromium_connects_and_sees_the_desktop(
     sockets: list[str] = []
     page.on("websocket", lambda websocket: sockets.append(websocket.url))
     try:
-        assert page.goto(PAGE).status == 200  # type: ignore[union-attr]
+        assert page.goto(PAGE).status == 200
         status = page.locator("#noVNC_status")
         wait_until(lambda: "Connected" in (status.text_content() or ""), "noVNC to connect", 60, every_s=0.5)
         canvas = page.locator("#noVNC_container canvas")
@@ -252,7 +248,8 @@ def live_environment(container: Container, program: str) -> bytes:
 
     def read() -> bool:
         environs[:] = [
-            container.exec_run(["cat", f"/proc/{pid}/environ"]).output for pid in pids_of(container, program)
+            container.exec_run(["cat", f"/proc/{pid}/environ"]).output  # type: ignore[misc]  # not streamed: bytes
+            for pid in pids_of(container, program)
         ]
         return len(environs) == 1 and environs[0] != b""
 

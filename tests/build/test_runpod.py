@@ -66,7 +66,7 @@ def test_the_body_is_a_valid_create_and_update_request(runpod_openapi: OpenAPISc
     assert runpod_openapi.errors("UpdateTemplateRequest", body) == []
     assert runpod_openapi.errors("CreateTemplateRequest", runpod.template_body(NAME, PUBLIC_IMAGE)) == []
     assert runpod_openapi.errors("CreateTemplateRequest", {**body, "bogus": 1})  # the check itself can fail
-    assert runpod_openapi.server_url == runpod.API_URL
+    assert runpod_openapi.server_url == runpod_client.API_URL
 
 
 def test_the_multi_node_design_is_a_valid_ray_cluster_request(runpod_openapi: OpenAPISchemas) -> None:

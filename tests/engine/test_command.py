@@ -13,9 +13,9 @@ from pydantic import ValidationError
 
 from runtime.engine.command import EngineCommand, engine_command
 from runtime.engine.prepare import refuse_missing_requirements
-from runtime.engine.recipes import Recipe, load_recipe, recipe_names
+from runtime.engine.recipes import Recipe, load_recipe
 from runtime.packages import read_versions
-from runtime.settings import BY_ENV, SettingsError, load_settings
+from runtime.settings import BY_ENV, SettingsError, load_settings, recipe_names
 
 ROOT = Path(__file__).resolve().parents[2]
 

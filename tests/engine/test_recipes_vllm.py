@@ -7,8 +7,8 @@ import json
 import pytest
 
 from runtime.engine.command import EngineCommand, engine_command
-from runtime.engine.recipes import load_recipe, recipe_names
-from runtime.settings import load_settings
+from runtime.engine.recipes import load_recipe
+from runtime.settings import load_settings, recipe_names
 
 pytestmark = pytest.mark.vllm  # vLLM's own serve parser (importing vLLM takes seconds)
 
@@ -120,6 +120,6 @@ def test_every_way_to_reach_a_runtime_flag_in_extra_args_is_refused(serve_parser
                         with pytest.raises(SettingsError):
                             load_settings({"VL_EXTRA_ARGS": " ".join(words)})
     assert reached > 40, "vLLM's parser takes abbreviations: many spellings reach these flags"
-    for words in ("--config x.yaml", "--config=x.yaml", "--conf x.yaml"):  # a YAML file can set any of them
+    for extra in ("--config x.yaml", "--config=x.yaml", "--conf x.yaml"):  # a YAML file can set any of them
         with pytest.raises(SettingsError):
-            load_settings({"VL_EXTRA_ARGS": words})
+            load_settings({"VL_EXTRA_ARGS": extra})

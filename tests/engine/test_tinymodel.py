@@ -76,17 +76,18 @@ def ask(client: openai.OpenAI, messages: list[dict], *, stream: bool, **params) 
     chunks = client.chat.completions.create(
         model=tinymodel.SERVED_NAME, messages=messages, stream=True, stream_options={"include_usage": True}, **params
     )
-    reasoning, content, calls, reply = "", "", {}, Reply(None, None)
+    reasoning, content, reply = "", "", Reply(None, None)
+    parts: dict[int, tuple[str, str]] = {}
     for chunk in chunks:
         reply.usage = chunk.usage or reply.usage
         for choice in chunk.choices:
             reasoning += getattr(choice.delta, "reasoning", None) or ""
             content += choice.delta.content or ""
             for call in choice.delta.tool_calls or []:
-                name, arguments = calls.get(call.index, ("", ""))
-                calls[call.index] = (name + (call.function.name or ""), arguments + (call.function.arguments or ""))
+                name, arguments = parts.get(call.index, ("", ""))
+                parts[call.index] = (name + (call.function.name or ""), arguments + (call.function.arguments or ""))
             reply.finish_reason = choice.finish_reason or reply.finish_reason
-    reply.reasoning, reply.content, reply.tool_calls = reasoning or None, content or None, list(calls.values())
+    reply.reasoning, reply.content, reply.tool_calls = reasoning or None, content or None, list(parts.values())
     return reply
 
 

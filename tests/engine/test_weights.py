@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -48,7 +49,7 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture()
-def hub(model: Path) -> HubServer:
+def hub(model: Path) -> Iterator[HubServer]:
     with HubServer() as server:
         server.create_repo(REPO)
         server.put_folder(REPO, model)

@@ -168,7 +168,7 @@ def test_the_last_word_is_on_the_hub_when_publish_and_wait_returns(hub_server: H
     """The self-stop's path: an upload of an older text finishing meanwhile does not count as the last word."""
     hub_server.create_repo(REPO)
     held = HeldRepo(HubRepo.from_environ(REPO, hub_server.env()))
-    pub = LogPublisher(held, "pod-1", pod.logs, pod.healthy.is_set, Redactor.from_environ(hub_server.env()))  # type: ignore[arg-type]
+    pub = LogPublisher(held, "pod-1", pod.logs, pod.healthy.is_set, Redactor.from_environ(hub_server.env()))
     pub.start()
     assert held.uploading.wait(60)  # the first text, without the last word, is on its way
     seen: list[tuple[bool, str]] = []

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import os
+import shutil
 import subprocess
 import sys
 import types
@@ -170,7 +171,7 @@ def test_off_starts_nothing(tmp_path: Path) -> None:
 
 
 def test_the_refusal_names_every_piece_an_image_without_the_desktop_lacks(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(desktop.shutil, "which", lambda program: None)
+    monkeypatch.setattr(shutil, "which", lambda program: None)
     monkeypatch.setattr(desktop, "has_websockify", lambda: False)
     assert desktop.missing_pieces(Path("/nonexistent/novnc")) == [
         "Xvnc",

@@ -247,7 +247,7 @@ async def pod(hub: HubServer, tmp_path: Path) -> AsyncIterator[tuple[Pod, StandI
     settings = load_settings(env)
     running = Pod(settings, env, PodHub())
     told: list[str] = []
-    running.hub.tell = told.append  # the Hub log: what the pod would publish
+    running.hub.tell = told.append  # type: ignore[method-assign, assignment]  # the Hub log: what the pod would publish
     command = engine_command(settings, environ=env)
     running.engines.plan = Plan(settings, command, plan_replicas(settings, command, "cpu", 0))
     engine = StandInEngine()

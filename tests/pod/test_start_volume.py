@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,7 +89,7 @@ def stop(pod: Pod) -> None:
 
 
 @pytest.fixture()
-def hub(tmp_path: Path) -> HubServer:
+def hub(tmp_path: Path) -> Iterator[HubServer]:
     write_tiny_model(tmp_path / "model")
     with HubServer() as server:
         server.create_repo(REPO)

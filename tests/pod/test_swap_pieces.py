@@ -68,7 +68,8 @@ def test_the_bridge_parses_the_state_file_once_per_change_of_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     parsed: list[Path] = []
-    monkeypatch.setattr(statefile, "read_json", lambda path: parsed.append(path) or swap.read_json(path))
+    read_json = statefile.read_json
+    monkeypatch.setattr(statefile, "read_json", lambda path: parsed.append(path) or read_json(path))
     swaps = swaps_on(tmp_path, SwapState(loaded="tiny", recipe_names={"tiny": ["tiny"]}))
     for _ in range(3):
         assert swaps.state() == SwapState(loaded="tiny", recipe_names={"tiny": ["tiny"]})
@@ -82,7 +83,7 @@ def test_the_bridge_parses_the_state_file_once_per_change_of_it(
 def swaps_on(tmp_path: Path, state: SwapState) -> Swaps:
     catalog = Catalog()
     catalog.learn(LISTING)
-    swaps = Swaps(("tiny:tiny", "tiny2:tiny2"), tmp_path, catalog, upstream=None)  # type: ignore[arg-type]
+    swaps = Swaps(("tiny:tiny", "tiny2:tiny2"), tmp_path, catalog, upstream=None)
     catalog.others = swaps.others
     write_state(tmp_path, state)
     return swaps

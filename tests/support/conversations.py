@@ -22,7 +22,7 @@ class Conversation:
             {"role": "user", "content": f"{self.session}, turn {n}: " + "edit main.py and test it. " * 30}
         )
         answer = client.messages.create(
-            model="claude-tiny", max_tokens=8, system=SYSTEM, messages=self.messages,  # type: ignore[arg-type]
+            model="claude-tiny", max_tokens=8, system=SYSTEM, messages=self.messages,
             extra_headers={"x-claude-code-session-id": self.session},
         )  # fmt: skip
         text = "".join(block.text for block in answer.content if block.type == "text") or "Done."

@@ -291,7 +291,8 @@ class SpaceState:
         self.space_id, self.sdk, self.notifier = space_id, sdk, notifier
         self.variables = dict(variables or {})  # the Hub passes them to a Docker build as build args
         self.hardware = hardware or DEFAULT_HARDWARE
-        self.stage, self.error, self.has_run = "NO_APP_FILE", None, False
+        self.stage, self.has_run = "NO_APP_FILE", False
+        self.error: str | None = None
         self.build: Build | None = None
         self.log = BuildLog()
         self.run_log = BuildLog()  # the app's output: nothing runs here, so it stays empty

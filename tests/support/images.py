@@ -16,6 +16,7 @@ from pathlib import Path
 
 import docker
 import pytest
+from docker.models.containers import Container
 
 from tests.support.docker_engine import PrivateEngine, host_pip_build_options, import_debian_base, private_engine
 from tests.support.repo_copy import ROOT
@@ -92,7 +93,7 @@ def cpu_image(cold_build: subprocess.CompletedProcess[str]) -> str:
     return CPU_TAG
 
 
-def wait_for_status_page(container: docker.models.containers.Container) -> dict:
+def wait_for_status_page(container: Container) -> dict:
     """The Space status page's facts once it answers on 7860 (read from inside: the container may have no network)."""
     probe = [
         "python",

@@ -35,7 +35,7 @@ def wait_for_log_line(read_log: Callable[[], str], pattern: str, timeout_s: floa
     regex = re.compile(f"^.*(?:{pattern}).*$", re.MULTILINE)
     try:
         return wait_until(
-            lambda: (found := regex.search(read_log())) and found.group(0),
+            lambda: ((found := regex.search(read_log())) and found.group(0)) or "",
             f"a log line matching {pattern!r}",
             timeout_s,
             0.05,

@@ -179,11 +179,13 @@ def now() -> str:
 
 def new_pod(pod_id: str, body: dict[str, Any], template: dict[str, Any] | None, cuda: str | None) -> dict[str, Any]:
     """A Pod from a CreatePodRequest, its template resolved into it (body fields win, env merged per key)."""
-    base = {k: template[k] for k in ("image", "args", "disk", "ports", "env", "registry") if template and k in template}
+    base: dict[str, Any] = {
+        k: template[k] for k in ("image", "args", "disk", "ports", "env", "registry") if template and k in template
+    }
     mounts = body.get("mounts") or {}
     if not mounts and "gpu" in body and template and template.get("mounts", {}).get("persistent"):
         mounts = {"persistent": template["mounts"]["persistent"]}  # CPU pods do not inherit it (the spec)
-    pod = {
+    pod: dict[str, Any] = {
         "args": "", "disk": 50, "ports": [], "registry": None, **base,
         **{k: body[k] for k in ("image", "args", "disk", "ports", "registry") if k in body},
         "id": pod_id, "name": body["name"], "status": "PROVISIONING", "actions": ACTIONS["PROVISIONING"],
