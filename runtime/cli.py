@@ -31,6 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "prove the pod's model answers right under load: needle, prefills, tools, cache…",
     ),
     "bench": ("runtime.client.bench", "measure the pod's speed as the field notes did: solo decode, sessions, prefill"),
+    "plan": ("runtime.client.plan", "does a model fit a card at a context, for K sessions, and what does it cost"),
     "pod": (
         "runtime.client.pods",
         "start, watch, stop and delete your pods on RunPod (up, watch, status, stop, start, down)",

@@ -1,8 +1,9 @@
-"""`python -m runtime pod up|watch|status|stop|start|down`: the user's pods on RunPod, from the template
+"""`python -m runtime pod up|watch|status|stop|start|replace|down|gpus`: the user's pods on RunPod, from the template
 build.py saved to a pod that serves Claude Code, without RunPod's console.
 
-`up` creates the pod from the template (the GPU types in the user's order of preference, the next one
-tried on a capacity refusal), then watches it boot: the pod's Hub log as it comes, then its `/health`
+`up` creates the pod from the template on a GPU type an image of ours serves and its model fits (`runtime plan`'s
+verdict: the user's types in their order, else the catalogue's cheapest first), each tried in the data centres with
+stock before the next type on a capacity refusal, then watches it boot: the pod's Hub log as it comes, then its `/health`
 through RunPod's proxy until the model is served, and ends with what `runtime connect` prints. With
 `--workers N`, N such pods and a gateway in front of them (a CPU pod: VL_ROLE=gateway), which is
 what Claude Code is given. Ctrl-C
@@ -23,6 +24,8 @@ from typing import Any
 
 import httpx
 
+from runtime.client.cards import card_of
+from runtime.client.choice import Choice, choices, template_model
 from runtime.client.connect import EndpointError, check_endpoint, print_environment
 from runtime.client.identity import USER_AGENT, pod_key
 from runtime.client.launch import remember_pod
@@ -65,6 +68,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     volume.add_argument("--volume-gb", type=int, metavar="GB", help="a new volume on the pod's host (>= 10 GB)")
     up.add_argument("--cloud", choices=("secure", "community"), default="secure")
     up.add_argument("--name", help="the pod's name (default: the template's target, e.g. vllm-pod-sm89)")
+    up.add_argument("--max-price", type=float, metavar="DOLLARS", help="skip GPU types above DOLLARS an hour")
     up.add_argument(
         "--workers",
         type=at_least_one,
@@ -80,6 +84,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     watching(up)
     watching(actions.add_parser("watch", help="watch a pod boot until it serves")).add_argument("pod")
     watching(actions.add_parser("start", help="start a stopped pod and watch it boot")).add_argument("pod")
+    actions.add_parser("gpus", help="RunPod's GPU types: memory, architecture, our image, prices, stock")
     status = actions.add_parser("status", help="one line per pod of ours: GPU, state, cost, uptime, URL, health")
     status.add_argument("pod", nargs="?")
     actions.add_parser("stop", help="stop pods (their volumes stay)").add_argument("pods", nargs="+", metavar="pod")
@@ -141,6 +146,7 @@ class PodRequest:
     name: str | None = None
     workers: int | None = None
     gateway_cpu: str = GATEWAY_CPU
+    max_price: float | None = None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -168,6 +174,7 @@ def dispatch(pods: Pods, args: argparse.Namespace) -> int:
                 name=args.name,
                 workers=args.workers,
                 gateway_cpu=args.gateway_cpu,
+                max_price=args.max_price,
             )
             return up(pods, request, watching)
         case "watch":
@@ -178,6 +185,8 @@ def dispatch(pods: Pods, args: argparse.Namespace) -> int:
             return replace(pods, args.pod, args.gpu, args.yes, watching)
         case "status":
             return status(pods, args.pod)
+        case "gpus":
+            return gpus(pods)
         case "stop":
             return stop(pods, args.pods)
         case "down":
@@ -216,6 +225,15 @@ class Pods:
             )
         return found[0]
 
+    def catalogue(self) -> list[dict[str, Any]]:
+        """RunPod's GPU types (memory, prices, stock by data centre); the targets' usual cards, unpriced, when
+        RunPod cannot say."""
+        try:
+            return self.api.gpu_types()
+        except RunPodError as error:
+            print(f"pod: RunPod's GPU catalogue: {error}; choosing from the usual cards", file=sys.stderr)
+            return [{"id": gpu} for listed in DEFAULT_GPUS.values() for gpu in listed]
+
     def volume(self, name: str) -> dict[str, Any]:
         volumes = self.api.network_volumes()
         found = [v for v in volumes if name in (v["id"], v["name"])]
@@ -231,9 +249,10 @@ class Pods:
 def up(pods: Pods, request: PodRequest, watching: Watching) -> int:
     template = pods.template(request.template)
     target = next((t for t in DEFAULT_GPUS if f" {t} " in f" {template['name']} "), None)
-    gpus = list(request.gpus) or DEFAULT_GPUS.get(target or "", [])
-    if not gpus:
+    if not request.gpus and not target:
         raise RunPodError(f"which GPU? pass --gpu TYPE (the template {template['name']!r} names no target)")
+    model = template_model(template.get("env") or {})
+    gpus = choices(pods.catalogue(), target, request.gpus, model, request.max_price, request.cloud, say=warn)
     cuda = template.get("allowedCudaVersions") or CUDA_VERSIONS
     body: dict[str, Any] = {
         "name": request.name or f"vllm-pod-{target or 'pod'}",
@@ -260,7 +279,7 @@ def up_team(
     request: PodRequest,
     watching: Watching,
     body: dict[str, Any],
-    gpus: list[str],
+    gpus: list[Choice],
     cuda: list[str],
     env: Mapping[str, str],
 ) -> int:
@@ -317,20 +336,34 @@ def still_running(pods: list[dict[str, Any]]) -> str:
     return f"; created already, and billing: {ids} (python -m runtime pod down {ids} --yes)"
 
 
-def place(pods: Pods, body: dict[str, Any], gpus: list[str], cuda: list[str]) -> dict[str, Any]:
-    """The pod created on the first GPU type RunPod can place it on, said in a line; else one line listing
-    what was tried."""
+def place(pods: Pods, body: dict[str, Any], gpus: list[Choice], cuda: list[str]) -> dict[str, Any]:
+    """The pod created on the first GPU type RunPod can place it on, in the first of its data centres that takes
+    it (a volume's data centre only, when a network volume pins it), said in a line; else one line listing what
+    was tried."""
     tried = []
-    for gpu in gpus:
-        try:
-            pod = pods.api.create_pod(
-                {**body, "gpu": {"id": gpu, "count": 1, "allowedCudaVersions": cuda}}, f"a pod on {gpu}"
-            )
-        except RunPodError as error:
-            if error.status not in (400, 403):  # 400: no capacity (or a rule), 403: not this pool; else stop
-                raise
-            tried.append(f"{gpu} ({error.detail or error.status})")
-            print(f"pod: {gpu}: refused ({error.detail or error.status}); trying the next", file=sys.stderr)
+    for choice in gpus:
+        gpu, pod = choice.gpu, None
+        wheres = [[]] if "dataCenterIds" in body or not choice.centres else [[c] for c in choice.centres]
+        for index, where in enumerate(wheres):
+            try:
+                pod = pods.api.create_pod(
+                    {**body, "gpu": {"id": gpu, "count": 1, "allowedCudaVersions": cuda}}
+                    | ({"dataCenterIds": where} if where else {}),
+                    f"a pod on {gpu}",
+                )
+                break
+            except RunPodError as error:
+                if error.status not in (400, 403):  # 400: no capacity (or a rule), 403: not this pool; else stop
+                    raise
+                reason = error.detail or error.status
+                if index + 1 < len(wheres):  # the next data centre first (the notes: dataCenterIds usually does)
+                    print(
+                        f"pod: {gpu} in {where[0]}: refused ({reason}); trying {wheres[index + 1][0]}", file=sys.stderr
+                    )
+                    continue
+                tried.append(f"{gpu} ({reason})")
+                print(f"pod: {gpu}: refused ({reason}); trying the next", file=sys.stderr)
+        if pod is None:
             continue
         print(f"pod {pod['id']} ({pod['name']}): {gpu}, ${pod['cost']:.2f}/h, {pod['status']}", flush=True)
         host = pod.get("cudaVersion")
@@ -395,11 +428,31 @@ def replace(pods: Pods, pod_id: str, gpus_asked: Sequence[str], yes: bool, watch
             body["mounts"] = {"persistent": mounts["persistent"]}  # a new one, empty, on the new host
         confirm(f"replacing {going(old)}; a new volume starts empty (the weights download again)", yes)
     target = next((t for t in DEFAULT_GPUS if f"-{t}" in old["name"] or f" {t} " in f" {template['name']} "), "")
-    gpus = list(dict.fromkeys(gpus_asked or [old["gpu"]["id"], *DEFAULT_GPUS.get(target, [])]))
+    asked = list(dict.fromkeys(gpus_asked or [old["gpu"]["id"], *DEFAULT_GPUS.get(target, [])]))
+    gpus = choices(pods.catalogue(), target or None, asked, None, None, old["cloud"].lower(), say=warn)
     new = place(pods, body, gpus, template.get("allowedCudaVersions") or CUDA_VERSIONS)
     pods.api.delete_pod(pod_id)
     print(f"deleted {going(old)}: replaced by {new['id']}", flush=True)
     return watch_boot(pods, new["id"], watching, old.get("env") or {})
+
+
+def warn(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def gpus(pods: Pods) -> int:
+    """RunPod's GPU types, as `pod up` sees them: the notes' `pod.py stock`."""
+    rows = [("id", "GiB", "arch", "image", "secure $/h", "community $/h", "stock")]
+    for entry in sorted(pods.api.gpu_types(), key=lambda e: (e.get("memory") or 0, str(e["id"]))):
+        card = card_of(str(entry["id"]), float(entry.get("memory") or 0), str(entry.get("name") or ""))
+        price = entry.get("price") or {}
+        secure, community = (f"{price[c]:.2f}" if price.get(c) else "-" for c in ("secure", "community"))
+        stock = str(entry.get("availability") or "-")
+        rows.append((card.id, f"{card.memory_gib:.1f}", card.arch, card.image or "-", secure, community, stock))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    return 0
 
 
 def confirm(what: str, yes: bool) -> None:

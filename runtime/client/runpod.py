@@ -122,6 +122,12 @@ class RunPodClient:
     def delete_pod(self, pod_id: str) -> None:
         self.call("DELETE", f"/v2/pods/{pod_id}", f"delete the pod {pod_id}", expect=None)
 
+    def gpu_types(self) -> list[dict[str, Any]]:
+        """RunPod's GPU catalogue (`GET /v2/catalog/gpus`, its schema GpuType): ids, memory, prices, and each
+        type's stock for pods."""
+        path = "/v2/catalog/gpus?include=AVAILABILITY&product=POD"
+        return list_of(self.call("GET", path, "list the GPU types", expect="gpus")["gpus"])
+
     def network_volumes(self) -> list[dict[str, Any]]:
         action = "list your network volumes"
         return list_of(self.call("GET", "/v2/network-volumes", action, expect="networkVolumes")["networkVolumes"])

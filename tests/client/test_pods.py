@@ -75,7 +75,10 @@ def account(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Account]:
 def test_up_places_the_pod_on_the_next_gpu_watches_its_boot_and_prints_claude_code_s_environment(
     account: Account,
 ) -> None:
+    """No --gpu: the catalogue's sm89 cards on which the template's model (nemotron, 1M, two sessions) fits, cheapest
+    first (the RTX 4090, cheaper, is too small); each in the data centres that have it before the next type."""
     account.runpod.state.out_of_stock.add(FIRST_GPU)
+    account.runpod.state.out_of_stock_in.add((SECOND_GPU, "US-KS-2"))  # the catalogue still lists it there
     result = account.pod("up", "--template", TEMPLATE, "--volume-gb", "50", "--timeout", WATCH_MIN)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     print(f"\n$ python -m runtime pod up ...\n{result.stderr}{result.stdout}")  # what a user sees (-s)
@@ -85,7 +88,12 @@ def test_up_places_the_pod_on_the_next_gpu_watches_its_boot_and_prints_claude_co
     assert body["templateId"] == account.template_id and body["cloud"] == "SECURE"
     assert body["gpu"] == {"id": SECOND_GPU, "count": 1, "allowedCudaVersions": ["13.0"]}
     assert body["mounts"] == {"persistent": {"size": 50, "path": "/workspace"}}
+    assert body["dataCenterIds"] == ["EU-RO-1"]
     assert f"pod: {FIRST_GPU}: refused ({NO_CAPACITY}); trying the next" in result.stderr
+    assert f"pod: {SECOND_GPU} in US-KS-2: refused ({NO_CAPACITY}); trying EU-RO-1" in result.stderr
+    assert "pod: NVIDIA GeForce RTX 4090: skipped: 30.4 GiB held besides the KV is more than 0.85" in result.stderr
+    tried = [r.json()["gpu"]["id"] for r in account.runpod.received if (r.method, r.path) == ("POST", "/v2/pods")]
+    assert tried == [FIRST_GPU, SECOND_GPU, SECOND_GPU]  # cheapest first; never a card it does not fit
     assert any(line.startswith("  | ") and "vLLM launched" in line for line in result.stdout.splitlines()), (
         "the boot, as its Hub log tells it"
     )
@@ -176,6 +184,42 @@ def test_down_asks_first_then_deletes(account: Account) -> None:
     assert deleted.returncode == 0, deleted.stderr
     assert deleted.stdout.startswith(f"deleted pod {pod['id']} (vllm-pod-sm89, {SECOND_GPU}, EXITED): its container")
     assert account.runpod.pods == []
+
+
+def test_a_card_of_another_architecture_or_none_that_fits_is_refused_before_anything_is_created(
+    account: Account,
+) -> None:
+    """The notes' sm89 image on an A100 must be refused, not tried; a price cap no fitting card meets names the
+    smallest card that would do; `pod gpus` shows the catalogue as `pod up` reads it."""
+    created = len(account.runpod.pods)
+    a100 = account.pod("up", "--template", TEMPLATE, "--gpu", "NVIDIA A100 80GB PCIe")
+    assert (a100.returncode, a100.stderr.splitlines()[-1]) == (1, (
+        "pod: NVIDIA A100 80GB PCIe is an sm80 card and this template's image is for sm89: no image of ours serves "
+        "sm80 (ours: sm89, sm120)"
+    ))  # fmt: skip
+    blackwell = account.pod("up", "--template", TEMPLATE, "--gpu", "NVIDIA RTX PRO 6000 Blackwell Server Edition")
+    assert "the sm120 image serves it (build.py --arch sm120 --push --runpod)" in blackwell.stderr
+    cheap = account.pod("up", "--template", TEMPLATE, "--max-price", "0.70")
+    assert cheap.returncode == 1 and cheap.stderr.splitlines()[-1] == (
+        "pod: nemotron at 1,048,576 tokens for 2 sessions fits none of RTX 4090, RTX 6000 Ada, L40S within "
+        "--max-price 0.7: the smallest card that holds it is the L40S (NVIDIA L40S, image sm89)"
+    )
+    assert len(account.runpod.pods) == created
+    listed = account.pod("gpus")
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.splitlines()[0].split() == [
+        "id",
+        "GiB",
+        "arch",
+        "image",
+        "secure",
+        "$/h",
+        "community",
+        "$/h",
+        "stock",
+    ]
+    l40s = next(line for line in listed.stdout.splitlines() if line.startswith(SECOND_GPU))
+    assert l40s.split()[-6:] == ["45.0", "sm89", "sm89", "0.86", "0.60", "HIGH"]  # nvidia-smi's GiB, not RunPod's GB
 
 
 def test_no_capacity_anywhere_is_one_line_listing_what_was_tried(account: Account) -> None:

@@ -4,11 +4,12 @@ description (vendored).
 
 Routes: `GET/POST /v2/templates`, `GET/PATCH /v2/templates/{id}`, `GET/POST /v2/registries`,
 `GET /v2/registries/{id}`, `GET/POST /v2/pods`, `GET/DELETE /v2/pods/{id}`, `POST /v2/pods/{id}/action`,
-`GET /v2/network-volumes`. Pods go PROVISIONING → STARTING → RUNNING, one step per read of the pod
+`GET /v2/network-volumes`, `GET /v2/catalog/gpus` (GPU_TYPES, with each type's data centres). Pods go PROVISIONING → STARTING → RUNNING, one step per read of the pod
 (as a poller sees it); `stop` → EXITED, `start` → RUNNING, `terminate` or DELETE → gone; an action the
 status does not allow is a 409. What the spec leaves to RunPod's judgement is set by the test:
 `out_of_stock` GPU types or CPU flavours (a 400 whose detail says no instance is available, the spec's capacity
-refusal), `host_cuda` (the CUDA version a GPU type's hosts report: outside `allowedCudaVersions`, the
+refusal; the catalogue says NONE), `out_of_stock_in` a GPU type's data centres (the same refusal there, while the
+catalogue still lists them, as stock moves between a read and a create), `host_cuda` (the CUDA version a GPU type's hosts report: outside `allowedCudaVersions`, the
 same refusal), `host_taken` pods (their `start` refused with a 400: not enough free GPUs on the host),
 and `on_pod` (called with a pod's id and its new status, under the lock: a test starts or stops what
 plays the pod). Bearer auth (`api_key` may write; `read_only_key` gets 403 on writes, the spec's
@@ -123,7 +124,8 @@ class RunPodState:
     registries: dict[str, dict[str, str]] = field(default_factory=dict)
     pods: dict[str, dict[str, Any]] = field(default_factory=dict)
     volumes: dict[str, dict[str, Any]] = field(default_factory=dict)
-    out_of_stock: set[str] = field(default_factory=set)
+    out_of_stock: set[str] = field(default_factory=set)  # GPU types (CPU flavours) out of stock everywhere
+    out_of_stock_in: set[tuple[str, str]] = field(default_factory=set)  # (GPU type, data centre)
     quotes_requests: bool = False  # a 400's detail quotes the request back, its key and body with it
     host_cuda: dict[str, str] = field(default_factory=dict)  # GPU type -> CUDA version; default DEFAULT_CUDA
     host_taken: set[str] = field(default_factory=set)
@@ -160,7 +162,21 @@ NO_CAPACITY = (
     "There are no longer any instances available with the requested specifications. Please refresh and try again."
 )
 HOST_TAKEN = "There are not enough free GPUs on the host machine to start this pod."
-GPU_PRICES = {"NVIDIA RTX 6000 Ada Generation": 0.77, "NVIDIA L40S": 0.86, "NVIDIA GeForce RTX 4090": 0.69}
+GPU_PRICES = {
+    "NVIDIA RTX 6000 Ada Generation": 0.77,
+    "NVIDIA L40S": 0.86,
+    "NVIDIA GeForce RTX 4090": 0.69,
+    "NVIDIA A100 80GB PCIe": 1.19,
+    "NVIDIA RTX PRO 6000 Blackwell Server Edition": 1.69,
+}
+# The catalogue (GET /v2/catalog/gpus): each type's name, memory in GB and the data centres that have it.
+GPU_TYPES = {
+    "NVIDIA RTX 6000 Ada Generation": ("RTX 6000 Ada", 48, ("US-TX-3", "EU-RO-1")),
+    "NVIDIA L40S": ("L40S", 48, ("US-KS-2", "EU-RO-1")),
+    "NVIDIA GeForce RTX 4090": ("RTX 4090", 24, ("US-TX-3",)),
+    "NVIDIA A100 80GB PCIe": ("A100 PCIe", 80, ("US-KS-2",)),
+    "NVIDIA RTX PRO 6000 Blackwell Server Edition": ("RTX PRO 6000", 96, ("US-TX-3",)),
+}
 CPU_FLAVOURS = {"cpu3c", "cpu3g", "cpu5c"}  # what the stand-in's catalog would list
 CPU_PRICE_PER_VCPU, CPU_RAM_GB_PER_VCPU = 0.04, 2.0  # the spec's example prices a vCPU at $0.04/h
 NEXT_STATUS = {"PROVISIONING": "STARTING", "STARTING": "RUNNING"}
@@ -262,6 +278,7 @@ class RunPodApp:
             Route("/v2/pods/{id}", self.operation(self.delete_pod), methods=["DELETE"]),
             Route("/v2/pods/{id}/action", self.operation(self.pod_action, "PodActionRequest"), methods=["POST"]),
             Route("/v2/network-volumes", self.operation(self.list_volumes), methods=["GET"]),
+            Route("/v2/catalog/gpus", self.operation(self.list_gpu_types), methods=["GET"]),
         ]
         return Starlette(routes=routes, exception_handlers={HTTPException: self.no_route})
 
@@ -367,7 +384,10 @@ class RunPodApp:
             gpu = body["gpu"]["id"]
             cuda = self.state.host_cuda.get(gpu, DEFAULT_CUDA)
             allowed = body["gpu"].get("allowedCudaVersions") or (template or {}).get("allowedCudaVersions") or []
-            if gpu in self.state.out_of_stock or (allowed and cuda not in allowed):
+            wanted = body.get("dataCenterIds") or list(GPU_TYPES.get(gpu, ("", 0, ("US-TX-3",)))[2])
+            if gpu in self.state.out_of_stock or all((gpu, dc) in self.state.out_of_stock_in for dc in wanted):
+                raise Problem(400, NO_CAPACITY)
+            if allowed and cuda not in allowed:
                 raise Problem(400, NO_CAPACITY)
         for volume in (body.get("mounts") or {}).get("network", []):
             if volume["volumeId"] not in self.state.volumes:
@@ -418,6 +438,41 @@ class RunPodApp:
         pod["startedAt"] = now() if running else pod["startedAt"]
         pod["cost"] = price(pod) if status != "EXITED" else 0.0
         self.state.on_pod(pod["id"], status)
+
+    def list_gpu_types(self, request: Request, body: None) -> tuple[int, str, Any]:
+        """The catalogue, with availability when asked as the spec requires it (include=AVAILABILITY with product)."""
+        include, product = request.query_params.get("include"), request.query_params.get("product")
+        if (include == "AVAILABILITY") != bool(product):
+            raise Problem(400, "include=AVAILABILITY requires product, and product is valid only with it")
+        with self.state.lock:
+            gpus = [self.gpu_type(gpu, bool(include)) for gpu in GPU_TYPES]
+        return 200, "ListGpuTypesResponse", {"gpus": gpus}
+
+    def gpu_type(self, gpu: str, availability: bool) -> dict[str, Any]:
+        name, memory, centres = GPU_TYPES[gpu]
+        price = GPU_PRICES[gpu]
+        entry: dict[str, Any] = {
+            "id": gpu,
+            "name": name,
+            "pool": None,
+            "manufacturer": "NVIDIA",
+            "memory": memory,
+            "secure": True,
+            "community": True,
+            "price": {"secure": price, "community": round(price * 0.7, 2)},
+            "maxCount": {"secure": 8, "community": 4},
+        }
+        if availability:
+            # `out_of_stock_in` is not said here: stock moves between a read of the catalogue and a create.
+            stocked = (
+                []
+                if gpu in self.state.out_of_stock
+                else [{"id": dc, "name": dc, "availability": "HIGH"} for dc in centres]
+            )
+            entry["availability"] = "HIGH" if stocked else "NONE"
+            if stocked:
+                entry["dataCenters"] = stocked
+        return entry
 
     def list_volumes(self, request: Request, body: None) -> tuple[int, str, Any]:
         return 200, "ListNetworkVolumesResponse", {"networkVolumes": list(self.state.volumes.values())}

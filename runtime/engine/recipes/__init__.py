@@ -52,6 +52,26 @@ class Yarn(Strict):
     rope_parameters: dict[str, Any]
 
 
+class Facts(Strict):
+    """What `runtime plan` sizes a card with, offline: the memory the engine holds besides its KV cache, the KV
+    cache's bytes per token, what the host must hold, and the notes' measured speeds. Each figure says whence."""
+
+    # What vLLM holds inside its memory budget besides the KV cache (weights, activations, CUDA graphs, states),
+    # over all the engine's GPUs; or the weights alone, the engine's usual share added by `runtime plan`.
+    resident_gib: Annotated[float, Field(gt=0)] | None = None
+    weights_gib: Annotated[float, Field(gt=0)] | None = None
+    kv_bytes_per_token: Annotated[int, Field(gt=0)] | None = None  # over all the engine's GPUs
+    host_ram_gib: Annotated[float, Field(ge=0)] = 0.0  # what the host's RAM must hold besides the usual
+    source: str  # where the figures come from: the notes' measurements, the model's shape
+    speeds: dict[str, str] = {}  # RunPod GPU id → the notes' measured speed on it
+
+    @model_validator(mode="after")
+    def sized(self) -> Facts:
+        if (self.resident_gib is None) == (self.weights_gib is None):
+            raise ValueError("facts need resident_gib or weights_gib (one of them)")
+        return self
+
+
 class Recipe(Strict):
     """One model, ready to be turned into a vLLM command by runtime.engine."""
 
@@ -76,6 +96,7 @@ class Recipe(Strict):
     # Engine modules the model cannot run without (dotted name → where to get them): a start on an
     # engine that lacks one stops with that line instead of failing deep inside vLLM.
     requires: dict[Annotated[str, Field(pattern=r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")], str] = {}
+    facts: Facts | None = None  # for `runtime plan`; none: it reads the repository's files on the Hub
 
     @property
     def names(self) -> tuple[str, ...]:

@@ -1,0 +1,307 @@
+"""`python -m runtime plan [--model RECIPE|HF_REPO] [--context N] [--sessions K] [--gpu ID…] [--json]`: does this
+model fit this card at this context, for K sessions at once, what does it leave, what does it cost, and which image
+serves it, before anything is rented. A recipe is sized offline from its facts; a Hub repository from its files."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from runtime.client.cards import CARDS, GIB, Card, card_of
+from runtime.client.runpod import KEY_VARIABLE, RunPodClient, RunPodError
+from runtime.client.sizing import SESSIONS, Fit, Model, fit
+from runtime.engine.recipes import Recipe, RecipeError, load_recipe
+from runtime.settings import recipe_names
+
+VLLM_DEFAULT_UTIL = 0.92  # vLLM's --gpu-memory-utilization when a recipe says none (runtime.engine.command's)
+BYTES = {"auto": 2, "bfloat16": 2, "float16": 2, "half": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
+ATTENTION = ("full_attention", "attention", "sliding_attention", "mla")  # config.json's layer_types that hold KV
+
+
+class PlanError(Exception):
+    """Why a model cannot be sized: one line."""
+
+
+@dataclass(frozen=True)
+class Offer:
+    """A card as RunPod rents it now (its catalogue), or as the built-in table knows it (no price, no stock)."""
+
+    card: Card
+    price_per_hour: float | None = None
+    stock: str | None = None  # RunPod's availability: HIGH, MEDIUM, LOW, NONE
+
+
+# --- the model ---------------------------------------------------------------------------------------------
+
+
+def model_of_recipe(recipe: Recipe, context: int | None = None, environ: Mapping[str, str] = os.environ) -> Model:
+    """A recipe as `plan` sizes it: its facts (offline), else its repository's files on the Hub."""
+    options = recipe.vllm
+    window = context or recipe.default_window
+    fixed = options.get("kv-cache-memory-bytes")
+    common: dict[str, Any] = {
+        "name": recipe.name,
+        "context": window,
+        "max_context": recipe.max_context,
+        "utilization": float(str(options.get("gpu-memory-utilization", VLLM_DEFAULT_UTIL))),
+        "kv_fixed_bytes": int(fixed) if isinstance(fixed, int) else None,
+        "gpus": int(str(options.get("tensor-parallel-size", 1))),
+    }
+    facts = recipe.facts
+    if facts is not None and facts.kv_bytes_per_token is not None:
+        return Model(
+            **common,
+            resident_gib=facts.resident_gib,
+            weights_gib=facts.weights_gib,
+            kv_bytes_per_token=facts.kv_bytes_per_token,
+            host_ram_gib=facts.host_ram_gib,
+            source=facts.source,
+            speeds=tuple(facts.speeds.items()),
+        )
+    kv_dtype = str(options.get("kv-cache-dtype", "auto"))
+    try:
+        read = read_repo(recipe.repo, kv_dtype, environ)
+    except PlanError as error:
+        if facts is None:
+            raise
+        source = f"{facts.source}; {error}"
+        return Model(**common, resident_gib=None, weights_gib=facts.weights_gib, kv_bytes_per_token=None, source=source)
+    weights = facts.weights_gib if facts is not None and facts.weights_gib is not None else read.weights_gib
+    source = (f"{facts.source}; " if facts else "") + read.source
+    return Model(
+        **common, resident_gib=None, weights_gib=weights, kv_bytes_per_token=read.kv_bytes_per_token, source=source
+    )
+
+
+def model_of_repo(repo: str, context: int | None, environ: Mapping[str, str] = os.environ) -> Model:
+    """A Hub repository no recipe names, sized from its files (bf16 KV, vLLM's default utilization, one GPU)."""
+    read = read_repo(repo, "auto", environ)
+    window = context or read.max_context
+    return Model(
+        repo,
+        window,
+        read.max_context,
+        None,
+        read.weights_gib,
+        read.kv_bytes_per_token,
+        VLLM_DEFAULT_UTIL,
+        source=read.source,
+    )
+
+
+@dataclass(frozen=True)
+class RepoFacts:
+    weights_gib: float
+    kv_bytes_per_token: int | None
+    max_context: int
+    source: str
+
+
+def read_repo(repo: str, kv_dtype: str, environ: Mapping[str, str]) -> RepoFacts:
+    """The weights' size (its safetensors files, else its .bin ones) and config.json's shape, read from the Hub with
+    `HF_ENDPOINT` and `HF_TOKEN` as the pod reads them; PlanError in one line when it cannot."""
+    from huggingface_hub.errors import HfHubHTTPError  # a Hub read only: not on `plan`'s offline path
+
+    from runtime.hub.repo import HubRepo
+
+    try:
+        hub = HubRepo.from_environ(repo, environ)
+        files = [f for f in hub.api.list_repo_tree(hub.repo_id, recursive=True) if hasattr(f, "size")]
+        config = json.loads(hub.read_text("config.json", hub.version("config.json")))
+    except HfHubHTTPError as error:
+        raise PlanError(f"cannot read {repo} on the Hub: {str(error).splitlines()[0]}") from None
+    except Exception as error:  # network down, a timeout, not a Hub at that address, a malformed config.json
+        raise PlanError(f"cannot read {repo} on the Hub: {type(error).__name__}: {error}") from None
+    weights = [f.size for f in files if f.path.endswith(".safetensors")] or [
+        f.size for f in files if f.path.endswith(".bin")
+    ]
+    text = config.get("text_config") or config
+    per_token, how = kv_bytes(text, BYTES.get(kv_dtype, 2))
+    context = int(text.get("max_position_embeddings") or config.get("max_position_embeddings") or 0)
+    source = f"{repo}: {sum(weights) / GIB:.2f} GiB of weights, KV {how}"
+    return RepoFacts(sum(weights) / GIB, per_token, context, source)
+
+
+def kv_bytes(config: Mapping[str, Any], dtype_bytes: int) -> tuple[int | None, str]:
+    """A token's KV bytes from a config's shape: attention layers x KV heads x head size x K and V x the dtype's
+    bytes; a hybrid's attention layers only (its other layers keep a state per sequence); MLA's one latent."""
+    layers = int(config.get("num_hidden_layers") or 0)
+    if not layers:
+        return None, "unknown (config.json names no num_hidden_layers)"
+    attention = attention_layers(config, layers)
+    if "kv_lora_rank" in config:  # MLA: one compressed latent and its rotary part a layer, not K and V
+        width = int(config["kv_lora_rank"]) + int(config.get("qk_rope_head_dim") or 0)
+        return attention * width * dtype_bytes, f"MLA, {attention} layers of {width}"
+    query_heads = int(config.get("num_attention_heads") or 0)
+    heads = int(config.get("num_key_value_heads") or query_heads)
+    size = int(config.get("head_dim") or (int(config.get("hidden_size") or 0) // query_heads if query_heads else 0))
+    if not heads or not size:
+        return None, "unknown (config.json names no KV heads or head size)"
+    what = f"{attention} attention layers of {layers}" if attention != layers else f"{layers} layers"
+    return attention * heads * size * 2 * dtype_bytes, f"{what}, {heads} KV heads of {size}, {dtype_bytes}-byte"
+
+
+def attention_layers(config: Mapping[str, Any], layers: int) -> int:
+    """How many layers hold a KV cache: all, or a hybrid's attention layers (layer_types, Nemotron-H's pattern,
+    Qwen3-Next's interval, Jamba's period)."""
+    if isinstance(config.get("layer_types"), list):
+        return sum(kind in ATTENTION for kind in config["layer_types"])
+    if isinstance(config.get("hybrid_override_pattern"), str):
+        return str(config["hybrid_override_pattern"]).count("*")
+    if config.get("full_attention_interval"):
+        return layers // int(config["full_attention_interval"])
+    if config.get("attn_layer_period"):
+        period, offset = int(config["attn_layer_period"]), int(config.get("attn_layer_offset") or 0)
+        return sum(1 for layer in range(layers) if layer % period == offset)
+    return layers
+
+
+# --- the cards -----------------------------------------------------------------------------------------------
+
+
+def offers(gpus: Sequence[str], environ: Mapping[str, str] = os.environ) -> tuple[list[Offer], str]:
+    """The cards to size: RunPod's catalogue with prices and stock when RUNPOD_API_KEY is set, else the built-in
+    table; narrowed to `gpus` when given. Also a line saying which."""
+    key = environ.get(KEY_VARIABLE, "")
+    if key:
+        with RunPodClient(key) as api:
+            found = [offer_of(entry) for entry in api.gpu_types()]
+        said = "RunPod's catalogue (secure cloud prices)"
+    else:
+        found = [Offer(card) for card in CARDS]
+        said = f"the built-in table of common cards (prices with {KEY_VARIABLE})"
+    if gpus:
+        known = {offer.card.id: offer for offer in found}
+        found = [known.get(gpu) or Offer(card_of(gpu)) for gpu in gpus]
+    return found, said
+
+
+def offer_of(entry: Mapping[str, Any]) -> Offer:
+    """An entry of RunPod's `GET /v2/catalog/gpus` (its schema GpuType)."""
+    price = (entry.get("price") or {}).get("secure")
+    card = card_of(str(entry["id"]), float(entry.get("memory") or 0), str(entry.get("name") or ""))
+    return Offer(card, float(price) if price else None, entry.get("availability"))
+
+
+# --- the verdicts --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Row:
+    offer: Offer
+    fit: Fit
+
+    @property
+    def usable(self) -> bool:
+        """Fits, and an image of ours serves its architecture."""
+        return self.fit.fits and self.offer.card.image is not None
+
+    def as_json(self, model: Model) -> dict[str, Any]:
+        card = self.offer.card
+        return {
+            "gpu": card.id,
+            "memory_gb": round(card.memory_gib, 2),
+            "architecture": card.arch,
+            "fits": self.fit.fits,
+            "why": self.why(),
+            "max_context": self.fit.max_context,
+            "kv_tokens": self.fit.kv_tokens,
+            "concurrency": self.fit.concurrency,
+            "price_per_hour": self.offer.price_per_hour,
+            "stock": self.offer.stock,
+            "image": card.image,
+            "measured": dict(model.speeds).get(card.id),
+        }
+
+    def why(self) -> str:
+        if self.fit.fits and self.offer.card.image is None:
+            return f"{self.fit.why}; no image of ours serves {self.offer.card.arch} (ours: sm89, sm120)"
+        return self.fit.why
+
+
+def rows_for(model: Model, found: Iterable[Offer], sessions: int) -> list[Row]:
+    """Every card's verdict, the usable ones first (cheapest, or smallest when prices are unknown)."""
+    rows = [Row(offer, fit(model, offer.card, sessions)) for offer in found]
+    return sorted(rows, key=lambda r: (not r.usable, r.offer.price_per_hour or 0.0, r.offer.card.memory_mib))
+
+
+def verdict(model: Model, rows: Sequence[Row], sessions: int) -> str:
+    """The first line: the card to rent, or why none will do."""
+    head = f"{model.name} at {model.context:,} tokens for {sessions} session{'s' * (sessions > 1)}"
+    if model.kv_bytes_per_token is None:
+        return f"{head}: cannot say: a token's KV size is unknown (neither measured nor read from the Hub)"
+    usable = [row for row in rows if row.usable]
+    host = f"; the host needs {model.host_ram_gib:g} GB of RAM besides" if model.host_ram_gib else ""
+    if usable:
+        best = usable[0]
+        price = f" at ${best.offer.price_per_hour:.2f}/h" if best.offer.price_per_hour else ""
+        which = "cheapest" if best.offer.price_per_hour else "smallest"
+        name = f"{model.gpus} x {best.offer.card.name}" if model.gpus > 1 else best.offer.card.name
+        return f"{head}: {which} card that fits: {name}{price} (image {best.offer.card.image}){host}"
+    fitting = [row.offer.card.name for row in rows if row.fit.fits]
+    if fitting:
+        return f"{head}: fits {', '.join(fitting)}, but no image of ours serves them (ours: sm89, sm120)"
+    return f"{head}: fits none of these cards"
+
+
+# --- the command ---------------------------------------------------------------------------------------------
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="nemotron", help="a recipe (default nemotron), or a Hub repo owner/name")
+    parser.add_argument("--context", type=int, metavar="N", help="the window (default: the recipe's)")
+    parser.add_argument(
+        "--sessions",
+        type=int,
+        default=SESSIONS,
+        metavar="K",
+        help=f"full-window requests at once (default {SESSIONS}: never size for one)",
+    )
+    parser.add_argument("--gpu", action="append", default=[], metavar="ID", help="a RunPod GPU id; repeatable")
+    parser.add_argument("--json", action="store_true", help="one JSON list, a card per entry")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        model = sized_model(args.model, args.context)
+        found, said = offers(args.gpu)
+    except (PlanError, RecipeError, RunPodError) as error:
+        print(f"plan: {error}", file=sys.stderr)
+        return 1
+    rows = rows_for(model, found, args.sessions)
+    if args.json:
+        print(json.dumps([row.as_json(model) for row in rows], indent=1))
+        return 0
+    print(verdict(model, rows, args.sessions))
+    print(f"(cards: {said}; figures: {model.source})")
+    print_table(rows, model)
+    return 0
+
+
+def sized_model(name: str, context: int | None) -> Model:
+    """A recipe's name, else a Hub repository's."""
+    if name in recipe_names():
+        return model_of_recipe(load_recipe(name), context)
+    if "/" not in name:
+        raise PlanError(f"{name!r} is no recipe ({', '.join(recipe_names())}) nor a Hub repo (owner/name)")
+    return model_of_repo(name, context)
+
+
+def print_table(rows: Sequence[Row], model: Model) -> None:
+    table = [("card", "GiB", "arch", "image", "$/h", "fits", "KV tokens", "why / measured")]
+    for row in rows:
+        card, measured = row.offer.card, dict(model.speeds).get(row.offer.card.id)
+        price = f"{row.offer.price_per_hour:.2f}" if row.offer.price_per_hour else "-"
+        tokens = f"{row.fit.kv_tokens:,}" if row.fit.kv_tokens else "-"
+        why = row.why() + (f" · the notes: {measured}" if measured else "")
+        fits = "yes" if row.fit.fits else "no"
+        name = f"{model.gpus} x {card.name}" if model.gpus > 1 else card.name
+        table.append((name, f"{card.memory_gib:.1f}", card.arch, card.image or "-", price, fits, tokens, why))
+    widths = [max(len(line[i]) for line in table) for i in range(len(table[0]) - 1)]
+    for line in table:
+        print("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=False)) + "  " + line[-1])
