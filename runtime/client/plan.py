@@ -15,10 +15,10 @@ from typing import Any
 from runtime.client.cards import CARDS, GIB, Card, card_of
 from runtime.client.runpod import KEY_VARIABLE, RunPodClient, RunPodError
 from runtime.client.sizing import SESSIONS, Fit, Model, fit
+from runtime.engine.command import VLLM_DEFAULT_UTIL
 from runtime.engine.recipes import Recipe, RecipeError, load_recipe
 from runtime.settings import recipe_names
 
-VLLM_DEFAULT_UTIL = 0.92  # vLLM's --gpu-memory-utilization when a recipe says none (runtime.engine.command's)
 BYTES = {"auto": 2, "bfloat16": 2, "float16": 2, "half": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
 ATTENTION = ("full_attention", "attention", "sliding_attention", "mla")  # config.json's layer_types that hold KV
 
@@ -83,13 +83,13 @@ def model_of_repo(repo: str, context: int | None, environ: Mapping[str, str] = o
     read = read_repo(repo, "auto", environ)
     window = context or read.max_context
     return Model(
-        repo,
-        window,
-        read.max_context,
-        None,
-        read.weights_gib,
-        read.kv_bytes_per_token,
-        VLLM_DEFAULT_UTIL,
+        name=repo,
+        context=window,
+        max_context=read.max_context,
+        resident_gib=None,
+        weights_gib=read.weights_gib,
+        kv_bytes_per_token=read.kv_bytes_per_token,
+        utilization=VLLM_DEFAULT_UTIL,
         source=read.source,
     )
 
