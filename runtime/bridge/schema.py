@@ -60,9 +60,15 @@ class ToolUse(Block, tag="tool_use"):
     input: dict[str, Any]
 
 
+class ToolReference(Block, tag="tool_reference"):
+    """A tool a tool search loaded (Claude Code's ToolSearch result): its definition is shown from then on."""
+
+    tool_name: Annotated[str, Meta(max_length=128)]
+
+
 class ToolResult(Block, tag="tool_result"):
     tool_use_id: str
-    content: str | list[Text | Image | Document] | None = None
+    content: str | list[Text | Image | Document | ToolReference] | None = None
     is_error: bool = False
 
 
@@ -83,6 +89,7 @@ class Tool(Struct, kw_only=True):
     input_schema: dict[str, Any] | None = None
     description: str | None = None
     type: ToolType | None = None  # Anthropic's own tools (web_search_…) have a type and no schema
+    defer_loading: bool = False  # shown to the model only once a tool search's result references it
 
 
 class ChoiceAuto(Struct, tag_field="type", tag="auto", kw_only=True):

@@ -4,6 +4,7 @@ thinking and sampling, as the served model's traits allow (the catalog learns th
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +31,7 @@ from runtime.bridge.schema import (
     ThinkingBetweenTools,
     ThinkingDisabled,
     ThinkingEnabled,
+    ToolReference,
     ToolResult,
     ToolUse,
     UrlSource,
@@ -127,6 +129,8 @@ class Translator:
             for item in block.content:
                 if isinstance(item, Image):
                     self.add_part(item, parts)
+                elif isinstance(item, ToolReference):
+                    texts.append(f"Tool loaded: {item.tool_name}")  # its definition is in the tools from now on
                 else:
                     texts.append(item.text if isinstance(item, Text) else document_text(item))
             text = "\n".join(texts)
@@ -185,8 +189,13 @@ class Translator:
 
     @staticmethod
     def add_tools(payload: dict[str, Any], request: CountTokensRequest) -> None:
+        """The client's tools as functions; a `defer_loading` one only once a tool search loaded it (Anthropic's
+        server shows the model no deferred tool: fewer prompt tokens, the same behaviour)."""
         tools = []
+        loaded = loaded_tools(request.messages)
         for index, tool in enumerate(request.tools or []):
+            if tool.defer_loading and tool.name not in loaded:
+                continue
             if tool.type not in (None, "custom"):  # web search, tool search, MCP toolsets: Anthropic runs them
                 raise BridgeError(
                     400,
@@ -233,6 +242,19 @@ class Translator:
         # from the same events, so both modes share one translation and can notice a client leaving.
         payload["stream"] = True
         payload["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+
+
+def loaded_tools(messages: Sequence[Message]) -> set[str]:
+    """The tools a tool search's results referenced (`tool_reference` blocks in tool results) so far."""
+    return {
+        item.tool_name
+        for message in messages
+        if isinstance(message.content, list)
+        for block in message.content
+        if isinstance(block, ToolResult) and isinstance(block.content, list)
+        for item in block.content
+        if isinstance(item, ToolReference)
+    }
 
 
 def thinking_budget_of(request: CountTokensRequest) -> int | None:

@@ -187,3 +187,28 @@ def test_sse_parser_takes_any_framing() -> None:
         b"1\n2",
         b"[DONE]",
     ]
+
+
+def test_a_deferred_tool_is_shown_only_once_a_tool_search_loaded_it() -> None:
+    """Claude Code 2.1.332 defers tools behind its ToolSearch (`defer_loading: true`); Anthropic's server shows the
+    model none of them until a search's result references one (`tool_reference`), and neither does the bridge."""
+    tools = [
+        {"name": "ToolSearch", "input_schema": {"type": "object"}},
+        {"name": "mcp__docs__fetch", "input_schema": {"type": "object"}, "defer_loading": True},
+        {"name": "DeferredToolPlaceholder", "input_schema": {"type": "object"}, "defer_loading": True},
+    ]
+    before = translate(tools=tools)
+    assert [tool["function"]["name"] for tool in before["tools"]] == ["ToolSearch"]
+    search = {"type": "tool_use", "id": "t1", "name": "ToolSearch", "input": {"query": "docs"}}
+    found = {
+        "type": "tool_result",
+        "tool_use_id": "t1",
+        "content": [{"type": "tool_reference", "tool_name": "mcp__docs__fetch"}],
+    }
+    after = translate(tools=tools, messages=[
+        {"role": "user", "content": "read the docs"},
+        {"role": "assistant", "content": [search]},
+        {"role": "user", "content": [found]},
+    ])  # fmt: skip
+    assert [tool["function"]["name"] for tool in after["tools"]] == ["ToolSearch", "mcp__docs__fetch"]
+    assert after["messages"][-1] == {"role": "tool", "tool_call_id": "t1", "content": "Tool loaded: mcp__docs__fetch"}
