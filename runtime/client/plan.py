@@ -212,6 +212,7 @@ class Row:
             "max_context": self.fit.max_context,
             "kv_tokens": self.fit.kv_tokens,
             "concurrency": self.fit.concurrency,
+            "kv_offload_gib": self.fit.offload_gib,
             "price_per_hour": self.offer.price_per_hour,
             "stock": self.offer.stock,
             "image": card.image,

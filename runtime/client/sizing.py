@@ -3,6 +3,7 @@ memory vLLM holds besides it and the KV's bytes per token, with the field notes'
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from runtime.client.cards import GIB, Card
@@ -56,6 +57,7 @@ class Fit:
     kv_tokens: int | None
     max_context: int | None  # the longest context that K sessions get at once (capped at the model's)
     concurrency: float | None  # full-window requests the KV holds at once
+    offload_gib: int | None = None  # host RAM that would keep the rest of the sessions' prefixes (VL_KV_OFFLOAD)
 
 
 def fit(model: Model, card: Card, sessions: int = SESSIONS) -> Fit:
@@ -93,10 +95,12 @@ def fit(model: Model, card: Card, sessions: int = SESSIONS) -> Fit:
     concurrency = round(tokens / model.context, 2)
     needed = model.context * sessions
     if tokens < needed:
+        offload = math.ceil((needed - tokens) * model.kv_bytes_per_token / GIB)
         why = (
             f"KV holds {tokens:,} tokens; {sessions} sessions at {model.context:,} need {needed:,} "
-            f"(the longest context for {sessions}: {longest:,})"
+            f"(the longest context for {sessions}: {longest:,}; VL_KV_OFFLOAD={offload} would keep the rest of "
+            f"their prefixes in {offload} GiB of host RAM, to be re-read, not re-computed)"
         )
-        return Fit(card, False, why, tokens, longest, concurrency)
+        return Fit(card, False, why, tokens, longest, concurrency, offload)
     why = f"KV holds {tokens:,} tokens: {concurrency:g}x the {model.context:,}-token window"
     return Fit(card, True, why, tokens, longest, concurrency)

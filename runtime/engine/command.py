@@ -214,6 +214,9 @@ def _speculation(settings: Settings, recipe: Recipe) -> dict[str, Any] | None:
 
 def _memory(settings: Settings, options: dict[str, object], speculating: bool) -> None:
     """GPU memory: a fixed KV size (VL_KVBYTES) or a fraction (VL_UTIL), capped under speculation."""
+    if settings.kv_offload is not None:  # host RAM for evicted prefixes: vLLM's native CPU offloading
+        options["kv-offloading-size"] = settings.kv_offload
+        options["kv-offloading-backend"] = "native"
     if settings.kvbytes is not None:
         if settings.util is not None:
             raise SettingsError(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 
 import pytest
 
@@ -81,6 +82,9 @@ def test_a_longer_context_than_the_card_holds_says_the_longest_it_does(capsys) -
     (row,) = json.loads(capsys.readouterr().out)
     assert row["fits"] is False and row["max_context"] < 1_048_576 <= row["kv_tokens"] < 2 * 1_048_576
     assert f"the longest context for 2: {row['max_context']:,}" in row["why"]
+    # VL_KV_OFFLOAD: host RAM for the rest of the two sessions' prefixes (fp8: 10,240 bytes a token)
+    assert row["kv_offload_gib"] == math.ceil((2 * 1_048_576 - row["kv_tokens"]) * 10_240 / GIB)
+    assert f"VL_KV_OFFLOAD={row['kv_offload_gib']} would keep the rest" in row["why"]
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ def combinations(name: str) -> list[dict[str, str]]:
     recipe = load_recipe(name)
     cases = [
         {},
-        {"VL_SPEC": "off", "VL_KVBYTES": "8589934592", "VL_ASYNC": "off"},
+        {"VL_SPEC": "off", "VL_KVBYTES": "8589934592", "VL_ASYNC": "off", "VL_KV_OFFLOAD": "64"},
         {"VL_DP": "2", "VL_TP": "2", "VL_SEQS": "8", "VL_BATCHED": "4096", "VL_KV": "fp8"},
         {
             "VL_BRIDGE": "off",
@@ -74,6 +74,8 @@ def test_vllm_accepts_the_command(serve_parser, name, env):
         assert engine.tensor_parallel_size == 2 and engine.data_parallel_size == 2
     if "VL_KVBYTES" in env:
         assert engine.kv_cache_memory_bytes == 8589934592 and engine.async_scheduling is False
+    if "VL_KV_OFFLOAD" in env:
+        assert (engine.kv_offloading_size, engine.kv_offloading_backend) == (64.0, "native")
     if "uvicorn" in env.get("VL_EXTRA_ARGS", ""):
         assert args.uvicorn_log_level == "warning"
     if "ray" in env.get("VL_EXTRA_ARGS", ""):

@@ -137,6 +137,7 @@ def test_update_docs_rewrites_only_the_tables(tmp_path):
 # the hostile part is the only thing wrong with them.
 SAMPLES = {
     "VL_REPO": "owner/model", "VL_CTX": "65536", "VL_UTIL": "0.85",
+    "VL_KV_OFFLOAD": "64",
     "VL_COST_PER_HOUR": "0.69", "VL_KVBYTES": "8589934592", "VL_KV": "fp8",
     "VL_BATCHED": "8192", "VL_SEQS": "8", "VL_SPEC_N": "3", "VL_LOOK_MIN": "3", "VL_LOOK_MAX": "8", "VL_TP": "2",
     "VL_ASYNC": "on", "VL_ATTN": "FLASH_ATTN", "VL_ALIASES": "sonnet", "VL_EXTRA_ARGS": "--enforce-eager",
