@@ -4,7 +4,7 @@ each in the data centres RunPod says have stock, best first."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,7 +48,7 @@ def choices(
     model: Model | None,
     max_price: float | None,
     cloud: str = "secure",
-    say: Any = print,
+    say: Callable[[str], None] = print,
 ) -> list[Choice]:
     """The GPU types to try: `asked` in the user's order, else every catalogue type of the target's architecture,
     cheapest first; each one an image of ours serves here, on which the model fits, within `max_price`. RunPodError
