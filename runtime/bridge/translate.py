@@ -192,7 +192,8 @@ class Translator:
         """The client's tools as functions; a `defer_loading` one only once a tool search loaded it (Anthropic's
         server shows the model no deferred tool: fewer prompt tokens, the same behaviour)."""
         tools = []
-        loaded = loaded_tools(request.messages)
+        deferred = any(tool.defer_loading for tool in request.tools or [])
+        loaded = loaded_tools(request.messages) if deferred else set()  # a scan only when something waits on it
         for index, tool in enumerate(request.tools or []):
             if tool.defer_loading and tool.name not in loaded:
                 continue

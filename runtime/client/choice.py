@@ -77,11 +77,7 @@ def choices(
 
 def offer_for(gpu: str, entries: Mapping[str, Mapping[str, Any]], cloud: str) -> Offer:
     entry = entries.get(gpu)
-    if entry is None:
-        return Offer(card_of(gpu))
-    offer = offer_of(entry)
-    price = (entry.get("price") or {}).get(cloud)
-    return Offer(offer.card, float(price) if price else None, offer.stock)
+    return Offer(card_of(gpu)) if entry is None else offer_of(entry, cloud)
 
 
 def centres(entry: Mapping[str, Any] | None) -> tuple[str, ...]:

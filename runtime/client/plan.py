@@ -181,9 +181,9 @@ def offers(gpus: Sequence[str], environ: Mapping[str, str] = os.environ) -> tupl
     return found, said
 
 
-def offer_of(entry: Mapping[str, Any]) -> Offer:
-    """An entry of RunPod's `GET /v2/catalog/gpus` (its schema GpuType)."""
-    price = (entry.get("price") or {}).get("secure")
+def offer_of(entry: Mapping[str, Any], cloud: str = "secure") -> Offer:
+    """An entry of RunPod's `GET /v2/catalog/gpus` (its schema GpuType), priced in `cloud`."""
+    price = (entry.get("price") or {}).get(cloud)
     card = card_of(str(entry["id"]), float(entry.get("memory") or 0), str(entry.get("name") or ""))
     return Offer(card, float(price) if price else None, entry.get("availability"))
 
@@ -303,6 +303,11 @@ def print_table(rows: Sequence[Row], model: Model) -> None:
         fits = "yes" if row.fit.fits else "no"
         name = f"{model.gpus} x {card.name}" if model.gpus > 1 else card.name
         table.append((name, f"{card.memory_gib:.1f}", card.arch, card.image or "-", price, fits, tokens, why))
-    widths = [max(len(line[i]) for line in table) for i in range(len(table[0]) - 1)]
-    for line in table:
-        print("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=False)) + "  " + line[-1])
+    print_columns(table)
+
+
+def print_columns(rows: Sequence[Sequence[str]]) -> None:
+    """Rows as columns two spaces apart, the last one unpadded: the table commands' one layout."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())

@@ -30,6 +30,7 @@ from runtime.client.connect import EndpointError, check_endpoint, print_environm
 from runtime.client.identity import USER_AGENT, pod_key
 from runtime.client.launch import remember_pod
 from runtime.client.liveline import LiveLine
+from runtime.client.plan import print_columns
 from runtime.client.runpod import (
     CUDA_VERSIONS,
     KEY_VARIABLE,
@@ -449,9 +450,7 @@ def gpus(pods: Pods) -> int:
         secure, community = (f"{price[c]:.2f}" if price.get(c) else "-" for c in ("secure", "community"))
         stock = str(entry.get("availability") or "-")
         rows.append((card.id, f"{card.memory_gib:.1f}", card.arch, card.image or "-", secure, community, stock))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    print_columns(rows)
     return 0
 
 
@@ -623,9 +622,7 @@ def status(pods: Pods, pod_id: str | None) -> int:
                 serving(url, pod["status"]),
             )
         )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    print_columns(rows)
     return 0
 
 
