@@ -9,7 +9,6 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-import anthropic
 import httpx
 import pytest
 from playwright.sync_api import Browser, Page, ViewportSize, expect
@@ -18,6 +17,7 @@ from runtime.engine import tinymodel as tiny
 from tests.support.bench_report import nemotron_on_an_ada
 from tests.support.bridge import Process, pod_status, start_bridge
 from tests.support.net import free_port
+from tests.support.sdk import anthropic
 from tests.support.vllm_server import VllmServer
 
 WATCHER, ALICE = "sk-console-watcher-0123456789", "sk-console-alice-0123456789"

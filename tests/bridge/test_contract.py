@@ -10,7 +10,6 @@ import copy
 import re
 from collections.abc import Iterator
 
-import anthropic
 import httpx
 import pytest
 
@@ -19,6 +18,7 @@ from runtime.bridge.exchange import upstream_refusal
 from runtime.engine import tinymodel as tiny
 from tests.support.bridge import Process, start_bridge
 from tests.support.net import free_port
+from tests.support.sdk import anthropic
 from tests.support.vllm_server import VllmServer
 
 KEY = "sk-contract-0123456789"

@@ -15,7 +15,6 @@ import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-import anthropic
 import httpx
 import pytest
 
@@ -31,6 +30,7 @@ from tests.support.bridge import (
 )
 from tests.support.net import free_port
 from tests.support.polling import wait_until
+from tests.support.sdk import anthropic
 from tests.support.vllm_server import VllmServer
 
 pytestmark = pytest.mark.slow  # a bridge process per test, and streams that wait out real pings and timeouts

@@ -17,7 +17,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import anthropic
 import httpx
 import msgspec
 import pytest
@@ -28,6 +27,7 @@ from runtime.bridge.sse import AnthropicSse, SseParser
 from runtime.bridge.stream import MessageAssembler, StreamTranslator
 from runtime.engine import tinymodel as tiny
 from tests.support.bridge import SLOW_WAIT_S, Process, start_bridge
+from tests.support.sdk import anthropic
 
 PYTHON = (
     'import os\n\n\ndef main() -> None:\n    print(os.getcwd())\n\n\n{}\n\nif __name__ == "__main__":\n    main()\n'

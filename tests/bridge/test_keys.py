@@ -7,7 +7,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import anthropic
 import httpx
 import pytest
 
@@ -19,6 +18,7 @@ from runtime.settings import load_settings
 from runtime.state.enginehealth import write_engine_stopped
 from tests.support.bench_report import nemotron_on_an_ada
 from tests.support.bridge import Process, pod_status, start_bridge
+from tests.support.sdk import anthropic
 from tests.support.vllm_server import VllmServer
 
 ALICE, ANONYMOUS = "sk-alice-0123456789", "sk-anon-9876543210"

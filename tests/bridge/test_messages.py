@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import base64
 import itertools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import anthropic
 import pytest
-from anthropic.types import Message
 
 from runtime.engine import tinymodel as tiny
 from tests.support.bridge import Process
+from tests.support.sdk import anthropic
+
+if TYPE_CHECKING:
+    from anthropic.types import Message
 
 TOOLS = [{
     "name": tiny.TOOL_NAME, "description": "Run a shell command.",

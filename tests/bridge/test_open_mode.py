@@ -10,11 +10,11 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-import anthropic
 import httpx
 import pytest
 
 from tests.support.bridge import Process, start_bridge, start_stand_in
+from tests.support.sdk import anthropic
 
 pytestmark = pytest.mark.slow  # bridge processes
 

@@ -11,7 +11,6 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-import anthropic
 import httpx
 import pytest
 
@@ -22,6 +21,7 @@ from runtime.engine import tinymodel as tiny
 from tests.support.bridge import Process, pod_status, start_bridge, start_stand_in
 from tests.support.net import free_port
 from tests.support.polling import wait_until
+from tests.support.sdk import anthropic
 from tests.support.vllm_server import MAX_MODEL_LEN, VllmServer
 
 pytestmark = pytest.mark.slow  # bridge processes (and the session's vLLM for some)

@@ -8,14 +8,13 @@ import re
 import uuid
 from pathlib import Path
 
-import anthropic
 import httpx
-import openai
 import pytest
 
 from runtime.engine import tinymodel as tiny
 from runtime.engine.recipes import load_recipe
 from tests.support.bridge import LONG_STREAM_TOKENS, SLOW_WAIT_S, Process, start_bridge
+from tests.support.sdk import anthropic, openai
 from tests.support.vllm_server import VllmServer
 
 

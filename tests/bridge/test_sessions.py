@@ -258,6 +258,7 @@ SHORT_WRITES = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # starts a Python process
 def test_a_full_volume_loses_no_usage_says_it_once_and_writes_it_later(tmp_path: Path) -> None:
     """A short write once went unnoticed and the next batch was glued to the torn line: 20 of 20 requests lost."""
     path = tmp_path / "usage-ledger.jsonl"

@@ -12,12 +12,11 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import anthropic
-import openai
 import pytest
 
 from runtime.engine import tinymodel as tiny
 from tests.support.bridge import Process, start_bridge
+from tests.support.sdk import anthropic, openai
 from tests.support.vllm_server import VllmServer
 
 ALICE, BOB, GATEWAY = "sk-alice-0123456789abcdef", "sk-bob-0123456789abcdef", "sk-gateway-0123456789abcdef"

@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.support.repo_copy import ROOT
 
 SCRIPT = ROOT / "docker" / "image_facts.py"
@@ -39,6 +41,7 @@ def run_facts(output: Path, *pins: str, env: dict[str, str] | None = None) -> su
     return subprocess.run(command, capture_output=True, text=True, env={**os.environ, **(env or {})})
 
 
+@pytest.mark.slow  # starts a Python process
 def test_it_writes_the_facts_when_every_pin_is_installed(tmp_path: Path) -> None:
     output = tmp_path / "prebaked"
     result = run_facts(output, f"pytest=={PYTEST}", env={"CUDA_VERSION": "13.0.2"})
@@ -57,6 +60,7 @@ def test_it_writes_the_facts_when_every_pin_is_installed(tmp_path: Path) -> None
     assert facts["python"] == ".".join(map(str, sys.version_info[:3]))
 
 
+@pytest.mark.slow  # starts a Python process
 def test_a_version_other_than_the_pin_fails_the_build(tmp_path: Path) -> None:
     output = tmp_path / "prebaked"
     result = run_facts(output, "pytest==0.0.1", "no-such-distribution==1.0")
@@ -68,6 +72,7 @@ def test_a_version_other_than_the_pin_fails_the_build(tmp_path: Path) -> None:
     assert not output.exists()
 
 
+@pytest.mark.slow  # starts a Python process
 def test_a_cuda_compat_directory_on_the_loader_path_fails_the_build(tmp_path: Path) -> None:
     result = run_facts(tmp_path / "prebaked", env={"LD_LIBRARY_PATH": "/usr/local/cuda/compat:/usr/lib"})
     assert result.returncode == 1

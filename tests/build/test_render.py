@@ -51,6 +51,7 @@ def test_the_expected_targets_and_aliases_exist() -> None:
     }
 
 
+@pytest.mark.slow  # starts a Python process
 @pytest.mark.parametrize(("alias", "committed"), [("ada", "Dockerfile.ada"), ("blackwell", "Dockerfile.blackwell")])
 def test_an_alias_reproduces_the_committed_dockerfile_byte_for_byte(repo: Path, alias: str, committed: str) -> None:
     (repo / committed).unlink()
@@ -59,6 +60,7 @@ def test_an_alias_reproduces_the_committed_dockerfile_byte_for_byte(repo: Path, 
     assert (repo / committed).read_bytes() == (ROOT / committed).read_bytes()
 
 
+@pytest.mark.slow  # starts a Python process
 def test_all_renders_every_target_and_the_cpu_one_stays_out_of_git(repo: Path) -> None:
     result = run_build_py("--all", cwd=repo)
     assert result.returncode == 0, result.stderr
@@ -71,12 +73,14 @@ def test_all_renders_every_target_and_the_cpu_one_stays_out_of_git(repo: Path) -
     assert ignored.returncode == 0
 
 
+@pytest.mark.slow  # starts a Python process
 def test_check_passes_on_the_committed_tree() -> None:
     result = run_build_py("--check")
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout == "build.py: the committed Dockerfiles match their rendering\n"
 
 
+@pytest.mark.slow  # starts a Python process
 def test_check_loads_neither_the_docker_sdk_nor_huggingface_hub() -> None:
     """build.py imports space/ whole; space/ imports those two only where it calls them, so `--check` and a
     rendering stay light."""
@@ -93,6 +97,7 @@ def test_check_loads_neither_the_docker_sdk_nor_huggingface_hub() -> None:
     assert not {name for name in loaded if name.split(".")[0] in ("docker", "huggingface_hub")}
 
 
+@pytest.mark.slow  # starts a Python process
 @pytest.mark.parametrize("committed", ["Dockerfile.ada", "Dockerfile.blackwell"])
 def test_check_fails_with_a_diff_after_a_hand_edit(repo: Path, committed: str) -> None:
     dockerfile = repo / committed
@@ -108,6 +113,7 @@ def test_check_fails_with_a_diff_after_a_hand_edit(repo: Path, committed: str) -
     assert run_build_py("--check", cwd=repo).returncode == 0
 
 
+@pytest.mark.slow  # starts a Python process
 def test_check_fails_when_a_pin_changes_without_a_re_render(repo: Path) -> None:
     versions = repo / "docker" / "versions.toml"
     versions.write_text(versions.read_text().replace('fastokens = "0.3.5"', 'fastokens = "0.3.6"'))
@@ -118,12 +124,14 @@ def test_check_fails_when_a_pin_changes_without_a_re_render(repo: Path) -> None:
     assert result.stdout.count("+      fastokens==0.3.6") == 2  # both GPU Dockerfiles
 
 
+@pytest.mark.slow  # starts a Python process
 def test_an_unknown_arch_is_refused_with_the_choices() -> None:
     result = run_build_py("--arch", "sm90")
     assert result.returncode == 2
     assert "invalid choice: 'sm90'" in result.stderr and "'blackwell'" in result.stderr
 
 
+@pytest.mark.slow  # starts a Python process
 def test_an_invalid_target_table_stops_with_one_line(repo: Path) -> None:
     targets = repo / "docker" / "targets.toml"
     targets.write_text(targets.read_text().replace('kind = "cpu"', 'kind = "tpu"'))
@@ -134,6 +142,7 @@ def test_an_invalid_target_table_stops_with_one_line(repo: Path) -> None:
     assert result.stderr == "build.py: targets.toml [cpu]: kind='tpu'; allowed: gpu, cpu\n"
 
 
+@pytest.mark.slow  # starts a Python process
 def test_an_undefined_template_value_is_an_error_not_an_empty_string(repo: Path) -> None:
     template = repo / "docker" / "Dockerfile.j2"
     template.write_text(template.read_text().replace("EXPOSE", "EXPOSE {{ admin_port }}"))
@@ -144,6 +153,7 @@ def test_an_undefined_template_value_is_an_error_not_an_empty_string(repo: Path)
     assert result.stderr == "build.py: docker/Dockerfile.j2: 'admin_port' is undefined\n"
 
 
+@pytest.mark.slow  # starts a Python process
 def test_build_without_a_docker_engine_says_so_in_one_line(repo: Path, tmp_path: Path) -> None:
     nowhere = f"unix://{tmp_path}/no-docker.sock"
 
@@ -155,6 +165,7 @@ def test_build_without_a_docker_engine_says_so_in_one_line(repo: Path, tmp_path:
     )
 
 
+@pytest.mark.slow  # starts a Python process
 def test_build_needs_a_target() -> None:
     result = run_build_py("--all", "--build")
     assert result.returncode == 2

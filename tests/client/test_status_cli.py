@@ -10,12 +10,11 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-import anthropic
-
 from runtime.client.status import REDRAW, render
 from runtime.engine import tinymodel as tiny
 from tests.support.bridge import ROOT, start_bridge
 from tests.support.environ import outer_environ
+from tests.support.sdk import anthropic
 from tests.support.vllm_server import VllmServer
 
 KEY = "sk-console-0123456789abcdef"

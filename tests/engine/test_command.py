@@ -42,6 +42,7 @@ def pasted(shell_text: str) -> list[str]:
     return shlex.split("\n".join(lines).replace("\\\n", " "))
 
 
+@pytest.mark.slow  # starts a Python process
 def test_engine_args_prints_the_seeds_retained_nemotron_command():
     result = subprocess.run(
         [sys.executable, "-m", "runtime", "engine-args"],
@@ -82,6 +83,7 @@ def test_the_printed_command_pastes_back_to_the_same_argv_and_env():
     assert tuple(words[1 + len(command.env) :]) == command.argv
 
 
+@pytest.mark.slow  # starts a Python process
 def test_engine_args_writes_a_control_character_as_an_escape_that_pastes_back() -> None:
     """A value from a recipe or the Hub never reaches the operator's terminal as an escape code."""
     command = dataclasses.replace(command_for(), env={"VLLM_MARK": "a\x1b[2Jb\u202e'"})

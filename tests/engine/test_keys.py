@@ -15,9 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import anthropic
 import httpx
-import openai
 import psutil
 import pytest
 
@@ -27,6 +25,7 @@ from runtime.health import PROBE_PROMPT, engine_generates, probe_engine
 from runtime.settings import Scope, Settings, load_settings
 from tests.support.net import free_port
 from tests.support.polling import wait_until
+from tests.support.sdk import anthropic, openai
 from tests.support.vllm_server import START_TIMEOUT_S, stop
 from tests.support.websocket import refused_upgrade
 

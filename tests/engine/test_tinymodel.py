@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-import openai
 import pytest
 
 from runtime.engine import tinymodel
@@ -37,6 +36,7 @@ from runtime.engine.tinymodel import (
     WRITE_TOOL,
     mode_token,
 )
+from tests.support.sdk import openai
 
 BASH_TOOL = {
     "type": "function",

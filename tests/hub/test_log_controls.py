@@ -95,6 +95,7 @@ def test_the_published_log_carries_no_control_sequence(hub_server: HubServer, tm
     assert f"token {MARKER} leaked" in text and "engine died " in text
 
 
+@pytest.mark.slow  # starts a Python process
 def test_runtime_logs_prints_no_control_sequence(hub_server: HubServer, tmp_path: Path) -> None:
     """A log published by an older pod, or written to the repo by anyone who can: the terminal is safe."""
     hub_server.create_repo(REPO)

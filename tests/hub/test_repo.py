@@ -36,6 +36,7 @@ def test_bad_repo_specs(spec: str) -> None:
         HubRepo.parse(spec)
 
 
+@pytest.mark.slow  # starts a Python process
 def test_a_bad_repo_setting_is_refused_by_the_settings_with_one_line() -> None:
     """The settings hold the repo id check: `python -m runtime settings` refuses it before a pod starts."""
     result = subprocess.run(

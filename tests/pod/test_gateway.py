@@ -17,7 +17,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import anthropic
 import httpx
 import pytest
 
@@ -28,6 +27,7 @@ from tests.support.hub_server import HubServer
 from tests.support.polling import wait_until
 from tests.support.runpod_machines import Machines, Played
 from tests.support.runpod_server import GPU_PRICES, RunPodServer
+from tests.support.sdk import anthropic
 
 pytestmark = pytest.mark.vllm  # `runtime start` pods, each with its vLLM
 

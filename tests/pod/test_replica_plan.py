@@ -92,6 +92,7 @@ def test_the_router_is_smg_on_loopback_with_the_routing_policy(tmp_path: Path) -
     assert option(tuple(spread), "--policy") == "round_robin"
 
 
+@pytest.mark.slow  # starts a Python process
 def test_the_installed_router_is_the_pinned_one_and_another_is_refused(tmp_path: Path) -> None:
     settings = load_settings({"VL_VENV": sys.prefix, "VL_PREBAKED_MARKER": str(tmp_path / "none")})
     assert check_router(settings) == pinned_version(settings) == read_versions()["engine"]["smg"]  # the test venv

@@ -21,7 +21,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import anthropic
 import httpx
 import pytest
 
@@ -31,6 +30,7 @@ from tests.support.environ import outer_environ
 from tests.support.hub_server import POD_CONFIG_REPO, HubServer
 from tests.support.net import free_port
 from tests.support.polling import wait_until
+from tests.support.sdk import anthropic
 from tests.support.signals import stop
 
 pytestmark = pytest.mark.vllm  # `runtime start` with two engines

@@ -38,6 +38,7 @@ def test_a_reference_inside_a_secret_value_shows_the_reference_alone() -> None:
     assert "sk-alice" not in str(caught.value)
 
 
+@pytest.mark.slow  # starts a Python process
 def test_the_settings_command_says_it_in_one_line() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "runtime", "settings"], cwd=ROOT, capture_output=True, text=True, timeout=60,

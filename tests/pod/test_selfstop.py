@@ -11,7 +11,6 @@ import sys
 import time
 from pathlib import Path
 
-import anthropic
 import httpx
 import pytest
 
@@ -24,6 +23,7 @@ from tests.support.bridge import start_bridge
 from tests.support.environ import outer_environ
 from tests.support.hub_server import HubServer
 from tests.support.runpod_server import RunPodServer
+from tests.support.sdk import anthropic
 from tests.support.vllm_server import VllmServer
 
 pytestmark = pytest.mark.slow  # bridge processes, the test Hub and the RunPod stand-in

@@ -78,6 +78,7 @@ def test_a_bad_value_gives_one_line_naming_variable_value_and_what_is_allowed(na
     assert "\n" not in str(caught.value)
 
 
+@pytest.mark.slow  # starts a Python process
 def test_start_up_stops_on_a_bad_value_with_that_line_only():
     result = subprocess.run(
         [sys.executable, "-m", "runtime", "settings"],
@@ -122,6 +123,7 @@ def test_the_documented_settings_tables_are_up_to_date():
     assert with_tables(document) == document, "stale: run `python -m runtime settings --update-docs`"
 
 
+@pytest.mark.slow  # starts a Python process
 def test_update_docs_rewrites_only_the_tables(tmp_path):
     copy = tmp_path / "settings.md"
     text = SETTINGS_DOC.read_text()
@@ -286,6 +288,7 @@ def test_extra_engine_arguments_of_vllm_s_own_pass(arguments: str) -> None:
     assert load_settings({"VL_EXTRA_ARGS": arguments}).extra_args == arguments
 
 
+@pytest.mark.slow  # starts a Python process
 def test_a_misspelt_setting_in_the_environment_is_a_warning_naming_the_closest() -> None:
     environ = {"VL_MODLE": "qwen", "VL_CXT": "4096", "VL_SOMETHING_ELSE": "1", "VL_MODEL": "tiny", "OTHER": "x"}
     assert unknown_settings(environ) == [

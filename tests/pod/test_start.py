@@ -22,7 +22,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import anthropic
 import httpx
 import psutil
 import pytest
@@ -32,6 +31,7 @@ from tests.support.environ import outer_environ
 from tests.support.hub_server import POD_CONFIG_REPO, POD_LOG_REPO, HubServer
 from tests.support.net import free_port
 from tests.support.polling import wait_until
+from tests.support.sdk import anthropic
 from tests.support.ssh import ssh_argv
 
 pytestmark = pytest.mark.vllm  # `runtime start` with its vLLM

@@ -51,6 +51,7 @@ def test_the_bridge_reads_no_engine_setting() -> None:
     assert read <= allowed, read - allowed
 
 
+@pytest.mark.slow  # starts a Python process
 def test_the_path_to_the_engine_launch_imports_nothing_heavy() -> None:
     heavy = ("httpx", "huggingface_hub", "torch", "vllm", "starlette", "uvicorn", "tokenizers", "runtime.bridge")
     code = f"import sys, runtime.pod.start; print(sorted(m for m in {heavy!r} if m in sys.modules))"

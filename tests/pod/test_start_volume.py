@@ -16,7 +16,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import anthropic
 import pytest
 
 from runtime.engine.tinymodel import ANSWER, MARK_TEXT, write_tiny_model
@@ -24,6 +23,7 @@ from tests.support.environ import outer_environ
 from tests.support.hub_server import HubServer
 from tests.support.net import free_port
 from tests.support.polling import wait_until
+from tests.support.sdk import anthropic
 
 pytestmark = pytest.mark.vllm  # `runtime start` twice, each with its vLLM
 

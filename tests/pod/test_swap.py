@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import anthropic
 import httpx
 import pytest
 from playwright.sync_api import expect
@@ -37,6 +36,7 @@ from tests.support.hub_server import POD_CONFIG_REPO, POD_LOG_REPO, HubServer
 from tests.support.net import free_port
 from tests.support.polling import wait_until
 from tests.support.runpod_machines import Played
+from tests.support.sdk import anthropic
 from tests.support.sse_client import stream_events, text_of
 
 pytestmark = pytest.mark.vllm  # `runtime start` with its vLLM, restarted on another model

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import anthropic
 import httpx
+
+from tests.support.sdk import anthropic
 
 SYSTEM = "You are Claude Code, Anthropic's official CLI for Claude. " + "Keep to the repository's conventions. " * 40
 
