@@ -4,7 +4,7 @@
 # Target sm89: NVIDIA Ada Lovelace GPUs (RTX 4090, L4, L40S, RTX 6000 Ada: compute capability 8.9).
 # Layers go from the slowest- to the fastest-changing: OS packages, the browser desktop's (where the target
 # has it), Python venv, torch, the engine, the runtime's dependencies, a model made at build time (cpu),
-# build facts, our code. A change to runtime/ rebuilds kilobytes.
+# the target's labels and settings, build facts, our code. A change to runtime/ rebuilds kilobytes.
 # Classic Dockerfile syntax only: the Docker SDK, BuildKit, buildah and Hugging Face all build it.
 
 ARG BASE_IMAGE=nvidia/cuda:13.0.2-devel-ubuntu24.04
@@ -13,23 +13,16 @@ FROM ${BASE_IMAGE}
 ARG DEBIAN_FRONTEND=noninteractive
 
 LABEL \
-      org.opencontainers.image.title="vllm-pod sm89" \
-      org.opencontainers.image.description="vLLM and an Anthropic Messages bridge: NVIDIA Ada Lovelace GPUs (RTX 4090, L4, L40S, RTX 6000 Ada: compute capability 8.9)" \
       org.opencontainers.image.version="0.1.0" \
       org.opencontainers.image.licenses="Apache-2.0" \
       org.opencontainers.image.base.name="nvidia/cuda:13.0.2-devel-ubuntu24.04" \
-      vllm-pod.target="sm89" \
-      vllm-pod.cuda-arch="8.9" \
       vllm-pod.torch="2.13.0+cu130" \
       vllm-pod.engine="vllm==0.32.0"
 
 ENV \
     PATH=/opt/venv/bin:$PATH \
     PYTHONPATH=/opt/app \
-    PYTHONUNBUFFERED=1 \
-    NVIDIA_DISABLE_REQUIRE=1 \
-    TORCH_CUDA_ARCH_LIST=8.9 \
-    FLASHINFER_CUDA_ARCH_LIST=8.9
+    PYTHONUNBUFFERED=1
 
 # OS packages, with no package list or .deb left behind (not every base cleans up after apt).
 # SSH host keys go in the layer that made them: each pod generates its own at start.
@@ -101,6 +94,18 @@ RUN pip install --no-cache-dir --cert /etc/ssl/certs/ca-certificates.crt \
       aiohttp==3.14.5 \
       msgspec==0.23.0 \
       httptools==0.9.0
+
+# What sets this target apart, as late as it can come: every layer above is the same for all GPU targets,
+# so a builder that has built one builds the next from its cache.
+LABEL \
+      org.opencontainers.image.title="vllm-pod sm89" \
+      org.opencontainers.image.description="vLLM and an Anthropic Messages bridge: NVIDIA Ada Lovelace GPUs (RTX 4090, L4, L40S, RTX 6000 Ada: compute capability 8.9)" \
+      vllm-pod.target="sm89" \
+      vllm-pod.cuda-arch="8.9"
+ENV \
+    NVIDIA_DISABLE_REQUIRE=1 \
+    TORCH_CUDA_ARCH_LIST=8.9 \
+    FLASHINFER_CUDA_ARCH_LIST=8.9
 
 # Build facts, checked against the pins: /opt/.image_prebaked tells the runtime nothing needs installing.
 COPY docker/image_facts.py /opt/app/image_facts.py

@@ -24,6 +24,8 @@ log = logging.getLogger(__name__)
 
 PROC_VERSION = Path("/proc/driver/nvidia/version")
 NVIDIA_SMI = ("nvidia-smi", "-q")
+# `-q` names an architecture ("Ampere": 8.0 and 8.6 alike); this asks each GPU's compute capability (driver >= 510).
+CAPABILITIES = ("nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader")
 COMPAT_DIR = Path("/usr/local/cuda/compat")
 
 # The first Linux driver of each CUDA release (NVIDIA's release notes): a driver runs every CUDA up to
@@ -61,6 +63,7 @@ class HostGpu:
     driver: str | None
     cuda: str | None = None
     gpus: tuple[str, ...] = ()
+    capabilities: tuple[str, ...] = ()  # each GPU's compute capability ("8.9"), where nvidia-smi says
 
 
 @dataclass(frozen=True)
@@ -117,26 +120,54 @@ def cuda_for_driver(driver: str) -> str | None:
     return runs[-1] if runs else None
 
 
-def read_host(proc_version: Path = PROC_VERSION, nvidia_smi: Sequence[str] = NVIDIA_SMI) -> HostGpu:
+def read_host(
+    proc_version: Path = PROC_VERSION,
+    nvidia_smi: Sequence[str] = NVIDIA_SMI,
+    capabilities: Sequence[str] = CAPABILITIES,
+) -> HostGpu:
     """The host as the container sees it: the kernel module's version, then nvidia-smi for the rest."""
     try:
         driver = parse_proc_version(proc_version.read_text())
     except OSError:
         driver = None
-    try:
-        smi = parse_nvidia_smi(subprocess.run(nvidia_smi, capture_output=True, text=True, timeout=20).stdout)
-    except (OSError, subprocess.SubprocessError):
-        smi = HostGpu(None)
+    smi = parse_nvidia_smi(run_quietly(nvidia_smi))
     driver = driver or smi.driver
     if not driver:
         return HostGpu(None)
-    return HostGpu(driver, smi.cuda or cuda_for_driver(driver), smi.gpus)
+    found = tuple(
+        line.strip() for line in run_quietly(capabilities).splitlines() if re.fullmatch(r"\d+\.\d+", line.strip())
+    )
+    return HostGpu(driver, smi.cuda or cuda_for_driver(driver), smi.gpus, found)
+
+
+def run_quietly(command: Sequence[str]) -> str:
+    """A command's output; empty when it cannot run (no nvidia-smi: a CPU machine, or a broken driver)."""
+    try:
+        return subprocess.run(command, capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
 
 
 def compat_library(compat_dir: Path) -> str | None:
     """The driver version of the compat libcuda (`libcuda.so.580.65.06` → `580.65.06`), if any."""
     versions = [p.name.removeprefix("libcuda.so.") for p in compat_dir.glob("libcuda.so.*.*")]
     return max(versions, key=version_key, default=None)
+
+
+def check_architecture(host: HostGpu, image_arch: str | None) -> None:
+    """GpuError when a GPU's compute capability is not the one the image compiles its kernels for: FlashInfer's
+    and torch's JIT build for the image's architecture only, so an sm89 image on an A100 would fail mid-start."""
+    if not image_arch:
+        return  # the cpu image, or one that does not say
+    for index, capability in enumerate(host.capabilities):
+        if capability != image_arch:
+            name = host.gpus[index] if index < len(host.gpus) else f"GPU {index}"
+            wanted = "sm" + capability.replace(".", "")
+            raise GpuError(
+                f"{name} has compute capability {capability} but this image compiles its kernels for "
+                f"{image_arch} (sm{image_arch.replace('.', '')}): start an image built for {wanted} "
+                f"(python build.py --arch {wanted})"
+            )
 
 
 def decide(host: HostGpu, image_cuda: str | None, compat_dir: Path = COMPAT_DIR, mode: str = "auto") -> GpuReport:
@@ -185,11 +216,13 @@ def inspect_gpu(
     *,
     proc_version: Path = PROC_VERSION,
     nvidia_smi: Sequence[str] = NVIDIA_SMI,
+    capabilities: Sequence[str] = CAPABILITIES,
     compat_dir: Path = COMPAT_DIR,
 ) -> GpuReport:
     """Reads the host, decides, logs the verdict; raises GpuError when the host cannot run the image."""
-    host = read_host(proc_version, nvidia_smi)
-    image_cuda = image_cuda_version(read_image_facts(Path(settings.prebaked_marker)), environ)
-    report = decide(host, image_cuda, compat_dir, settings.cuda_compat)
+    host = read_host(proc_version, nvidia_smi, capabilities)
+    facts = read_image_facts(Path(settings.prebaked_marker)) or {}
+    check_architecture(host, facts.get("cuda_arch"))
+    report = decide(host, image_cuda_version(facts, environ), compat_dir, settings.cuda_compat)
     log.info("gpu: %s", report.summary())
     return report

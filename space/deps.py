@@ -17,6 +17,7 @@ import hashlib
 import io
 import json
 import re
+import struct
 import subprocess
 import sys
 import time
@@ -103,7 +104,7 @@ def verify(target: Target, versions: dict[str, Any], say: Callable[[str], None])
         if wheel.filename.endswith("-none-any.whl"):  # its tags say so: nothing compiled, nothing to download
             say(f"{target.name}: {wheel.pin}: {Libraries().summary()}")
             continue
-        libraries = check_wheel(download(wheel, platform), cuda_major, versions["glibc"][target.kind])
+        libraries = check_wheel(download(wheel, platform), cuda_major, versions["glibc"][target.kind], target.cuda_arch)
         problems += [f"{wheel.pin}: {problem}" for problem in libraries.problems]
         say(f"{target.name}: {wheel.pin}: {libraries.summary()}")
     if problems:
@@ -225,70 +226,140 @@ def download(wheel: Wheel, platform: list[str]) -> Path:
     return path
 
 
+@dataclasses.dataclass(frozen=True)
+class Library:
+    """One ELF library of a wheel: the CUDA runtimes it links, the newest glibc symbol version it needs, and the
+    GPU architectures its embedded CUDA code runs on (compute capabilities as 80, 89, 120)."""
+
+    member: str
+    cudart: frozenset[str]
+    glibc: tuple[int, int]
+    sass: frozenset[int]  # machine code, for one major architecture from its minor up
+    ptx: frozenset[int]  # portable code the driver compiles for any later architecture
+
+    def runs_on(self, capability: int) -> bool:
+        return any(s // 10 == capability // 10 and s <= capability for s in self.sass) or any(
+            p <= capability for p in self.ptx
+        )
+
+
 @dataclasses.dataclass
 class Libraries:
-    """What a wheel's ELF libraries link: the CUDA runtimes, the newest glibc symbol version, and what is wrong."""
+    """What a wheel's ELF libraries link and carry, and what is wrong with them for one image."""
 
     count: int = 0
     cudart: set[str] = dataclasses.field(default_factory=set)
     glibc: tuple[int, int] = (0, 0)
+    kernels: set[int] = dataclasses.field(default_factory=set)
     problems: list[str] = dataclasses.field(default_factory=list)
 
     def summary(self) -> str:
         if not self.count:
             return "no compiled library (pure Python; kernels are compiled at run time)"
         links = f"links {', '.join(sorted(self.cudart))}" if self.cudart else "links no CUDA runtime"
+        kernels = f", kernels for {', '.join(f'sm{k}' for k in sorted(self.kernels))}" if self.kernels else ""
         verdict = "; ".join(self.problems) or "ok"
-        return f"{self.count} {'library' if self.count == 1 else 'libraries'}, {links}, needs glibc {self.glibc[0]}.{self.glibc[1]}: {verdict}"
+        return (
+            f"{self.count} {'library' if self.count == 1 else 'libraries'}, {links}{kernels}, "
+            f"needs glibc {self.glibc[0]}.{self.glibc[1]}: {verdict}"
+        )
 
 
-def check_wheel(path: Path, cuda_major: str, glibc: str) -> Libraries:
-    """Read every ELF library in the wheel: a `libcudart.so.N` other than the base's CUDA major, or a
-    GLIBC_x.y above the base's glibc, is a problem (one line each, naming the first library concerned)."""
-    from elftools.common.exceptions import ELFError
-    from elftools.elf.dynamic import DynamicSection
-    from elftools.elf.elffile import ELFFile
-    from elftools.elf.gnuversions import GNUVerNeedSection
-
+def check_wheel(path: Path, cuda_major: str, glibc: str, cuda_arch: str | None = None) -> Libraries:
+    """Judge the wheel's libraries for an image: a `libcudart.so.N` other than the base's CUDA major, a GLIBC_x.y
+    above the base's glibc, or (given the image's `cuda_arch`) a core library with no code for that GPU, is a
+    problem (one line each, naming the first library concerned)."""
     found = Libraries()
     base = tuple(int(part) for part in glibc.split("."))
     wrong_cuda: dict[str, list[str]] = {}
     too_new: list[str] = []
-    with zipfile.ZipFile(path) as archive:
-        for member in archive.namelist():
-            if not re.search(r"\.so(\.\d+)*$", member):
-                continue
-            try:
-                elf = ELFFile(io.BytesIO(archive.read(member)))
-            except ELFError:
-                continue
-            found.count += 1
-            dynamic = elf.get_section_by_name(".dynamic")
-            needed = dynamic.iter_tags("DT_NEEDED") if isinstance(dynamic, DynamicSection) else ()
-            # pyelftools sets a DT_NEEDED tag's `needed` (the library's name) by setattr: its types miss it.
-            for library in [tag.needed for tag in needed]:  # type: ignore[attr-defined]
-                if match := CUDART.fullmatch(library):
-                    found.cudart.add(library)
-                    if match[1] != cuda_major:
-                        wrong_cuda.setdefault(library, []).append(member)
-            requirements = elf.get_section_by_name(".gnu.version_r")
-            versions = requirements.iter_versions() if isinstance(requirements, GNUVerNeedSection) else ()
-            names = [aux.name for _, auxes in versions for aux in auxes]
-            newest = max(((int(m[1]), int(m[2])) for m in map(GLIBC.fullmatch, names) if m), default=(0, 0))
-            found.glibc = max(found.glibc, newest)
-            if newest > base:
-                too_new.append(member)
-    for library, members in wrong_cuda.items():
+    libraries = read_libraries(path)
+    for library in libraries:
+        found.count += 1
+        found.cudart |= library.cudart
+        found.kernels |= library.sass
+        found.glibc = max(found.glibc, library.glibc)
+        for linked in library.cudart:
+            if CUDART.fullmatch(linked)[1] != cuda_major:  # type: ignore[index]  # read_libraries matched it
+                wrong_cuda.setdefault(linked, []).append(library.member)
+        if library.glibc > base:
+            too_new.append(library.member)
+    for linked, members in wrong_cuda.items():
         found.problems.append(
-            f"{count(members, 'library', 'libraries')} link {library} ({members[0]}…), "
-            f"but the base has CUDA {cuda_major}"
+            f"{count(members, 'library', 'libraries')} link {linked} ({members[0]}…), but the base has CUDA {cuda_major}"
         )
     if too_new:
         found.problems.append(
             f"{count(too_new, 'library needs', 'libraries need')} up to GLIBC_{found.glibc[0]}."
             f"{found.glibc[1]} ({too_new[0]}…), but the base has glibc {glibc}"
         )
+    compiled = [library for library in libraries if library.sass or library.ptx]
+    if cuda_arch and compiled:
+        # The library built for the most architectures holds the engine's own kernels (vLLM's `_C`); the
+        # others are per-architecture extras (FlashAttention 3 on Hopper, FlashMLA, …) the engine picks between.
+        core = max(compiled, key=lambda library: len(library.sass | library.ptx))
+        capability = int(cuda_arch.replace(".", "").rstrip("af"))
+        if not core.runs_on(capability):
+            has = ", ".join(f"sm{k}" for k in sorted(core.sass)) or "none"
+            found.problems.append(f"{core.member} has no kernels for sm{capability} (it has {has})")
     return found
+
+
+@functools.cache
+def read_libraries(path: Path) -> tuple[Library, ...]:
+    """Every ELF library in the wheel, read once per process: the six GPU targets share the engine's wheels."""
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.dynamic import DynamicSection
+    from elftools.elf.elffile import ELFFile
+    from elftools.elf.gnuversions import GNUVerNeedSection
+
+    found = []
+    with zipfile.ZipFile(path) as archive:
+        for member in archive.namelist():
+            if not re.search(r"\.so(\.\d+)*$", member):
+                continue
+            data = archive.read(member)
+            try:
+                elf = ELFFile(io.BytesIO(data))
+            except ELFError:
+                continue
+            dynamic = elf.get_section_by_name(".dynamic")
+            needed = dynamic.iter_tags("DT_NEEDED") if isinstance(dynamic, DynamicSection) else ()
+            # pyelftools sets a DT_NEEDED tag's `needed` (the library's name) by setattr: its types miss it.
+            cudart = frozenset(tag.needed for tag in needed if CUDART.fullmatch(tag.needed))  # type: ignore[attr-defined]
+            requirements = elf.get_section_by_name(".gnu.version_r")
+            versions = requirements.iter_versions() if isinstance(requirements, GNUVerNeedSection) else ()
+            names = [aux.name for _, auxes in versions for aux in auxes]
+            newest = max(((int(m[1]), int(m[2])) for m in map(GLIBC.fullmatch, names) if m), default=(0, 0))
+            sass, ptx = fatbin_architectures(data)
+            found.append(Library(member, cudart, newest, sass, ptx))
+    return tuple(found)
+
+
+# A CUDA fat binary: a header (magic, version, header size, payload size), then entries, each with a header
+# whose `kind` is 1 for PTX and 2 for machine code, and whose `arch` is the compute capability (80, 89, 120).
+FATBIN_MAGIC = struct.pack("<I", 0xBA55ED50)
+FATBIN_HEADER = struct.Struct("<IHHQ")
+FATBIN_ENTRY = struct.Struct("<HHIQ12xI")  # kind, _, header size, payload size, 12 bytes, arch
+
+
+def fatbin_architectures(data: bytes) -> tuple[frozenset[int], frozenset[int]]:
+    """The compute capabilities of the machine code and of the PTX embedded in a library (what `cuobjdump
+    --list-elf` and `--list-ptx` list), read from its fat binaries' entry headers."""
+    sass: set[int] = set()
+    ptx: set[int] = set()
+    at = data.find(FATBIN_MAGIC)
+    while at != -1 and at + FATBIN_HEADER.size <= len(data):
+        _, _, header_size, payload = FATBIN_HEADER.unpack_from(data, at)
+        entry, end = at + header_size, min(at + header_size + payload, len(data))
+        while entry + FATBIN_ENTRY.size <= end:
+            kind, _, entry_size, size, arch = FATBIN_ENTRY.unpack_from(data, entry)
+            if kind not in (1, 2) or entry_size < FATBIN_ENTRY.size:
+                break
+            (ptx if kind == 1 else sass).add(arch)
+            entry += entry_size + size
+        at = data.find(FATBIN_MAGIC, max(end, at + 4))
+    return frozenset(sass), frozenset(ptx)
 
 
 def count(items: list[str], one: str, many: str) -> str:

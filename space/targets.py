@@ -149,12 +149,15 @@ def desktop_layer(target: Target) -> dict[str, Any] | None:
     return {"packages": DESKTOP_PACKAGES, "web_package": NOVNC_PACKAGE, "web_dir": NOVNC_DIR}
 
 
-def image_env(target: Target) -> dict[str, str]:
-    env = {"PATH": "/opt/venv/bin:$PATH", "PYTHONPATH": "/opt/app", "PYTHONUNBUFFERED": "1"}
+IMAGE_ENV = {"PATH": "/opt/venv/bin:$PATH", "PYTHONPATH": "/opt/app", "PYTHONUNBUFFERED": "1"}
+
+
+def target_env(target: Target) -> dict[str, str]:
+    """The settings that differ between targets (set after the shared layers: see the template)."""
     if target.kind == "cpu":
-        return env | {"VL_MODEL": tiny_recipe()["name"]}
+        return {"VL_MODEL": tiny_recipe()["name"]}
     assert target.cuda_arch is not None  # load_targets: every gpu target names its cuda-arch
-    return env | {
+    return {
         # Lets the container start on an older driver, so the runtime can say what is wrong.
         "NVIDIA_DISABLE_REQUIRE": "1",
         "TORCH_CUDA_ARCH_LIST": target.cuda_arch,
@@ -195,17 +198,20 @@ def template_values(target: Target, versions: dict[str, Any]) -> dict[str, Any]:
         "base_image": base_image,
         "python": versions["python"][target.kind],
         "labels": {
-            "org.opencontainers.image.title": f"vllm-pod {target.name}",
-            "org.opencontainers.image.description": f"vLLM and an Anthropic Messages bridge: {target.description}",
             "org.opencontainers.image.version": project_version(),
             "org.opencontainers.image.licenses": "Apache-2.0",
             "org.opencontainers.image.base.name": base_image,
-            "vllm-pod.target": target.name,
-            "vllm-pod.cuda-arch": target.cuda_arch or "none",
             "vllm-pod.torch": torch[0].partition("==")[2],
             "vllm-pod.engine": engine[0],
         },
-        "env": image_env(target),
+        "env": IMAGE_ENV,
+        "target_labels": {
+            "org.opencontainers.image.title": f"vllm-pod {target.name}",
+            "org.opencontainers.image.description": f"vLLM and an Anthropic Messages bridge: {target.description}",
+            "vllm-pod.target": target.name,
+            "vllm-pod.cuda-arch": target.cuda_arch or "none",
+        },
+        "target_env": target_env(target),
         "os_packages": os_packages(target, versions),
         "desktop": desktop_layer(target),
         "pip_install": f"pip install --no-cache-dir --cert {CA_BUNDLE}",

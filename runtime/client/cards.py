@@ -8,7 +8,7 @@ from dataclasses import dataclass
 MIB = 2**20
 GIB = 2**30
 # The architectures our images are built for (docker/targets.toml): any other is refused, never tried.
-IMAGES = {"sm89": "sm89", "sm120": "sm120"}
+IMAGES = {arch: arch for arch in ("sm80", "sm86", "sm89", "sm90", "sm100", "sm120")}
 
 
 @dataclass(frozen=True)

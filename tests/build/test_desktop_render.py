@@ -49,7 +49,7 @@ def test_the_key_must_be_a_boolean(tmp_path: Path) -> None:
     table = tmp_path / "targets.toml"
     text = (targets.DOCKER_DIR / "targets.toml").read_text()
     table.write_text(text.replace("desktop = true", 'desktop = "yes"', 1))
-    with pytest.raises(BuildError, match=r"^targets.toml \[sm89\]: desktop='yes'; expected true or false$"):
+    with pytest.raises(BuildError, match=r"^targets.toml \[sm80\]: desktop='yes'; expected true or false$"):
         targets.load_targets(table)
     table.write_text(text.replace("desktop = true\n", "", 1))
     with pytest.raises(BuildError, match=r"missing keys \['desktop'\]"):

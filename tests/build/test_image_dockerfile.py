@@ -246,13 +246,33 @@ def test_gpu_images_carry_cuda_tooling_for_their_arch(name: str) -> None:
         arch,
         arch,
     )
-    assert {"sm89": "8.9", "sm120": "12.0"}[image.target.name] == arch
+    assert {"sm80": "8.0", "sm86": "8.6", "sm89": "8.9", "sm90": "9.0", "sm100": "10.0", "sm120": "12.0"}[
+        image.target.name
+    ] == arch
     install = image.layer(OS_LAYER)
     assert all(package in install for package in ("cuda-compat-13-0", "g++", "python3.12-dev"))
     torch = image.layer(r"pip install .*torch==")
     assert "torch==2.13.0+cu130" in torch and '--index-url "${TORCH_INDEX_URL}"' in torch
     engine = image.layer(r"pip install .*vllm==")
     assert all(pin in engine for pin in ("vllm==0.32.0", "flashinfer-python==0.7.0.post1", "fastokens==0.3.5"))
+
+
+def test_the_gpu_images_differ_only_after_their_shared_layers() -> None:
+    """All six GPU images install the same wheels (vLLM's carry kernels for sm75 to sm120): everything up to the
+    target's own labels and settings is the same instruction for instruction, so a builder that has built one image
+    builds another from its cache, and one more image costs a few kilobytes there."""
+    steps = {
+        name: [(i["instruction"], i["value"]) for i in rendered(name).parser.structure if i["instruction"] != "COMMENT"]
+        for name in GPU
+    }
+    own = {
+        name: next(i for i, (kind, value) in enumerate(s) if "vllm-pod.target=" in value) for name, s in steps.items()
+    }
+    shared = {tuple(s[: own[name]]) for name, s in steps.items()}
+    assert len(shared) == 1, "the GPU images' instructions differ before their own labels"
+    layers = [kind for kind, _ in next(iter(shared)) if kind in LAYER_INSTRUCTIONS]
+    assert len(layers) >= 8  # the OS, the desktop, the venv, torch, the engine, the runtime's dependencies…
+    assert all(f"sm{TARGETS[name].cuda_arch.replace('.', '')}" == name for name in GPU)
 
 
 @pytest.mark.parametrize("name", ["cpu"])

@@ -5,6 +5,7 @@ the engine's real wheels read for the CUDA runtime and glibc they link. Each che
 from __future__ import annotations
 
 import copy
+import dataclasses
 import re
 import subprocess
 import sys
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.vllm  # resolves and downloads the GPU images' vLLM whe
 
 @pytest.fixture(scope="module")
 def verified() -> str:
-    """One run for both GPU targets, as CI runs it (it fills the cache the other tests reuse)."""
+    """One run for every GPU target, as CI runs it (it fills the cache the other tests reuse)."""
     result = subprocess.run([sys.executable, "build.py", "--all", "--verify-deps"], cwd=ROOT,
                             capture_output=True, text=True, timeout=1200)  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
@@ -29,7 +30,7 @@ def verified() -> str:
     return result.stdout
 
 
-@pytest.mark.parametrize("target", ["sm89", "sm120"])
+@pytest.mark.parametrize("target", ["sm80", "sm86", "sm89", "sm90", "sm100", "sm120"])
 def test_every_layer_resolves_and_the_engine_links_the_base_s_cuda(verified: str, target: str) -> None:
     """Where PyTorch's index answers, the image's own torch (+cu130) is resolved and its libraries checked;
     where it does not, the run says so first and resolves pip's build of the same version instead."""
@@ -50,10 +51,9 @@ def test_every_layer_resolves_and_the_engine_links_the_base_s_cuda(verified: str
         assert checked_torch == []  # pip's torch is not the image's: its libraries say nothing of the image
     assert [line.split(":")[0] for line in lines[0:3]] == ["torch layer", "engine layer", "runtime layer"]
     assert " GB of wheels (torch==2.13.0" in lines[0] and " GB of wheels (vllm==0.32.0" in lines[1]
-    assert any(
-        line.startswith("vllm==0.32.0: ") and "links libcudart.so.13" in line and line.endswith(": ok")
-        for line in lines
-    )
+    (vllm,) = [line for line in lines if line.startswith("vllm==0.32.0: ")]
+    assert "links libcudart.so.13, kernels for sm75, sm80, sm86, sm89, sm90, sm100, sm120," in vllm, vllm
+    assert vllm.endswith(": ok"), vllm
     assert "flashinfer-python==0.7.0.post1: no compiled library" in verified and lines[-1] == "dependencies verified"
     assert "build.py: cpu: skipped" in verified
 
@@ -91,3 +91,11 @@ def test_a_library_needing_a_newer_glibc_than_the_base_s_is_found(verified: str)
     assert len(found.problems) == 1 and re.fullmatch(r"\d+ libraries need up to GLIBC_2\.26 \(vllm/.+\.so…\), "
                                                      r"but the base has glibc 2\.17", found.problems[0]), found  # fmt: skip
     assert deps.check_wheel(wheel, "13", "2.39").problems == []
+
+
+def test_an_image_for_a_gpu_the_engine_has_no_kernels_for_is_refused(verified: str) -> None:
+    """vLLM 0.32.0's own kernels start at Turing: an image for a Volta card (V100, sm70) would load no kernel."""
+    volta = dataclasses.replace(load_targets()["sm89"], name="sm70", cuda_arch="7.0")
+    with pytest.raises(BuildError, match=r"vllm==0\.32\.0: vllm/_C\w*\.abi3\.so has no kernels for sm70 "
+                                         r"\(it has sm75, sm80, sm86, sm89, sm90, sm100, sm120\)$"):  # fmt: skip
+        deps.verify(volta, load_versions(), print)

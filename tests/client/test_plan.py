@@ -159,8 +159,8 @@ def test_with_a_runpod_key_the_catalogue_prices_the_cards_and_the_cheapest_that_
     assert [line.split("  ")[0] for line in table] == [
         "RTX 6000 Ada",
         "L40S",
+        "A100 PCIe 80 GB",
         "RTX PRO 6000",
         "RTX 4090",
-        "A100 PCIe 80 GB",
     ]
-    assert "no image of ours serves sm80" in table[-1]  # fits, but our images do not run there
+    assert " sm80   sm80 " in table[2]  # an A100: the sm80 image serves it, and it is cheaper than the 96 GB card

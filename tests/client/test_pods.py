@@ -194,8 +194,8 @@ def test_a_card_of_another_architecture_or_none_that_fits_is_refused_before_anyt
     created = len(account.runpod.pods)
     a100 = account.pod("up", "--template", TEMPLATE, "--gpu", "NVIDIA A100 80GB PCIe")
     assert (a100.returncode, a100.stderr.splitlines()[-1]) == (1, (
-        "pod: NVIDIA A100 80GB PCIe is an sm80 card and this template's image is for sm89: no image of ours serves "
-        "sm80 (ours: sm89, sm120)"
+        "pod: NVIDIA A100 80GB PCIe is an sm80 card and this template's image is for sm89: the sm80 image serves it "
+        "(build.py --arch sm80 --push --runpod)"
     ))  # fmt: skip
     blackwell = account.pod("up", "--template", TEMPLATE, "--gpu", "NVIDIA RTX PRO 6000 Blackwell Server Edition")
     assert "the sm120 image serves it (build.py --arch sm120 --push --runpod)" in blackwell.stderr

@@ -130,3 +130,39 @@ def test_without_a_marker_the_base_images_cuda_version_is_used(tmp_path, compat)
             nvidia_smi=("cat", str(DATA / "smi-550.127.05-rtx4090.txt")),
             compat_dir=compat,
         )
+
+
+@pytest.mark.parametrize(
+    ("smi", "capabilities", "refused"),
+    [
+        ("smi-535.183.01-a100.txt", "cap-a100.csv", "NVIDIA A100-SXM4-80GB has compute capability 8.0"),
+        ("smi-570.133.20-rtx6000ada.txt", "cap-rtx6000ada.csv", None),
+        ("smi-570.133.20-rtx6000ada.txt", None, None),  # a driver that cannot say: nothing to check
+    ],
+)
+def test_an_sm89_image_refuses_an_a100_before_its_kernels_are_compiled_for_the_wrong_card(
+    tmp_path, compat, smi, capabilities, refused
+):
+    """The field notes rented A100s too: the sm89 image there would compile FlashInfer's kernels for 8.9 and fail
+    mid-start; it stops first, in one line naming the card, both capabilities and the image to start instead."""
+    marker = tmp_path / ".image_prebaked"
+    marker.write_text('{"target": "sm89", "cuda_arch": "8.9"}')  # its CUDA aside: the driver's verdict is tested above
+    settings = load_settings({"VL_PREBAKED_MARKER": str(marker)})
+    query = ("cat", str(DATA / capabilities)) if capabilities else ("/nonexistent/nvidia-smi",)
+    inspect = lambda: inspect_gpu(  # noqa: E731
+        settings,
+        {},
+        proc_version=DATA / "proc-580.65.06.txt",
+        nvidia_smi=("cat", str(DATA / smi)),
+        capabilities=query,
+        compat_dir=compat,
+    )
+    if refused is None:
+        assert inspect().host.capabilities == (("8.9",) if capabilities else ())
+        return
+    with pytest.raises(GpuError) as error:
+        inspect()
+    assert str(error.value) == (
+        f"{refused} but this image compiles its kernels for 8.9 (sm89): start an image built for sm80 "
+        "(python build.py --arch sm80)"
+    )
