@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -73,5 +74,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(module, "PASSES_ON", False) and "--" in rest:  # what follows `--` is another program's
         parsed = parser.parse_args(rest[: rest.index("--")])
         parsed.passed_on = rest[rest.index("--") + 1 :]
+    else:
+        parsed = parser.parse_args(rest)
+    try:
         return run(parsed)
-    return run(parser.parse_args(rest))
+    except BrokenPipeError:  # `… | head` closed the pipe: the reader has what it wanted, no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so that exit's flush fails no more
+        return 141  # the shell's code for a pipe's writer stopped by SIGPIPE

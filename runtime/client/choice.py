@@ -9,11 +9,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from runtime.client.cards import CARDS, IMAGES, Card, card_of
-from runtime.client.plan import Offer, PlanError, model_of_recipe, offer_of
+from runtime.client.plan import Offer, PlanError, model_of_recipe, offer_of, sizing_settings
 from runtime.client.runpod import RunPodError
 from runtime.client.sizing import SESSIONS, Model, fit
 from runtime.engine.recipes import RecipeError, load_recipe
-from runtime.settings import load_settings
+from runtime.settings import SettingsError
 
 STOCK_ORDER = {"HIGH": 0, "MEDIUM": 1, "LOW": 2}  # NONE: not tried
 
@@ -30,14 +30,10 @@ class Choice:
 def template_model(env: Mapping[str, str]) -> Model | None:
     """The model a template's pod serves (its VL_MODEL at its VL_CTX), sized as `runtime plan` sizes it; None when
     the template names something `plan` cannot size offline (a refusal would then be a guess)."""
-    context = env.get("VL_CTX", "")
     try:
-        return model_of_recipe(
-            load_recipe(env.get("VL_MODEL") or load_settings({}).model),
-            int(context) if context.isdigit() else None,
-            environ={},
-        )
-    except (RecipeError, PlanError):
+        settings = sizing_settings(env)
+        return model_of_recipe(load_recipe(settings.model), environ={}, settings=settings)
+    except (RecipeError, PlanError, SettingsError):
         return None
 
 

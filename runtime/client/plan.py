@@ -15,12 +15,22 @@ from typing import Any
 from runtime.client.cards import CARDS, GIB, IMAGES, Card, card_of
 from runtime.client.runpod import KEY_VARIABLE, RunPodClient, RunPodError
 from runtime.client.sizing import SESSIONS, Fit, Model, fit
-from runtime.engine.command import VLLM_DEFAULT_UTIL
+from runtime.engine.command import VLLM_DEFAULT_UTIL, tuned_options
 from runtime.engine.recipes import Recipe, RecipeError, load_recipe
-from runtime.settings import recipe_names
+from runtime.settings import Settings, SettingsError, load_settings, recipe_names
 
 BYTES = {"auto": 2, "bfloat16": 2, "float16": 2, "half": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
 ATTENTION = ("full_attention", "attention", "sliding_attention", "mla")  # config.json's layer_types that hold KV
+
+
+# The settings that change what a pod holds, read from a template (pod up) or the shell (plan) as the pod reads them;
+# only these, so that another variable's value (a template's secret reference) cannot stop the sizing.
+SIZING = ("VL_MODEL", "VL_CTX", "VL_UTIL", "VL_KVBYTES", "VL_KV", "VL_TP", "VL_SPEC", "VL_SPEC_N", "VL_KV_OFFLOAD")
+
+
+def sizing_settings(environ: Mapping[str, str]) -> Settings:
+    """The pod's settings as far as sizing goes; SettingsError (one line) for a bad value."""
+    return load_settings({name: environ[name] for name in SIZING if environ.get(name)})
 
 
 class PlanError(Exception):
@@ -39,10 +49,17 @@ class Offer:
 # --- the model ---------------------------------------------------------------------------------------------
 
 
-def model_of_recipe(recipe: Recipe, context: int | None = None, environ: Mapping[str, str] = os.environ) -> Model:
-    """A recipe as `plan` sizes it: its facts (offline), else its repository's files on the Hub."""
-    options = recipe.vllm
-    window = context or recipe.default_window
+def model_of_recipe(
+    recipe: Recipe,
+    context: int | None = None,
+    environ: Mapping[str, str] = os.environ,
+    settings: Settings | None = None,
+) -> Model:
+    """A recipe as `plan` sizes it, with a pod's settings applied as the pod applies them (VL_UTIL, VL_KVBYTES,
+    VL_TP, VL_KV, VL_SPEC's memory cap…): its facts (offline), else its repository's files on the Hub."""
+    settings = settings or load_settings({})
+    options, window = tuned_options(settings, recipe)
+    window = context or window
     fixed = options.get("kv-cache-memory-bytes")
     common: dict[str, Any] = {
         "name": recipe.name,
@@ -53,17 +70,22 @@ def model_of_recipe(recipe: Recipe, context: int | None = None, environ: Mapping
         "gpus": int(str(options.get("tensor-parallel-size", 1))),
     }
     facts = recipe.facts
+    kv_dtype = str(options.get("kv-cache-dtype", "auto"))
     if facts is not None and facts.kv_bytes_per_token is not None:
+        per_token, source = facts.kv_bytes_per_token, facts.source
+        measured = str(recipe.vllm.get("kv-cache-dtype", "auto"))
+        if BYTES.get(kv_dtype, 2) != BYTES.get(measured, 2):  # VL_KV: the same cache in another element size
+            per_token = per_token * BYTES.get(kv_dtype, 2) // BYTES.get(measured, 2)
+            source += f"; KV scaled from {measured} to {kv_dtype} (VL_KV)"
         return Model(
             **common,
             resident_gib=facts.resident_gib,
             weights_gib=facts.weights_gib,
-            kv_bytes_per_token=facts.kv_bytes_per_token,
+            kv_bytes_per_token=per_token,
             host_ram_gib=facts.host_ram_gib,
-            source=facts.source,
+            source=source,
             speeds=tuple(facts.speeds.items()),
         )
-    kv_dtype = str(options.get("kv-cache-dtype", "auto"))
     try:
         read = read_repo(recipe.repo, kv_dtype, environ)
     except PlanError as error:
@@ -269,9 +291,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        model = sized_model(args.model, args.context)
+        model = sized_model(args.model, args.context, sizing_settings(os.environ))
         found, said = offers(args.gpu)
-    except (PlanError, RecipeError, RunPodError) as error:
+    except (PlanError, RecipeError, RunPodError, SettingsError) as error:
         print(f"plan: {error}", file=sys.stderr)
         return 1
     rows = rows_for(model, found, args.sessions)
@@ -284,10 +306,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def sized_model(name: str, context: int | None) -> Model:
-    """A recipe's name, else a Hub repository's."""
+def sized_model(name: str, context: int | None, settings: Settings) -> Model:
+    """A recipe's name (with the VL_* tuning set here applied, as on a pod), else a Hub repository's."""
     if name in recipe_names():
-        return model_of_recipe(load_recipe(name), context)
+        return model_of_recipe(load_recipe(name), context, settings=settings)
     if "/" not in name:
         raise PlanError(f"{name!r} is no recipe ({', '.join(recipe_names())}) nor a Hub repo (owner/name)")
     return model_of_repo(name, context)

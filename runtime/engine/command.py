@@ -94,7 +94,7 @@ def engine_command(
     from runtime.engine.recipes import load_recipe
 
     recipe = load_recipe(settings.model)
-    options, window = _tuning(settings, recipe)
+    options, window = tuned_options(settings, recipe)
     names = recipe.names if settings.bridge else tuple(dict.fromkeys(recipe.names + settings.aliases))
     port = settings.engine_port if settings.bridge else settings.port
     if recipe.reasoning_parser:
@@ -135,8 +135,9 @@ def is_hub_repo(value: object) -> TypeGuard[str]:
     return isinstance(value, str) and not value.startswith("/") and MODEL_REPO_ID.fullmatch(value) is not None
 
 
-def _tuning(settings: Settings, recipe: Recipe) -> tuple[dict[str, object], int]:
-    """The recipe's vLLM options with the settings applied over them (in the recipe's order), and the window."""
+def tuned_options(settings: Settings, recipe: Recipe) -> tuple[dict[str, object], int]:
+    """The recipe's vLLM options with the settings applied over them (in the recipe's order), and the window:
+    what the pod runs, and what `runtime plan` sizes."""
     options: dict[str, object] = dict(recipe.vllm)
     window = _window(settings, recipe)
     options["max-model-len"] = window

@@ -8,15 +8,20 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 
 from runtime.cli import main
 from runtime.client.cards import BY_ID, GIB
-from runtime.client.plan import kv_bytes, model_of_recipe
+from runtime.client.choice import template_model
+from runtime.client.plan import kv_bytes, model_of_recipe, sizing_settings
 from runtime.client.sizing import fit
 from runtime.engine.recipes import load_recipe
 from tests.support.hub_server import HubServer
+from tests.support.repo_copy import ROOT
 from tests.support.runpod_server import RunPodServer
 
 ADA, PRO, A100, A40, RTX4090 = (
@@ -26,17 +31,17 @@ ADA, PRO, A100, A40, RTX4090 = (
     "NVIDIA A40",
     "NVIDIA GeForce RTX 4090",
 )
-# (recipe, card, what differs from the recipe, the notes' KV tokens, where the notes say it)
+# (recipe, card, the pod's settings where they differ from the recipe, the notes' KV tokens, where the notes say it)
 MEASURED = [
     ("nemotron", ADA, {}, 5_108_531, "23/08, align mode, 0.85"),
     ("nemotron", A100, {}, 18_500_000, "23/08, the machine table: 18.5 M of KV"),
-    ("flashnext", PRO, {"utilization": 0.88, "kv_fixed_bytes": None}, 309_594, "26/08: 0.88 caps the KV"),
-    ("flashnext", PRO, {"utilization": 0.93, "kv_fixed_bytes": None}, 504_841, "26/08: 0.93"),
-    ("flashnext", PRO, {"kv_fixed_bytes": 16_106_127_360}, 617_633, "26/08: --kv-cache-memory-bytes 15 GiB"),
+    ("flashnext", PRO, {"VL_UTIL": "0.88"}, 309_594, "26/08: 0.88 caps the KV"),
+    ("flashnext", PRO, {"VL_UTIL": "0.93"}, 504_841, "26/08: 0.93"),
+    ("flashnext", PRO, {"VL_KVBYTES": "16106127360"}, 617_633, "26/08: --kv-cache-memory-bytes 15 GiB"),
     ("flashnext", PRO, {}, 596_630, "27/08: 14.5 GiB, the margin for the image encoder (the recipe's)"),
     ("ornithnvfp4", ADA, {}, 2_103_356, "NVFP4 weights 21.94 GiB, fp8 KV, 0.93"),
     ("ornith", A40, {}, 2_840_000, "two A40s at 0.93, bf16 KV: 2.84 M"),
-    ("ornith", ADA, {"gpus": 1}, 957_122, "23/08: one RTX 6000 Ada, 786 k of context (KV 957,122 tokens)"),
+    ("ornith", ADA, {"VL_TP": "1"}, 957_122, "23/08: one RTX 6000 Ada, 786 k of context (KV 957,122 tokens)"),
 ]
 
 
@@ -44,7 +49,9 @@ MEASURED = [
     ("recipe", "card", "changed", "tokens", "said"), MEASURED, ids=[f"{m[0]}-{m[4]}" for m in MEASURED]
 )
 def test_the_kv_the_notes_measured_is_planned_within_5_percent(recipe, card, changed, tokens, said) -> None:
-    model = dataclasses.replace(model_of_recipe(load_recipe(recipe), environ={}), **changed)
+    """The notes' settings reach `plan` as they reach a pod: VL_UTIL, VL_KVBYTES and VL_TP through the engine's own
+    tuning (a fixed KV size gives way to VL_UTIL, as on the pod)."""
+    model = model_of_recipe(load_recipe(recipe), environ={}, settings=sizing_settings(changed))
     planned = fit(model, BY_ID[card], sessions=1).kv_tokens
     assert planned is not None and abs(planned - tokens) / tokens < 0.05, (planned, tokens, said)
 
@@ -164,3 +171,38 @@ def test_with_a_runpod_key_the_catalogue_prices_the_cards_and_the_cheapest_that_
         "RTX 4090",
     ]
     assert " sm80   sm80 " in table[2]  # an A100: the sm80 image serves it, and it is cheaper than the 96 GB card
+
+
+def test_a_kv_dtype_set_for_the_pod_resizes_the_measured_kv_and_says_so() -> None:
+    nemotron = load_recipe("nemotron")  # its facts were measured with an fp8 cache
+    measured = model_of_recipe(nemotron, environ={})
+    bf16 = model_of_recipe(nemotron, environ={}, settings=sizing_settings({"VL_KV": "auto"}))
+    assert bf16.kv_bytes_per_token == 2 * measured.kv_bytes_per_token
+    assert bf16.source.endswith("; KV scaled from fp8 to auto (VL_KV)")
+
+
+def test_pod_up_sizes_a_template_s_model_with_its_settings_whatever_else_it_holds() -> None:
+    """A template's other variables (a secret reference RunPod substitutes at start) never stop the sizing."""
+    env = {"VL_MODEL": "ornith", "VL_TP": "1", "VL_CTX": "131072", "HF_TOKEN": "{{ RUNPOD_SECRET_hf }}"}
+    model = template_model(env)
+    assert model is not None and (model.name, model.gpus, model.context) == ("ornith", 1, 131_072)
+    assert template_model({"VL_MODEL": "ornith", "VL_UTIL": "1.5"}) is None  # a bad value: no verdict is guessed
+
+
+def test_a_bad_setting_in_the_shell_stops_plan_in_one_line(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    monkeypatch.setenv("VL_UTIL", "2")
+    assert main(["plan"]) == 1
+    assert capsys.readouterr().err == "plan: VL_UTIL='2' is not allowed: expected a number in 0.05..0.99, or empty\n"
+
+
+@pytest.mark.slow  # starts a Python process
+def test_a_table_whose_reader_has_gone_ends_without_a_traceback() -> None:
+    """`python -m runtime plan | head -1`: the reader closes the pipe; the command ends as a piped command does."""
+    reader, writer = os.pipe()
+    os.close(reader)  # the reader is gone before the first line: the first write finds the pipe closed
+    try:
+        result = subprocess.run([sys.executable, "-m", "runtime", "plan"], stdout=writer, stderr=subprocess.PIPE,
+                                text=True, cwd=ROOT, timeout=60)  # fmt: skip
+    finally:
+        os.close(writer)
+    assert (result.returncode, result.stderr) == (141, "")
