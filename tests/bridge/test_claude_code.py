@@ -3,6 +3,7 @@ scripts/setup), non-interactive, through the bridge to real vLLM: offline and de
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import subprocess
@@ -15,6 +16,12 @@ from runtime.engine import tinymodel as tiny
 from tests.support.bridge import Process
 from tests.support.claude_code import CLAUDE, TIMEOUT_S, parse_result, quiet_environment, require_claude_code
 from tests.support.vllm_server import MAX_MODEL_LEN
+
+# A 1x1 PNG: what a pasted screenshot sends, in small.
+PNG = base64.b64encode(bytes.fromhex(
+    "89504e470d0a1a0a0000000d4948445200000001000000010806000000"
+    "1f15c4890000000d49444154789c6360000002000154a24f5d0000000049454e44ae426082"
+)).decode()  # fmt: skip
 
 require_claude_code()
 
@@ -123,3 +130,37 @@ def test_claude_code_discovers_the_served_model(bridge: Process, tmp_path: Path)
     assert cached["baseUrl"] == bridge.url
     assert [model["id"] for model in cached["models"]] == ["claude-tiny"]  # the session bridge's aliases name no claude
     assert cached["models"][0]["description"].startswith(f"{tiny.SERVED_NAME} on this pod's vLLM")
+
+
+def test_an_image_the_text_only_model_cannot_take_is_dropped_by_claude_code_and_the_turn_completes(
+    bridge: Process, tmp_path: Path
+) -> None:
+    """Claude Code's gateway contract: `capability_rejected: image_block` makes the client strip the image and
+    retry once. A user message with an image (what a paste sends) to the tiny text-only model: vLLM refuses the
+    image, the bridge says so in the contract's words, and the turn completes with the model's answer."""
+    home = tmp_path / "home"
+    home.mkdir()
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG}}
+    said = {"type": "user", "message": {"role": "user", "content": [
+        {"type": "text", "text": f"Say hello {tiny.MARK_TEXT}"}, image]}}  # fmt: skip
+    before = bridge.log()
+    environment = quiet_environment(home) | claude_environment(
+        Endpoint(bridge.url, tiny.SERVED_NAME, MAX_MODEL_LEN, "x")
+    )
+    done = subprocess.run(
+        [str(CLAUDE), "-p", "--input-format", "stream-json", "--output-format", "stream-json", "--verbose"],
+        input=json.dumps(said) + "\n", cwd=tmp_path, env=environment, capture_output=True, text=True,
+        timeout=TIMEOUT_S,
+    )  # fmt: skip
+    assert done.returncode == 0, f"claude exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-2000:]}"
+    events = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+    [removed] = [event for event in events if event.get("api_error") == "media_removed"]
+    print(json.dumps(removed, indent=1))  # what the CLI said of it, for the record (-s)
+    assert removed["api_error_params"] == {"media": "image", "media_reason": "unprocessable"}
+    assert "an image in the conversation could not be processed and was removed" in json.dumps(removed["message"])
+    result = events[-1]
+    assert result["type"] == "result" and result["is_error"] is False, result
+    assert result["result"] == tiny.ANSWER
+    # The bridge saw the refused request, then the same session's retry without the image.
+    traces = [line for line in bridge.log()[len(before) :].splitlines() if f"session={result['session_id']}" in line]
+    assert [re.search(r"POST /v1/messages (\d+) ", line)[1] for line in traces] == ["400", "200"], traces
