@@ -274,7 +274,6 @@ class MessagesExchange(Answer):
             while data := await read():
                 for payload in parser.feed(data):
                     translator.feed(payload)
-                translator.report_usage()
                 if translator.done:  # the generation has ended: what is left of the body is no reason to abort
                     self.serving.upstream.finish(response)
                     return

@@ -25,7 +25,6 @@ from runtime.bridge.nesting import MAX_JSON_DEPTH, nests_deeper_than
 log = logging.getLogger("runtime.bridge")
 
 VLLM_TOOL_ID = re.compile(r"chatcmpl-tool-([0-9a-zA-Z]+)")
-USAGE_EVERY_S = 0.5  # cumulative usage while generating, as Anthropic's API does (Claude Code's token counter)
 
 
 class FunctionDelta(Struct):
@@ -108,8 +107,6 @@ class StreamTranslator:
         self.matched_stop: str | int | None = None
         self.stop_reason: str | None = None
         self.input_tokens, self.cached_tokens, self.output_tokens = input_tokens, 0, 0
-        self.reported_output = 0
-        self.next_report = 0.0
         self.first_token_at: float | None = None
         self.done = False
         self.message_id, self.model = message_id, model
@@ -159,15 +156,6 @@ class StreamTranslator:
                     self.tool_calls(delta.tool_calls)
             if choice.finish_reason is not None:
                 self.finish_reason, self.matched_stop = choice.finish_reason, choice.stop_reason
-
-    def report_usage(self) -> None:
-        """A cumulative-usage `message_delta`, at most every USAGE_EVERY_S while tokens come."""
-        if self.output_tokens != self.reported_output and not self.done:
-            now = time.monotonic()
-            if now >= self.next_report:
-                self.next_report = now + USAGE_EVERY_S
-                self.reported_output = self.output_tokens
-                self.sink.message_delta(None, None, self.usage())
 
     def usage(self) -> dict[str, int]:
         return {
