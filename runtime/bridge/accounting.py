@@ -115,7 +115,7 @@ class Accounting:
         headers = header_values(scope)
         asker = None
         if key != UNIDENTIFIED:
-            spent = Spent(*tokens, ttft_s, busy_s)
+            spent = Spent(*tokens, ttft_s, busy_s, trace.cache_miss)
             self.usage.count(key, status >= 400 and status != CLIENT_GONE, spent)  # a client that left: no failure
             if route in GENERATIONS:
                 asker = Asker.of(headers, key)
@@ -188,7 +188,12 @@ def trace_line(
     if trace.swap_wait_s is not None:  # VL_SWAP: how long it waited for its model to be loaded
         fields.append(f"swap_wait_ms={trace.swap_wait_s * 1000:.0f}")
     fields.append(f"dur_ms={duration * 1000:.0f}")
-    for name, value in (("stop", trace.stop), ("error", trace.error_type), ("guard", trace.guard)):
+    for name, value in (
+        ("stop", trace.stop),
+        ("error", trace.error_type),
+        ("guard", trace.guard),
+        ("miss", trace.cache_miss),
+    ):
         if value:
             fields.append(f"{name}={value}")
     if client_id is not None:

@@ -13,11 +13,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from prometheus_client import Gauge
 from starlette.types import Message, Receive, Scope, Send
 
+from runtime.bridge.cachemiss import Prompts
 from runtime.bridge.connection import CONNECTION
 from runtime.bridge.models import Catalog
 from runtime.bridge.swaps import Swaps
@@ -41,6 +42,7 @@ class Serving:
     stall_s: float
     log_prompts: bool
     swaps: Swaps | None = None  # VL_SWAP's: a request may have to wait for another model
+    prompts: Prompts = field(default_factory=Prompts)  # the fingerprints behind `diagnostics.cache_miss_reason`
     guard: bool = True
     count_blocked_write: Callable[[str], None] = lambda label: None
 

@@ -33,6 +33,7 @@ from runtime.bridge.nesting import refuse_deep_nesting
 from runtime.bridge.podstatus import pod_status
 from runtime.bridge.relay import Relay, rewrite_model
 from runtime.bridge.schema import CountTokensRequest, MessagesRequest, decode
+from runtime.bridge.sessions import Asker
 from runtime.bridge.sharing import KeyShare
 from runtime.bridge.state import Bridge
 from runtime.bridge.translate import Translator
@@ -61,8 +62,9 @@ class Api:
         user_id = parsed.metadata.user_id if parsed.metadata else None
         routing = {ROUTING_KEY: routing_key(request.headers, user_id, request.state.key)}
         caller = request.state.caller
+        asker = Asker.of(request.headers, request.state.key)
         return MessagesExchange(
-            self.bridge.serving, parsed, len(body), request.state.trace, routing, caller.cache_salt, caller.swaps
+            self.bridge.serving, parsed, len(body), request.state.trace, routing, caller.cache_salt, caller.swaps, asker
         )
 
     async def count_tokens(self, request: Request) -> Response:

@@ -21,6 +21,7 @@ import aiohttp
 import msgspec
 
 from runtime.bridge.answer import Answer, Outbox, Serving
+from runtime.bridge.cachemiss import CacheCheck
 from runtime.bridge.errors import (
     JSON_RESPONSE_HEADERS,
     BridgeError,
@@ -30,8 +31,9 @@ from runtime.bridge.errors import (
 )
 from runtime.bridge.guard import BlockedWrite
 from runtime.bridge.schema import MessagesRequest
+from runtime.bridge.sessions import Asker
 from runtime.bridge.sse import PING, AnthropicSse, SseParser
-from runtime.bridge.stream import MessageAssembler, StreamTranslator
+from runtime.bridge.stream import MessageAssembler, Sink, StreamTranslator
 from runtime.bridge.swaps import UNSTREAMED_WAIT_S, Swaps
 from runtime.bridge.trace import Trace
 from runtime.bridge.translate import Translation, Translator
@@ -95,6 +97,7 @@ class MessagesExchange(Answer):
         routing: dict[str, str] | None = None,
         cache_salt: str | None = None,
         may_swap: bool = True,
+        asker: Asker | None = None,
     ) -> None:
         self.serving = serving
         self.may_swap = may_swap  # the key's right to make the pod swap its model (VL_SWAP)
@@ -104,6 +107,7 @@ class MessagesExchange(Answer):
         self.body_size = body_size
         self.trace = trace
         self.id = "msg_" + uuid.uuid4().hex[:24]
+        self.cache_check = CacheCheck(serving.prompts, asker or Asker(""), request, self.id)
         self.started = time.monotonic()
         self.window = 0  # the served model's context window, once known
         trace.id, trace.model, trace.stream = self.id, request.model, request.stream
@@ -139,7 +143,7 @@ class MessagesExchange(Answer):
         """A streamed request for a model being swapped in: message_start and pings at once, then the answer
         as usual; an error once the stream began (the window's too) is an `event: error`."""
         sink = AnthropicSse()
-        translator = StreamTranslator(sink, self.id, self.request.model, guard=self.serving.guard)
+        translator = self.translator(sink)
         await out.start(200, SSE_HEADERS, PING, self.serving.ping_s, self.announcer(sink, translator))
         try:
             await self.wait_for_swap(swaps)
@@ -207,7 +211,7 @@ class MessagesExchange(Answer):
         """The answer as SSE; `begun`: the sink and translator of a stream already started (a swap's wait)."""
         if begun is None:
             sink = AnthropicSse()
-            translator = StreamTranslator(sink, self.id, self.request.model, input_tokens, self.serving.guard)
+            translator = self.translator(sink, input_tokens)
         else:
             sink, translator = begun
             translator.input_tokens = input_tokens
@@ -252,7 +256,7 @@ class MessagesExchange(Answer):
 
     async def answer(self, response: aiohttp.ClientResponse, out: Outbox, input_tokens: int) -> None:
         sink = MessageAssembler()
-        translator = StreamTranslator(sink, self.id, self.request.model, input_tokens, self.serving.guard)
+        translator = self.translator(sink, input_tokens)
         try:
             await self.pump(response, translator)
         finally:
@@ -283,9 +287,17 @@ class MessagesExchange(Answer):
             raise BridgeError(500, f"the model server broke the stream off ({type(error).__name__})") from None
         raise BridgeError(500, "the model server ended the stream before its end")
 
+    def translator(self, sink: Sink, input_tokens: int = 0) -> StreamTranslator:
+        translator = StreamTranslator(sink, self.id, self.request.model, input_tokens, self.serving.guard)
+        translator.diagnostics = self.cache_check.answer
+        return translator
+
     def record(self, translator: StreamTranslator) -> None:
         trace = self.trace
         trace.count_tokens(translator.input_tokens, translator.cached_tokens, translator.output_tokens)
+        if translator.started:  # the engine counted the prompt: its fingerprint is kept, the miss said
+            prompt = translator.input_tokens + translator.cached_tokens
+            trace.cache_miss = self.cache_check.settle(prompt, translator.cached_tokens)
         trace.stop = translator.stop_reason or trace.stop
         if translator.first_token_at is not None:
             trace.ttft_s = translator.first_token_at - self.started

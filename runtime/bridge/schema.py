@@ -134,6 +134,12 @@ class OutputConfig(Struct, kw_only=True):
     format: JsonFormat | None = None
 
 
+class Diagnostics(Struct, kw_only=True):
+    """Anthropic's `diagnostics`: the client's previous message, for why this one missed the prompt cache."""
+
+    previous_message_id: Annotated[str, Meta(max_length=64)] | None = None
+
+
 class Metadata(Struct, kw_only=True):
     user_id: Annotated[str, Meta(max_length=256)] | None = None  # Claude Code names its session there (affinity)
 
@@ -159,6 +165,7 @@ class MessagesRequest(CountTokensRequest, kw_only=True):
     top_p: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
     top_k: Annotated[int, Meta(ge=0)] | None = None
     metadata: Metadata | None = None
+    diagnostics: Diagnostics | msgspec.UnsetType | None = msgspec.UNSET  # null opts in on a first turn
 
 
 R = TypeVar("R", CountTokensRequest, MessagesRequest)

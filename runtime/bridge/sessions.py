@@ -95,6 +95,7 @@ class AgentUsage:
     busy_s: float = 0.0
     compactions: int = 0
     classes: Counter[str] = field(default_factory=Counter)
+    cache_misses: Counter[str] = field(default_factory=Counter)  # by reason (runtime.bridge.cachemiss)
     ttfts: deque[float] = field(default_factory=lambda: deque(maxlen=TTFT_SAMPLES))
 
     def add(self, asker: Asker, spent: Spent) -> None:
@@ -111,6 +112,8 @@ class AgentUsage:
             self.classes[f"auxiliary:{asker.auxiliary_type}"] += 1
         if spent.ttft_s is not None:
             self.ttfts.append(spent.ttft_s)
+        if spent.cache_miss is not None:
+            self.cache_misses[spent.cache_miss] += 1
 
     def as_json(self, cost_per_hour: float | None) -> dict[str, Any]:
         prompt = self.input_tokens + self.cached_tokens
@@ -125,6 +128,7 @@ class AgentUsage:
             "cached_tokens": self.cached_tokens,
             "output_tokens": self.output_tokens,
             "prefix_cache_hit_rate": round(self.cached_tokens / prompt, 4) if prompt else None,
+            "cache_misses": dict(sorted(self.cache_misses.items())),
             "ttft_p50_s": round(statistics.median(self.ttfts), 4) if self.ttfts else None,
             "busy_s": round(self.busy_s, 3),
             "cost": cost_of(self.busy_s, cost_per_hour),

@@ -92,6 +92,7 @@ class StreamTranslator:
 
     def __init__(self, sink: Sink, message_id: str, model: str, input_tokens: int = 0, guard: bool = True) -> None:
         self.sink = sink
+        self.diagnostics: Any = msgspec.UNSET  # Anthropic's `diagnostics` for message_start, when the client asked
         self.index = -1
         self.open: str | None = None  # "thinking", "text", "tool_use" or None
         self.tool_index: int | None = None
@@ -117,18 +118,19 @@ class StreamTranslator:
         if self.started:
             return
         self.started = True
-        self.sink.message_start(
-            {
-                "id": self.message_id,
-                "type": "message",
-                "role": "assistant",
-                "model": self.model,
-                "content": [],
-                "stop_reason": None,
-                "stop_sequence": None,
-                "usage": self.usage(),
-            }
-        )
+        message: dict[str, Any] = {
+            "id": self.message_id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": self.usage(),
+        }
+        if self.diagnostics is not msgspec.UNSET:  # asked for: why the prompt missed the cache (or null)
+            message["diagnostics"] = self.diagnostics
+        self.sink.message_start(message)
 
     def feed(self, payload: bytes) -> None:
         if payload == b"[DONE]":

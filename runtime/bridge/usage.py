@@ -36,6 +36,7 @@ class Spent:
     output_tokens: int = 0
     ttft_s: float | None = None
     busy_s: float = 0.0
+    cache_miss: str | None = None  # why its prompt missed the cache (runtime.bridge.cachemiss), when it did
 
 
 @dataclass

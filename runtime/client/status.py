@@ -228,6 +228,8 @@ def sessions(shown: Sequence[Mapping[str, Any]]) -> str:
         for agent in session["agents"]:
             name = agent["agent"] if agent["parent"] is None else f"  └ {agent['agent']}"
             compactions = f" ({agent['compactions']} compactions)" if agent["compactions"] else ""
+            misses = ", ".join(f"{why} x{n}" for why, n in (agent.get("cache_misses") or {}).items())
+            compactions += f" (cache missed: {misses})" if misses else ""
             cells = (
                 f"{agent['requests']:,}",
                 f"{agent['input_tokens']:,}",

@@ -136,12 +136,14 @@ def test_an_agent_adds_up_its_requests_and_costs_its_share() -> None:
     sessions = Sessions()
     asker = Asker("alice", session="s", agent="a1", parent="main", request_class="subagent")
     sessions.count(asker, Spent(100, 900, 10, ttft_s=0.5, busy_s=36.0))
-    sessions.count(Asker("alice", "s", "a1", "main", "compaction"), Spent(50, 0, 20, ttft_s=1.5, busy_s=36.0))
+    compaction = Spent(50, 0, 20, ttft_s=1.5, busy_s=36.0, cache_miss="system_changed")
+    sessions.count(Asker("alice", "s", "a1", "main", "compaction"), compaction)
     [agent] = sessions.recent(1, cost_per_hour=2.0)[0]["agents"]
     assert agent == {
         "agent": "a1", "parent": "main", "key": "alice", "requests": 2, "classes": {"compaction": 1, "subagent": 1},
         "compactions": 1, "input_tokens": 150, "cached_tokens": 900, "output_tokens": 30,
-        "prefix_cache_hit_rate": round(900 / 1050, 4), "ttft_p50_s": 1.0, "busy_s": 72.0, "cost": 0.04,
+        "prefix_cache_hit_rate": round(900 / 1050, 4), "cache_misses": {"system_changed": 1}, "ttft_p50_s": 1.0,
+        "busy_s": 72.0, "cost": 0.04,
     }  # fmt: skip
 
 

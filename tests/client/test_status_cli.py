@@ -43,7 +43,7 @@ HEALTHY = {
          "prefix_cache_hit_rate": 0.9215, "ttft_p50_s": 0.52, "busy_s": 95.0, "cost": 0.018208},
         {"agent": "a1b2c3d4e5f6a7b8c", "parent": "main", "key": "alice", "requests": 6, "classes": {"subagent": 6},
          "compactions": 0, "input_tokens": 21000, "cached_tokens": 88000, "output_tokens": 2400,
-         "prefix_cache_hit_rate": 0.8073, "ttft_p50_s": 1.31, "busy_s": 30.5, "cost": 0.005846}]}],
+         "prefix_cache_hit_rate": 0.8073, "cache_misses": {"evicted": 1, "system_changed": 2}, "ttft_p50_s": 1.31, "busy_s": 30.5, "cost": 0.005846}]}],
     "gpus": [{"index": 0, "name": "NVIDIA GeForce RTX 5090", "utilization_pct": 87.0, "memory_used_mib": 28812.0,
               "memory_total_mib": 32607.0, "temperature_c": 43.0, "power_w": 99.0,
               "history": [{"t": 1000.0 + 2 * i, "utilization_pct": float(u), "memory_used_mib": 28812.0}
@@ -79,7 +79,7 @@ Claude Code sessions (the last seen first)
   AGENT                            REQUESTS      INPUT     CACHED     OUTPUT        HIT   TTFT p50       COST
   session c0ffee00-1111-4222-8333-444455556666  (seen 4 s ago)
     main                                 14     52,000    610,000      9,100        92%     0.52 s    $0.0182 (1 compactions)
-      └ a1b2c3d4e5f6a7b8c                 6     21,000     88,000      2,400        81%     1.31 s    $0.0058
+      └ a1b2c3d4e5f6a7b8c                 6     21,000     88,000      2,400        81%     1.31 s    $0.0058 (cache missed: evicted x1, system_changed x2)
 
 GPUs
   #  NAME                      UTIL         MEMORY (MiB)   TEMP    POWER  UTIL, LAST 2 MIN
