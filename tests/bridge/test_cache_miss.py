@@ -93,16 +93,6 @@ def test_the_operator_sees_a_prefix_the_engine_evicted_though_the_client_never_a
 conversations = itertools.count()
 
 
-@pytest.fixture(scope="module")
-def client(bridge: Process) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=bridge.url, api_key="unused", max_retries=0)
-
-
-@pytest.fixture(params=[False, True], ids=["whole", "streamed"])
-def stream(request: pytest.FixtureRequest) -> bool:
-    return request.param
-
-
 def turn(client: anthropic.Anthropic, stream: bool, session: str, previous: str | None, **request: Any):
     """One turn asking why it missed the cache; the SDK's own types (`Message`, its `diagnostics`)."""
     fields = {"model": "claude-tiny", "max_tokens": 5, "system": "Be brief.", "tools": [TOOL], "messages": FIRST}

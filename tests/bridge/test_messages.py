@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from runtime.engine import tinymodel as tiny
-from tests.support.bridge import Process
 from tests.support.sdk import anthropic
 
 if TYPE_CHECKING:
@@ -28,16 +27,6 @@ PNG = base64.b64encode(bytes.fromhex(
     "89504e470d0a1a0a0000000d4948445200000001000000010806000000"
     "1f15c4890000000d49444154789c6360000002000154a24f5d0000000049454e44ae426082"
 )).decode()  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def client(bridge: Process) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=bridge.url, api_key="unused", max_retries=0)
-
-
-@pytest.fixture(params=[False, True], ids=["whole", "streamed"])
-def stream(request: pytest.FixtureRequest) -> bool:
-    return request.param
 
 
 def ask(client: anthropic.Anthropic, stream: bool, **request: Any) -> Message:
