@@ -8,6 +8,8 @@ Code's environment already holds, see `runtime connect`). `render` is a pure fun
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -22,6 +24,7 @@ from runtime.state.selfcheck import checked
 
 STATUS_PATH = "/v1/pod/status"
 WATCH_EVERY_S = 2.0
+STOP_CHECK_S = 0.1  # how soon a Ctrl-C ends the watch's wait
 TIMEOUT_S = 10.0
 REDRAW = "\x1b[H\x1b[2J"  # cursor home, clear the screen: the table is redrawn where it was
 SPARK = "▁▂▃▄▅▆▇█"
@@ -48,15 +51,33 @@ def run(args: argparse.Namespace) -> int:
                 return 1
             print(render(state))
             return 0
-        try:
-            while True:
-                state, problem = fetch(client)
-                shown = render(state) if state is not None else f"{problem}\n(retrying every {WATCH_EVERY_S:g} s)"
-                sys.stdout.write(REDRAW + shown + "\n")
-                sys.stdout.flush()
-                time.sleep(WATCH_EVERY_S)
-        except KeyboardInterrupt:
-            return 0
+        return watch(client)
+
+
+def watch(client: httpx.Client) -> int:
+    """Redraw every WATCH_EVERY_S until Ctrl-C, which ends the loop between two fetches: a KeyboardInterrupt raised
+    inside httpx can leave its connection pool's lock held, and closing the client then waits for ever (a test
+    hung so under load). A second Ctrl-C leaves at once."""
+    interrupted: list[int] = []
+
+    def on_interrupt(signum: int, frame: object) -> None:
+        if interrupted:
+            os._exit(130)  # the shell's code for Ctrl-C: the user asked twice
+        interrupted.append(signum)
+
+    previous = signal.signal(signal.SIGINT, on_interrupt)
+    try:
+        while not interrupted:
+            state, problem = fetch(client)
+            shown = render(state) if state is not None else f"{problem}\n(retrying every {WATCH_EVERY_S:g} s)"
+            sys.stdout.write(REDRAW + shown + "\n")
+            sys.stdout.flush()
+            until = time.monotonic() + WATCH_EVERY_S
+            while not interrupted and time.monotonic() < until:
+                time.sleep(STOP_CHECK_S)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    return 0
 
 
 def fetch(client: httpx.Client) -> tuple[dict[str, Any] | None, str]:
