@@ -25,8 +25,8 @@ EVICTED = "evicted"  # the console's own reason: nothing changed, the engine's c
 EVICTION_SLACK_TOKENS = 256
 
 
-def digest(part: Any) -> bytes:
-    return hashlib.blake2b(msgspec.json.encode(part), digest_size=8).digest()
+def digest(encoded: bytes) -> bytes:
+    return hashlib.blake2b(encoded, digest_size=8).digest()
 
 
 @dataclass(slots=True)
@@ -45,26 +45,24 @@ class Fingerprint:
 
     @classmethod
     def of(cls, request: MessagesRequest) -> Fingerprint:
+        system, tools = msgspec.json.encode(request.system), msgspec.json.encode(request.tools)
         encoded = [msgspec.json.encode(message) for message in request.messages]
-        head = msgspec.json.encode([request.system, request.tools])
         return cls(
             model=request.model,
-            system=digest(request.system),
-            tools=digest(request.tools),
-            other=digest([request.thinking, request.tool_choice]),
-            messages=tuple(hashlib.blake2b(m, digest_size=8).digest() for m in encoded),
+            system=digest(system),
+            tools=digest(tools),
+            other=digest(msgspec.json.encode([request.thinking, request.tool_choice])),
+            messages=tuple(map(digest, encoded)),
             sizes=tuple(map(len, encoded)),
-            head_size=len(head),
+            head_size=len(system) + len(tools),
         )
 
     def missed_after(self, index: int | None) -> int:
         """The previous prompt's tokens from its message `index` on (all of them for None): what a change there
         cost, shared out by encoded size (Anthropic's own figure is approximate too)."""
         total = self.head_size + sum(self.sizes)
-        after = sum(self.sizes) if index is None else sum(self.sizes[index:])
-        if index is None:
-            after += self.head_size
-        return round(self.prompt_tokens * after / total) if total else self.prompt_tokens
+        kept = 0 if index is None else self.head_size + sum(self.sizes[:index])
+        return round(self.prompt_tokens * (total - kept) / total) if total else self.prompt_tokens
 
 
 def reason(previous: Fingerprint | None, current: Fingerprint) -> dict[str, Any] | None:

@@ -24,9 +24,7 @@ class Trace:
     stop: str | None = None  # the model's stop reason, or how the client left (client_gone, client_stalled)
     error_type: str | None = None  # the Anthropic error type it was answered with
     guard: str | None = None  # VL_GUARD's verdict (blocked:Write,…)
-    cache_miss: str | None = (
-        None  # why the prompt cache missed (runtime.bridge.cachemiss): Anthropic's type, or evicted
-    )
+    cache_miss: str | None = None  # why the prompt missed the cache (runtime.bridge.cachemiss)
     prompt: str | None = None  # the last user text, with VL_LOG_PROMPTS only
 
     def count_tokens(self, input_tokens: int, cached: int, output: int) -> None:

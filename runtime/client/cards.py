@@ -8,7 +8,8 @@ from dataclasses import dataclass
 MIB = 2**20
 GIB = 2**30
 # The architectures our images are built for (docker/targets.toml): any other is refused, never tried.
-IMAGES = {arch: arch for arch in ("sm80", "sm86", "sm89", "sm90", "sm100", "sm120")}
+IMAGES = ("sm80", "sm86", "sm89", "sm90", "sm100", "sm120")  # each image is named after its architecture
+OURS = ", ".join(IMAGES)
 
 
 @dataclass(frozen=True)
@@ -24,7 +25,7 @@ class Card:
 
     @property
     def image(self) -> str | None:
-        return IMAGES.get(self.arch)
+        return self.arch if self.arch in IMAGES else None
 
 
 # Without a RunPod key: the notes' cards and the common ones (prices unknown; RunPod's catalogue has them).

@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.client.cards import CARDS, IMAGES, Card, card_of
+from runtime.client.cards import CARDS, OURS, Card, card_of
 from runtime.client.plan import Offer, PlanError, model_of_recipe, offer_of, sizing_settings
 from runtime.client.runpod import RunPodError
 from runtime.client.sizing import SESSIONS, Model, fit
@@ -85,11 +85,11 @@ def centres(entry: Mapping[str, Any] | None) -> tuple[str, ...]:
 
 def mismatch(card: Card, target: str) -> str:
     """An image never goes on a card of another architecture: which image would serve it."""
-    serves = IMAGES.get(card.arch)
+    serves = card.image
     if serves:
         other = f"the {serves} image serves it (build.py --arch {serves} --push --runpod)"
     else:
-        other = f"no image of ours serves {card.arch} (ours: {', '.join(IMAGES)})"
+        other = f"no image of ours serves {card.arch} (ours: {OURS})"
     return f"{card.id} is an {card.arch} card and this template's image is for {target}: {other}"
 
 

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.client.cards import CARDS, GIB, IMAGES, Card, card_of
+from runtime.client.cards import CARDS, GIB, OURS, Card, card_of
 from runtime.client.runpod import KEY_VARIABLE, RunPodClient, RunPodError
 from runtime.client.sizing import SESSIONS, Fit, Model, fit
 from runtime.engine.command import VLLM_DEFAULT_UTIL, tuned_options
@@ -243,7 +243,7 @@ class Row:
 
     def why(self) -> str:
         if self.fit.fits and self.offer.card.image is None:
-            return f"{self.fit.why}; no image of ours serves {self.offer.card.arch} (ours: {', '.join(IMAGES)})"
+            return f"{self.fit.why}; no image of ours serves {self.offer.card.arch} (ours: {OURS})"
         return self.fit.why
 
 
@@ -268,7 +268,7 @@ def verdict(model: Model, rows: Sequence[Row], sessions: int) -> str:
         return f"{head}: {which} card that fits: {name}{price} (image {best.offer.card.image}){host}"
     fitting = [row.offer.card.name for row in rows if row.fit.fits]
     if fitting:
-        return f"{head}: fits {', '.join(fitting)}, but no image of ours serves them (ours: {', '.join(IMAGES)})"
+        return f"{head}: fits {', '.join(fitting)}, but no image of ours serves them (ours: {OURS})"
     return f"{head}: fits none of these cards"
 
 

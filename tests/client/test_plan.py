@@ -15,11 +15,13 @@ import sys
 import pytest
 
 from runtime.cli import main
-from runtime.client.cards import BY_ID, GIB
+from runtime.client.cards import BY_ID, CARDS, GIB, IMAGES
 from runtime.client.choice import template_model
 from runtime.client.plan import kv_bytes, model_of_recipe, sizing_settings
+from runtime.client.pods import DEFAULT_GPUS
 from runtime.client.sizing import fit
 from runtime.engine.recipes import load_recipe
+from space.targets import load_targets, unique_targets
 from tests.support.hub_server import HubServer
 from tests.support.repo_copy import ROOT
 from tests.support.runpod_server import RunPodServer
@@ -206,3 +208,11 @@ def test_a_table_whose_reader_has_gone_ends_without_a_traceback() -> None:
     finally:
         os.close(writer)
     assert (result.returncode, result.stderr) == (141, "")
+
+
+def test_the_client_knows_every_image_docker_targets_toml_builds_and_a_card_for_each() -> None:
+    """`plan` and `pod up` name the images by architecture from their own table: it must be the build's."""
+    built = [target.name for target in unique_targets(load_targets()) if target.kind == "gpu"]
+    assert sorted(IMAGES) == sorted(built) == sorted(DEFAULT_GPUS)
+    assert all(BY_ID[gpu].arch == arch for arch, gpus in DEFAULT_GPUS.items() for gpu in gpus)
+    assert {card.image for card in CARDS} == set(IMAGES)
