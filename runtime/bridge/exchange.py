@@ -54,6 +54,9 @@ VLLM_TOO_LONG = re.compile(r"maximum context length is (\d+) tokens.*?(\d+) inpu
 # vLLM's refusals of images, by what the client can drop: every image (a text-only model), or some (VL_MM_IMAGES).
 NO_IMAGES = re.compile(r"is not a multimodal model|At most 0 image\(s\)")
 TOO_MANY_IMAGES = re.compile(r"At most [1-9]\d* image\(s\)")
+# vLLM's grammar compilers refusing a feature of a response format's schema they lack (look-around, a format): the
+# engine cannot give that structured output. A schema wrong in itself (a missing $ref, a bad type) is the client's.
+GRAMMAR_LACKS = re.compile(r"^Grammar error: (?:.*\bis not supported|.*\bunsupported|Unknown format)", re.S | re.I)
 
 
 def too_long(count: int, window: int) -> BridgeError:
@@ -61,11 +64,14 @@ def too_long(count: int, window: int) -> BridgeError:
     return BridgeError(400, f"prompt is too long: {count} tokens > {window - 1} maximum")
 
 
-def upstream_refusal(error: BridgeError) -> BridgeError:
+def upstream_refusal(error: BridgeError, structured: bool = False) -> BridgeError:
     """vLLM's own refusals in the words Claude Code acts on: its context-length refusal reworded so that the client
-    compacts; an image it cannot take as `capability_rejected: <class>`, so that the client drops it and retries."""
+    compacts; an image, or a `structured` answer's schema, it cannot take as `capability_rejected: <class>`, so that
+    the client drops it and retries."""
     if error.status != 400:
         return error
+    if structured and GRAMMAR_LACKS.search(error.message):
+        return capability_rejected("structured_outputs_unsupported")
     if found := VLLM_TOO_LONG.search(error.message):
         return too_long(int(found.group(2)), int(found.group(1)))
     if NO_IMAGES.search(error.message):
@@ -128,8 +134,14 @@ class MessagesExchange(Answer):
                 else:
                     await self.answer(response, out, input_tokens)
         except BridgeError as error:
+            error = upstream_refusal(error, self.structured)  # vLLM refuses a schema's grammar after its 200
             self.trace.error_type = error.type
             await error.send(out.send)
+
+    @property
+    def structured(self) -> bool:
+        """Whether the client asked for structured output (`output_config.format`)."""
+        return self.request.output_config is not None and self.request.output_config.format is not None
 
     async def swaps_to_wait_on(self) -> Swaps | None:
         """VL_SWAP's, when this request must wait for the engine (another model, or a swap under way); None when
@@ -198,7 +210,7 @@ class MessagesExchange(Answer):
                 self.serving.catalog.refused_thinking_budget()  # no reasoning parser: retried without
                 del payload["thinking_token_budget"]
                 continue
-            raise upstream_refusal(error)
+            raise upstream_refusal(error, self.structured)
 
     async def stream(
         self,
@@ -217,13 +229,16 @@ class MessagesExchange(Answer):
             translator.input_tokens = input_tokens
 
         announce = self.announcer(sink, translator, translation)
+        first = b""
         if begun is None:
+            if self.structured:  # its refusal a 400 the client heals from, not an `event: error` it cannot
+                first = await self.read_past_grammar(response)
             await out.start(200, SSE_HEADERS, PING, self.serving.ping_s, announce)
         elif out.pings is not None:  # the pings go on, their message_start now with the prompt counted
             out.pings.before = announce
         self.serving.open_streams.inc()
         try:
-            await self.pump(response, translator, sink, out)
+            await self.pump(response, translator, sink, out, first)
         except BridgeError as error:  # after the stream began: an `event: error`
             self.trace.error_type = error.type
             await out.end(sink.take() + error.event())
@@ -265,17 +280,32 @@ class MessagesExchange(Answer):
         await out.send({"type": "http.response.start", "status": 200, "headers": JSON_RESPONSE_HEADERS})
         await out.send({"type": "http.response.body", "body": body})
 
+    async def read_past_grammar(self, response: aiohttp.ClientResponse) -> bytes:
+        """The upstream's first read, before the stream starts: vLLM compiles a response format's grammar after it
+        answered 200, and refuses it as the first event. That refusal raised here is an HTTP error (`serve`'s)."""
+        try:
+            data = await response.content.readany()
+        except BROKEN:
+            return b""  # `pump` reads again, and says the stream broke off
+        for payload in SseParser().feed(data):
+            if payload.startswith(b'{"error"'):
+                self.translator(MessageAssembler()).feed(payload)  # raises the refusal as the stream would
+        return data
+
     async def pump(
         self,
         response: aiohttp.ClientResponse,
         translator: StreamTranslator,
         sink: AnthropicSse | None = None,
         out: Outbox | None = None,
+        first: bytes = b"",
     ) -> None:
-        """Upstream bytes → translator; when streaming, one write per network read (many events, one write)."""
+        """Upstream bytes (from `first`, what was read already) → translator; when streaming, one write per network
+        read (many events, one write)."""
         parser, read = SseParser(), response.content.readany
         try:
-            while data := await read():
+            while data := first or await read():
+                first = b""
                 for payload in parser.feed(data):
                     translator.feed(payload)
                 if translator.done:  # the generation has ended: what is left of the body is no reason to abort

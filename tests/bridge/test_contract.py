@@ -215,6 +215,31 @@ def test_what_the_model_cannot_take_is_a_capability_the_client_drops_and_retries
         }
 
 
+LOOK_BEHIND = {"type": "object", "properties": {"a": {"type": "string", "pattern": "(?<=a)b"}}, "required": ["a"]}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_a_schema_the_engine_cannot_compile_is_a_capability_and_a_wrong_one_the_clients_error(
+    guarded: Process, stream: bool
+) -> None:
+    """`output_config.format` with a look-behind, which vLLM's grammar compilers lack: `structured_outputs_unsupported`
+    (the client retries without structured output), as a 400 also when streamed, where vLLM refuses it after its 200;
+    a `$ref` to nothing stays the engine's own words; a schema it can follow is answered."""
+
+    def asked(schema: dict) -> httpx.Response:
+        body = ASK | {"stream": stream, "output_config": {"format": {"type": "json_schema", "schema": schema}}}
+        return httpx.post(guarded.url + "/v1/messages", json=body, headers=AUTH, timeout=60)
+
+    refused = asked(LOOK_BEHIND)
+    assert (refused.status_code, refused.json()["error"]["message"]) == (
+        400,
+        "capability_rejected: structured_outputs_unsupported",
+    )
+    wrong = asked({"type": "object", "properties": {"a": {"$ref": "#/defs/none"}}})
+    assert wrong.status_code == 400 and wrong.json()["error"]["message"].startswith("Grammar error: ")
+    assert asked({"type": "object", "properties": {"a": {"type": "string"}}}).status_code == 200
+
+
 def test_vllms_image_refusals_map_to_their_classes_and_the_rest_is_relayed_as_it_is() -> None:
     refusals = {  # as vLLM 0.32 words them
         "tiny is not a multimodal model": "capability_rejected: image_block",
@@ -226,6 +251,12 @@ def test_vllms_image_refusals_map_to_their_classes_and_the_rest_is_relayed_as_it
     }  # fmt: skip
     for said, relayed in refusals.items():
         assert upstream_refusal(BridgeError(400, said)).message == relayed
+    lacking = "Grammar error: Unknown format: idn-hostname"  # only where the client asked for structured output
+    assert (
+        upstream_refusal(BridgeError(400, lacking), structured=True).message
+        == "capability_rejected: structured_outputs_unsupported"
+    )
+    assert upstream_refusal(BridgeError(400, lacking)).message == lacking
 
 
 # --- model discovery ---
