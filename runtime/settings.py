@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeGuard
 
+from runtime.budget import Budget, budget
+
 RECIPES_DIR = Path(__file__).resolve().parent / "engine" / "recipes"
 
 
@@ -181,24 +183,32 @@ class ApiKey:
     key: str = field(repr=False)  # a repr may reach a log: the key never does
     admin: bool = False  # `name:key:admin`: sees every key's usage and /metrics (runtime.bridge.auth)
     swap: bool = False  # `name:key:swap`: may make the pod swap its model, as the admin may
+    budgets: tuple[Budget, ...] = ()  # `name:key[:role]:5usd/day[:100usd/month]`: refused past one (runtime.budget)
 
     @property
     def entry(self) -> str:
-        """The entry as written in VL_API_KEYS: `name:key[:admin|:swap]`, or the bare key."""
+        """The entry as written in VL_API_KEYS: `name:key[:admin|:swap][:budget…]`, or the bare key."""
         role = ADMIN_SUFFIX if self.admin else SWAP_SUFFIX if self.swap else ""
-        return f"{self.name}:{self.key}{role}" if self.name else self.key
+        budgets = "".join(f":{budget.entry}" for budget in self.budgets)
+        return f"{self.name}:{self.key}{role}{budgets}" if self.name else self.key
 
 
 def key_entry(entry: str) -> ApiKey:
-    """An entry of VL_API_KEYS: `name:key`, `name:key:admin`, `name:key:swap`, or a bare key (no name, no role)."""
+    """An entry of VL_API_KEYS: `name:key`, `name:key:admin`, `name:key:swap`, each maybe followed by budgets
+    (`:5usd/day`), or a bare key (no name, no role, no budget)."""
     named = NAMED_KEY.fullmatch(entry)
     if not named:
         return ApiKey(None, entry)
     name, key = named.groups()
+    budgets: list[Budget] = []
+    while ":" in key and (last := budget(key.rpartition(":")[2])) is not None:
+        budgets.insert(0, last)
+        key = key.rpartition(":")[0]
     for suffix in (ADMIN_SUFFIX, SWAP_SUFFIX):
         if key.endswith(suffix) and len(key) > len(suffix):
-            return ApiKey(name, key.removesuffix(suffix), admin=suffix == ADMIN_SUFFIX, swap=suffix == SWAP_SUFFIX)
-    return ApiKey(name, key)
+            admin, swap = suffix == ADMIN_SUFFIX, suffix == SWAP_SUFFIX
+            return ApiKey(name, key.removesuffix(suffix), admin, swap, tuple(budgets))
+    return ApiKey(name, key, budgets=tuple(budgets))
 
 
 def key_entries(raw: str) -> tuple[ApiKey, ...]:
@@ -207,8 +217,9 @@ def key_entries(raw: str) -> tuple[ApiKey, ...]:
 
 
 @allows(
-    f"at most {MAX_KEYS} keys (`key`, `name:key`, `name:key:admin` or `name:key:swap`) separated by commas, each key "
-    f"{MIN_KEY_CHARS} to {MAX_KEY_CHARS} visible ASCII characters, or empty"
+    f"at most {MAX_KEYS} keys (`key`, `name:key`, `name:key:admin` or `name:key:swap`, a named one maybe followed by "
+    f"budgets, `:5usd/day`) separated by commas, each key {MIN_KEY_CHARS} to {MAX_KEY_CHARS} visible ASCII "
+    "characters, or empty"
 )
 def api_keys(raw: str) -> tuple[ApiKey, ...]:
     """The entries of VL_API_KEYS, each a key a header can carry and too long to guess; the error names
@@ -218,13 +229,25 @@ def api_keys(raw: str) -> tuple[ApiKey, ...]:
         which = f"entry {position}" + (f" ({entry.name})" if entry.name else "")
         if not HEADER_TOKEN.fullmatch(entry.key):
             raise Disallowed(f"{which} holds a character an HTTP header cannot carry (non-ASCII or control)")
+        if budget(entry.key) is not None:  # `KEY:5usd/day` reads as a name and a key: the name is the key
+            raise Disallowed(f"entry {position} has a budget but no name: write it `name:key:{entry.key}`")
         if not MIN_KEY_CHARS <= len(entry.key) <= MAX_KEY_CHARS:
             raise Disallowed(f"{which} has {len(entry.key)} characters")
+        check_budgets(which, entry.budgets)
         named = [n for n, other in enumerate(entries[: position - 1], 1) if entry.name and other.name == entry.name]
         keyed = [n for n, other in enumerate(entries[: position - 1], 1) if other.key == entry.key]
         if named or keyed:  # one label per key: two under one name would share its usage and its share
             raise Disallowed(f"{which} repeats the {'name' if named else 'key'} of entry {(named or keyed)[0]}")
     return entries
+
+
+def check_budgets(which: str, budgets: tuple[Budget, ...]) -> None:
+    """Each budget above nothing, and one per unit and period (two would leave the smaller one alone to count)."""
+    for position, one in enumerate(budgets):
+        if one.limit <= 0:
+            raise Disallowed(f"{which} has a budget of {one.entry}: above 0, or no budget")
+        if any((other.unit, other.period) == (one.unit, one.period) for other in budgets[:position]):
+            raise Disallowed(f"{which} has two budgets in {one.unit} a {one.period}")
 
 
 @allows(f"at most {MAX_NAMES} host names separated by commas or spaces, or empty")
@@ -652,8 +675,10 @@ VARIABLES: tuple[Variable, ...] = (
          "with a loud warning. An admin key sees every key's usage and /metrics, the others their own; with none "
          "marked `:admin`, the first entry is the admin. With VL_SWAP, only the admin and keys marked `:swap` may "
          "ask for a model that is not loaded (a swap stops the engine for everyone). A key without a name is labelled in traces and metrics "
-         "by a salted hash (the salt: `key-label.salt` in VL_STATE_DIR).",
-         secret=True, max_chars=MAX_KEYS * (MAX_KEY_CHARS + 72)),
+         "by a salted hash (the salt: `key-label.salt` in VL_STATE_DIR). A named key may carry budgets, "
+         "`name:key:5usd/day:2Mtokens/month` (per UTC day, week or month; dollars at VL_COST_PER_HOUR): Claude Code "
+         "shows its use past 75 % and 95 %, and past it the key gets `429 billing_error` until the period ends.",
+         secret=True, max_chars=MAX_KEYS * (MAX_KEY_CHARS + 150)),  # name, role, three budgets
     _var("VL_PREFIX_CACHE", "per-key", choice(*PREFIX_CACHES), B,
          "With several keys, each key's prompts are cached apart (vLLM's `cache_salt`), so that no key learns "
          "another's prompts from its cache hits or timing; `shared` lets a team's keys share a prefix."),
@@ -905,9 +930,23 @@ def check_together(values: Mapping[str, Any]) -> None:
         raise SettingsError("VL_DESKTOP", "on", "off while VL_DESKTOP_PASSWORD is empty (the desktop's port is public)")
     if values["swap"] and not values["bridge"]:
         raise SettingsError("VL_SWAP", ",".join(values["swap"]), "empty with VL_BRIDGE=off (the bridge asks for swaps)")
+    check_budgets_together(values)
     if values["swap"] and not values["api_keys"]:
         raise SettingsError("VL_SWAP", ",".join(values["swap"]),
                             "empty while VL_API_KEYS is empty (anyone could stop the engine with one request)")  # fmt: skip
+
+
+def check_budgets_together(values: Mapping[str, Any]) -> None:
+    """Budgets are the bridge's to count, and dollars are priced at VL_COST_PER_HOUR."""
+    budgeted = [entry for entry in values["api_keys"] if entry.budgets]
+    if budgeted and not values["bridge"]:
+        raise SettingsError(
+            "VL_BRIDGE", "off", f"on while VL_API_KEYS gives {budgeted[0].name} a budget (the bridge counts it)"
+        )
+    dollars = [entry for entry in budgeted if any(one.unit == "usd" for one in entry.budgets)]
+    if dollars and values["cost_per_hour"] is None:
+        raise SettingsError("VL_COST_PER_HOUR", "",
+                            f"the pod's price an hour while VL_API_KEYS gives {dollars[0].name} a budget in dollars")  # fmt: skip
 
 
 def not_a_setting(name: str) -> str:

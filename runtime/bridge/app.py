@@ -23,6 +23,7 @@ from starlette.routing import Route
 from runtime.bridge.accounting import Accounting
 from runtime.bridge.affinity import ROUTING_KEY, routing_key
 from runtime.bridge.auth import UNGUARDED_CALLER, RequireKey
+from runtime.bridge.budgets import BudgetGate
 from runtime.bridge.connection import read_body
 from runtime.bridge.console import console
 from runtime.bridge.engines import merged_metrics
@@ -217,9 +218,10 @@ def create_app(bridge: Bridge) -> Starlette:
     )
     # Without a cap (one key or none), no KeyShare: it would only pass every request on.
     sharing = [Middleware(KeyShare, cap=bridge.key_concurrency)] if bridge.key_concurrency is not None else []
+    budgets = [Middleware(BudgetGate, budgets=bridge.budgets)] if bridge.budgets else []  # refused before sharing
     return Starlette(
         routes=routes,
-        middleware=[accounting, Middleware(RequireKey, keys=bridge.keys, hosts=bridge.hosts), *sharing],
+        middleware=[accounting, Middleware(RequireKey, keys=bridge.keys, hosts=bridge.hosts), *budgets, *sharing],
         exception_handlers={BridgeError: bridge_error, HTTPException: http_error, Exception: internal_error},
         lifespan=lifespan,
     )

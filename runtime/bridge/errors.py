@@ -39,22 +39,23 @@ def error_type(status: int) -> str:
     return ERROR_TYPES.get(status) or ("invalid_request_error" if status < 500 else "api_error")
 
 
-def envelope(status: int, message: str) -> bytes:
-    return msgspec.json.encode({"type": "error", "error": {"type": error_type(status), "message": message}})
+def envelope(status: int, message: str, kind: str | None = None) -> bytes:
+    return msgspec.json.encode({"type": "error", "error": {"type": kind or error_type(status), "message": message}})
 
 
 class BridgeError(Exception):
     """An error answered to the client: an HTTP status and a message for the envelope."""
 
-    def __init__(self, status: int, message: str, retry_after_s: int | None = None) -> None:
+    def __init__(self, status: int, message: str, retry_after_s: int | None = None, kind: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.retry_after_s = retry_after_s  # instead of RETRY_AFTER_S's, when the bridge knows better
+        self.kind = kind  # instead of the status's type: `billing_error` is a 429 too
 
     @property
     def type(self) -> str:
-        return error_type(self.status)
+        return self.kind or error_type(self.status)
 
     def headers(self) -> dict[str, str]:
         """When to retry, for an overload; never, for a wrong key or what the pod does not do; other errors say
@@ -66,17 +67,17 @@ class BridgeError(Exception):
 
     def response(self, headers: dict[str, str] | None = None) -> Response:
         headers = self.headers() | (headers or {})
-        return Response(envelope(self.status, self.message), self.status, headers, JSON_CONTENT_TYPE)
+        return Response(envelope(self.status, self.message, self.kind), self.status, headers, JSON_CONTENT_TYPE)
 
     async def send(self, send: Send) -> None:
         """Answer with this error through a raw ASGI `send` (from inside a streaming response)."""
         headers = JSON_RESPONSE_HEADERS + [(name.encode(), value.encode()) for name, value in self.headers().items()]
         await send({"type": "http.response.start", "status": self.status, "headers": headers})
-        await send({"type": "http.response.body", "body": envelope(self.status, self.message)})
+        await send({"type": "http.response.body", "body": envelope(self.status, self.message, self.kind)})
 
     def event(self) -> bytes:
         """The error as an SSE `event: error`, for failures after the stream began."""
-        return b"event: error\ndata: " + envelope(self.status, self.message) + b"\n\n"
+        return b"event: error\ndata: " + envelope(self.status, self.message, self.kind) + b"\n\n"
 
 
 def status_from_upstream(status: int) -> int:

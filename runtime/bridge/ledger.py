@@ -46,11 +46,15 @@ class Ledger:
         self.failing = False  # a write failed: said once, not every FLUSH_EVERY_S
 
     def load(self) -> dict[str, KeyUsage]:
-        """The totals per key label, the file compacted; none when there is no file, or when it cannot be read
-        (the bridge starts anyway: usage is counted, and saved once it can be)."""
+        """The totals per key label, the file compacted (see `load_days`)."""
+        return totals_of(self.load_days())
+
+    def load_days(self) -> Buckets:
+        """The usage per key label and day, the file compacted; none when there is no file, or when it cannot be
+        read (the bridge starts anyway: usage is counted, and saved once it can be)."""
         try:
             self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # a gateway pod has no cache of its own
-            return totals_of(self.compact())
+            return self.compact()
         except OSError as error:
             log.warning("could not read the usage ledger %s: %s; totals start again", self.path, error)
             return {}

@@ -12,12 +12,14 @@ import asyncio
 import functools
 import os
 from collections.abc import Iterable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from runtime.bridge.auth import Caller
 from runtime.bridge.engines import EngineView, engine_view
 from runtime.bridge.state import Bridge
+from runtime.bridge.usage import KeyUsage
 from runtime.logfiles import tail
 from runtime.redact import Redactor
 from runtime.state.enginehealth import read_engine_stopped
@@ -70,6 +72,16 @@ def cost(per_hour: float | None, uptime_s: float, output_tokens_per_s: float) ->
     }
 
 
+def keys(bridge: Bridge, caller: Caller) -> list[dict[str, Any]]:
+    """Each key's usage (an admin's view; the caller's own otherwise), with its budgets' standing where it has
+    some: a budgeted key shows before its first request too."""
+    rows = {row["name"]: row for row in bridge.usage.per_key(bridge.cost_per_hour)}
+    for name, standings in bridge.budgets.views().items():
+        unused = asdict(KeyUsage(name, "")) | {"since": None, "cost": None}
+        rows.setdefault(name, unused)["budgets"] = standings
+    return [row for name, row in sorted(rows.items()) if caller.admin or name == caller.label]
+
+
 async def pod_status(bridge: Bridge, caller: Caller) -> dict[str, Any]:
     """The status object (its contract: docs/guide/watch.md and runtime/client/status.py): the pod's
     health for every key, and the keys' usage and sessions, all of them for an admin, else the caller's."""
@@ -101,11 +113,7 @@ async def pod_status(bridge: Bridge, caller: Caller) -> dict[str, Any]:
         },
         "capacity": bridge.capacity.view(),
         "you": {"key": caller.label, "admin": caller.admin},
-        "keys": [
-            usage
-            for usage in bridge.usage.per_key(bridge.cost_per_hour)
-            if caller.admin or usage["name"] == caller.label
-        ],
+        "keys": keys(bridge, caller),
         "sessions": bridge.sessions.recent(
             SESSIONS_SHOWN, bridge.cost_per_hour, None if caller.admin else caller.label
         ),

@@ -11,15 +11,16 @@ from pathlib import Path
 
 from runtime.bridge.answer import Serving
 from runtime.bridge.auth import AllowedHosts, ApiKeys
+from runtime.bridge.budgets import Budgets
 from runtime.bridge.capacity import CapacityWatch
-from runtime.bridge.ledger import Ledger
+from runtime.bridge.ledger import Ledger, totals_of
 from runtime.bridge.metrics import Metrics
 from runtime.bridge.models import Catalog
 from runtime.bridge.sessions import Sessions
 from runtime.bridge.sharing import key_cap
 from runtime.bridge.swaps import Swaps
 from runtime.bridge.upstream import Upstream
-from runtime.bridge.usage import Usage
+from runtime.bridge.usage import Recorder, Usage
 from runtime.image import public_facts, read_image_facts
 from runtime.logfiles import ENGINE, log_file
 from runtime.settings import Settings
@@ -72,8 +73,13 @@ class Bridge:
         self.ledger = Ledger(ledger) if ledger is not None else None
         self.bench_folder = ledger.parent if ledger is not None else Path(settings.state_dir)  # the last bench's
         self.bench = kept_bench(self.bench_folder)
-        totals = self.ledger.load() if self.ledger is not None else {}
-        self.usage = Usage(totals=totals, record=self.ledger.record if self.ledger is not None else None)
+        days = self.ledger.load_days() if self.ledger is not None else {}
+        # Each key's budgets, counted from the ledger's days (VL_API_KEYS `name:key:5usd/day`).
+        self.budgets = Budgets(settings.api_keys, settings.cost_per_hour, days)
+        recorders: list[Recorder] = [self.ledger.record] if self.ledger is not None else []
+        if self.budgets:
+            recorders.append(self.budgets.record)
+        self.usage = Usage(totals=totals_of(days), recorders=recorders)
         self.sessions = Sessions()
         self.capacity = CapacityWatch()  # sampled by create_app's lifespan and each status call
         self.telemetry = GpuTelemetry(on_sample=self.metrics.show_gpus)  # sampling: create_app's lifespan

@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
@@ -56,7 +56,7 @@ class KeyUsage:
 
 
 COUNTS = tuple(f.name for f in fields(KeyUsage) if f.name not in ("name", "since"))
-Recorder = Callable[[str, str, KeyUsage], None]  # (key, since, one request's usage): the ledger's `record`
+Recorder = Callable[[str, str, KeyUsage], None]  # (key, since, one request's usage): the ledger's `record`…
 
 
 def cost_of(busy_s: float, per_hour: float | None) -> float | None:
@@ -76,14 +76,14 @@ class Usage:
         window_s: int = WINDOW_S,
         clock: Callable[[], float] = time.monotonic,
         totals: dict[str, KeyUsage] | None = None,
-        record: Recorder | None = None,
+        recorders: Sequence[Recorder] = (),
     ) -> None:
         self.window_s = window_s
         self.clock = clock
         self.started = clock()
         self.recent: deque[Finished] = deque()
         self.keys: dict[str, KeyUsage] = dict(totals or {})
-        self.record = record
+        self.recorders = recorders  # the ledger's, the budgets': each told of every finished request
 
     def count(self, key: str, failed: bool, spent: Spent) -> None:
         now = self.clock()
@@ -98,8 +98,8 @@ class Usage:
             key, usage.since, 1, spent.input_tokens, spent.cached_tokens, spent.output_tokens, int(failed), spent.busy_s
         )
         usage.add(one)
-        if self.record is not None:
-            self.record(key, usage.since, one)
+        for record in self.recorders:
+            record(key, usage.since, one)
 
     def forget(self, now: float) -> None:
         while self.recent and self.recent[0].at < now - self.window_s:

@@ -226,13 +226,17 @@ def keys(rows: Sequence[Mapping[str, Any]], you: Mapping[str, Any] | None = None
         + "".join(f"{title:>12}" for title in ("REQUESTS", "INPUT", "CACHED", "OUTPUT", "ERRORS", "COST"))
         + "  SINCE"
     )
-    body = [
-        f"  {row['name']:<{width}}"
-        + "".join(f"{row[column]:>12,}" for column in columns)
-        + f"{dollars(row.get('cost')):>12}  {row.get('since', '-')}"
-        for row in rows
-    ]
+    body = []
+    for row in rows:
+        counts = "".join(f"{row[column]:>12,}" for column in columns)
+        body.append(f"  {row['name']:<{width}}{counts}{dollars(row.get('cost')):>12}  {row.get('since') or '-'}")
+        body += [f"    budget {budget_line(standing)}" for standing in row.get("budgets", ())]
     return "\n".join([title, head, *body])
+
+
+def budget_line(standing: Mapping[str, Any]) -> str:
+    """`$5.00 a day: 82% used, resets 2026-12-05T00:00:00Z` (a key's budget, VL_API_KEYS)."""
+    return f"{standing['budget']}: {standing['utilization']:.0%} used, resets {standing['resets_at']}"
 
 
 def sessions(shown: Sequence[Mapping[str, Any]]) -> str:

@@ -40,7 +40,7 @@ expect.set_options(timeout=WAIT_MS)
 def watched(vllm_server: VllmServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
     root = tmp_path_factory.mktemp("console")
     settings = {
-        "VL_API_KEYS": f"watcher:{WATCHER}, alice:{ALICE}",
+        "VL_API_KEYS": f"watcher:{WATCHER}:1Mtokens/month, alice:{ALICE}",  # the admin's budget: its row's Budget
         "VL_STATE_DIR": str(root / "state"),
         "VL_COST_PER_HOUR": COST_PER_HOUR,
     }
@@ -110,6 +110,8 @@ def test_logged_in_it_shows_the_model_and_counts_requests(
     assert f"{watched.url}/v1/pod/status" in urls and not any(WATCHER in url for url in urls)  # a header, never a URL
     alice_row = page.locator('[data-testid="key-row"][data-key="alice"]')
     expect(alice_row).to_have_count(0)  # alice has sent nothing yet
+    budget = page.locator('[data-testid="key-row"][data-key="watcher"]').get_by_test_id("key-budget")
+    expect(budget).to_have_text(re.compile(r"^0\.0 % of 1,000,000 tokens a month \(resets \d{4}-\d\d-01T00:00:00Z\)$"))
     before = int((page.get_by_test_id("request-count").text_content() or "").replace(",", ""))
 
     client = anthropic.Anthropic(base_url=watched.url, api_key=ALICE, max_retries=0)

@@ -168,7 +168,7 @@ def test_the_ledger_sums_per_key_skips_torn_lines_and_compacts(tmp_path: Path) -
     path = tmp_path / "volume" / "usage-ledger.jsonl"
     ledger = Ledger(path)
     assert ledger.load() == {}  # no file yet: its folder is made
-    usage = Usage(totals={}, record=ledger.record)
+    usage = Usage(totals={}, recorders=[ledger.record])
     usage.count("alice", False, Spent(10, 5, 3, busy_s=1.5))
     usage.count("alice", True, Spent(1, 0, 0))
     usage.count("bob", False, Spent(7, 0, 2))

@@ -34,7 +34,9 @@ HEALTHY = {
                  "verdict": "prefill-bound: 12 requests re-reading 148.2k-token contexts, 93% from the prefix cache "
                             "(2,730 prompt tokens/s computed, 85 generated)"},
     "keys": [{"name": "alice", "since": "2026-11-28T09:12:00Z", "requests": 120, "input_tokens": 84500,
-              "cached_tokens": 1150000, "output_tokens": 23456, "errors": 1, "busy_s": 1800.0, "cost": 0.345},
+              "cached_tokens": 1150000, "output_tokens": 23456, "errors": 1, "busy_s": 1800.0, "cost": 0.345,
+              "budgets": [{"budget": "$5.00 a day", "unit": "usd", "period": "day", "limit": 5.0, "spent": 4.1,
+                           "utilization": 0.82, "resets_at": "2026-12-05T00:00:00Z"}]},
              {"name": "hmac:3f2a9c0d1e4b", "since": "2026-12-01T18:00:05Z", "requests": 3, "input_tokens": 900,
               "cached_tokens": 0, "output_tokens": 120, "errors": 0, "busy_s": 2.5, "cost": 0.000479}],
     "sessions": [{"id": "c0ffee00-1111-4222-8333-444455556666", "seen_s_ago": 4.2, "agents": [
@@ -73,6 +75,7 @@ Capacity  prefill-bound: 12 requests re-reading 148.2k-token contexts, 93% from 
 Keys
   KEY                  REQUESTS       INPUT      CACHED      OUTPUT      ERRORS        COST  SINCE
   alice                     120      84,500   1,150,000      23,456           1     $0.3450  2026-11-28T09:12:00Z
+    budget $5.00 a day: 82% used, resets 2026-12-05T00:00:00Z
   hmac:3f2a9c0d1e4b           3         900           0         120           0     $0.0005  2026-12-01T18:00:05Z
 
 Claude Code sessions (the last seen first)
