@@ -231,6 +231,8 @@ def api_keys(raw: str) -> tuple[ApiKey, ...]:
             raise Disallowed(f"{which} holds a character an HTTP header cannot carry (non-ASCII or control)")
         if budget(entry.key) is not None:  # `KEY:5usd/day` reads as a name and a key: the name is the key
             raise Disallowed(f"entry {position} has a budget but no name: write it `name:key:{entry.key}`")
+        if any(budget(part) for part in entry.key.split(":")[1:]):  # `name:key:5usd/day:admin`
+            raise Disallowed(f"{which} has a budget before its role: write it `name:key:role:budget`")
         if not MIN_KEY_CHARS <= len(entry.key) <= MAX_KEY_CHARS:
             raise Disallowed(f"{which} has {len(entry.key)} characters")
         check_budgets(which, entry.budgets)

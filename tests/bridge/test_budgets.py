@@ -60,6 +60,7 @@ REFUSED = {
     f"a:{TEAM}:0tokens/day": ("VL_API_KEYS", "entry 1 (a) has a budget of 0tokens/day: above 0, or no budget"),
     f"a:{TEAM}:1tokens/day:2tokens/day": ("VL_API_KEYS", "entry 1 (a) has two budgets in tokens a day"),
     f"a:{TEAM}:5usd/day": ("VL_COST_PER_HOUR", "a budget in dollars"),
+    f"a:{TEAM}:5tokens/day:admin": ("VL_API_KEYS", "entry 1 (a) has a budget before its role"),  # else in the key
 }
 
 
