@@ -134,7 +134,7 @@ class MessagesExchange(Answer):
                 else:
                     await self.answer(response, out, input_tokens)
         except BridgeError as error:
-            error = upstream_refusal(error, self.structured)  # vLLM refuses a schema's grammar after its 200
+            error = upstream_refusal(error, self.structured)  # vLLM's, after its 200 too (a schema's grammar)
             self.trace.error_type = error.type
             await error.send(out.send)
 

@@ -45,11 +45,7 @@ class Ledger:
         self.torn = b""  # the end of a line a short write left unfinished: written first next time
         self.failing = False  # a write failed: said once, not every FLUSH_EVERY_S
 
-    def load(self) -> dict[str, KeyUsage]:
-        """The totals per key label, the file compacted (see `load_days`)."""
-        return totals_of(self.load_days())
-
-    def load_days(self) -> Buckets:
+    def load(self) -> Buckets:
         """The usage per key label and day, the file compacted; none when there is no file, or when it cannot be
         read (the bridge starts anyway: usage is counted, and saved once it can be)."""
         try:

@@ -73,7 +73,7 @@ class Bridge:
         self.ledger = Ledger(ledger) if ledger is not None else None
         self.bench_folder = ledger.parent if ledger is not None else Path(settings.state_dir)  # the last bench's
         self.bench = kept_bench(self.bench_folder)
-        days = self.ledger.load_days() if self.ledger is not None else {}
+        days = self.ledger.load() if self.ledger is not None else {}
         # Each key's budgets, counted from the ledger's days (VL_API_KEYS `name:key:5usd/day`).
         self.budgets = Budgets(settings.api_keys, settings.cost_per_hour, days)
         recorders: list[Recorder] = [self.ledger.record] if self.ledger is not None else []

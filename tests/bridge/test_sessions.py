@@ -174,7 +174,7 @@ def test_the_ledger_sums_per_key_skips_torn_lines_and_compacts(tmp_path: Path) -
     usage.count("bob", False, Spent(7, 0, 2))
     ledger.append(ledger.take())
     ledger.append(b'{"name": "alice", "since": "2000-01-01T00:00:00Z", "requests": 1}\n{"name": "tor')  # a crash
-    again = Ledger(path).load()
+    again = totals_of(Ledger(path).load())
     alice = again["alice"]
     assert (alice.since, alice.requests, alice.input_tokens, alice.errors, alice.busy_s) == (
         "2000-01-01T00:00:00Z", 3, 11, 1, 1.5)  # fmt: skip
@@ -193,12 +193,12 @@ def test_a_ledger_past_its_cap_is_compacted_per_key_and_day_and_keeps_every_tota
             name, day = ("alice", "bob")[n % 2], f"2026-{1 + n // 7500:02d}-{1 + n % 28:02d}"
             file.write(json.dumps({"name": name, "day": day} | one) + "\n")
     assert path.stat().st_size > MAX_LEDGER_BYTES
-    totals = Ledger(path).load()
+    totals = totals_of(Ledger(path).load())
     assert {name: (u.requests, u.output_tokens, u.busy_s) for name, u in totals.items()} == {
         "alice": (37_500, 75_000, 18_750.0), "bob": (37_500, 75_000, 18_750.0)}  # fmt: skip
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     assert len(lines) == len({(line["name"], line["day"]) for line in lines}) <= 2 * 10 * 28
-    assert Ledger(path).load() == totals and not list(tmp_path.glob("*.too-big"))
+    assert totals_of(Ledger(path).load()) == totals and not list(tmp_path.glob("*.too-big"))
 
 
 def test_past_its_budget_the_oldest_days_are_folded_into_one_line_per_key() -> None:
@@ -233,7 +233,7 @@ def test_a_hostile_ledger_line_is_skipped_and_said(
 ) -> None:
     path = tmp_path / "usage-ledger.jsonl"
     path.write_text(f'{{"name": "alice", "since": "2026-12-01T00:00:00Z", "requests": 2}}\n{hostile}\n')
-    totals = Ledger(path).load()
+    totals = totals_of(Ledger(path).load())
     assert list(totals) == ["alice"] and totals["alice"].requests == 2
     assert json.dumps([vars(usage) for usage in totals.values()], allow_nan=False)  # what /v1/pod/status sends
     assert any("had 1 unreadable lines: left out" in r.getMessage() for r in caplog.records)
