@@ -242,7 +242,7 @@ def test_a_hostile_ledger_line_is_skipped_and_said(
 SHORT_WRITES = textwrap.dedent("""
     import json, logging, resource, signal, sys
     from pathlib import Path
-    from runtime.bridge.ledger import Ledger
+    from runtime.bridge.ledger import Ledger, totals_of
     from runtime.bridge.usage import KeyUsage
 
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
@@ -256,7 +256,7 @@ SHORT_WRITES = textwrap.dedent("""
         ledger.flush()
     resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))  # room again
     ledger.flush()
-    print(json.dumps({name: [u.requests, u.output_tokens] for name, u in Ledger(path).load().items()}))
+    print(json.dumps({name: [u.requests, u.output_tokens] for name, u in totals_of(Ledger(path).load()).items()}))
 """)
 
 
