@@ -16,9 +16,9 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from runtime.bridge.accounting import GENERATIONS
-from runtime.bridge.errors import BridgeError
-from runtime.bridge.ledger import Buckets, Day, merge
-from runtime.bridge.usage import KeyUsage
+from runtime.bridge.errors import BILLING_ERROR, BridgeError
+from runtime.bridge.ledger import Buckets, Day, day_of, merge
+from runtime.bridge.usage import KeyUsage, cost_of
 from runtime.budget import PERIODS, Budget
 from runtime.settings import ApiKey
 
@@ -26,8 +26,6 @@ HEADER = "anthropic-ratelimit-unified-"
 # Once past each, a client signed in to a gateway says "You've used NN% of your usage credits".
 THRESHOLDS = (0.95, 0.75)
 DISABLED_REASON = "org_spend_cap_reached"  # the contract's word for a cap its gateway sets per user
-BILLING_ERROR = "billing_error"
-DAY_FORMAT = "%Y-%m-%d"  # the ledger's days
 
 
 @dataclass(frozen=True)
@@ -99,9 +97,7 @@ def refusal(key: str, standing: Standing, now: datetime) -> tuple[BridgeError, d
         "ask the pod's admin to raise it (VL_API_KEYS)"
     )
     reset = str(int(standing.resets.timestamp()))
-    headers = {
-        "retry-after": str(wait_s),
-        "x-should-retry": "false",  # the SDK would retry into the block
+    headers = {  # `retry-after` and `x-should-retry: false` are the billing error's own (BridgeError.headers)
         f"{HEADER}status": "rejected",
         f"{HEADER}reset": reset,
         f"{HEADER}overage-reset": reset,
@@ -125,7 +121,7 @@ class Budgets:
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self.budgets = {entry.name: entry.budgets for entry in entries if entry.name and entry.budgets}
-        self.cost_per_hour = cost_per_hour or 0.0  # the settings refuse a dollar budget without a price
+        self.cost_per_hour = cost_per_hour  # the settings refuse a dollar budget without a price
         self.clock = clock
         self.days: dict[str, dict[Day, KeyUsage]] = {name: {} for name in self.budgets}
         for (name, day), usage in (days or {}).items():
@@ -144,21 +140,21 @@ class Budgets:
         if spent is None:
             return
         now = self.clock()
-        today = now.strftime(DAY_FORMAT)
+        today = day_of(now)
         if today not in spent:
             self.forget(key, now)
         merge(spent, today, one)
 
     def forget(self, key: str, now: datetime) -> None:
         """Drop the days before the start of `key`'s longest period (the ledger keeps them)."""
-        first = min(budget.began(now) for budget in self.budgets[key]).strftime(DAY_FORMAT)
+        first = day_of(min(budget.began(now) for budget in self.budgets[key]))
         for day in [day for day in self.days[key] if day < first]:
             del self.days[key][day]
 
     def spent(self, usage: KeyUsage, unit: str) -> float:
         """Tokens the engine computed (cached reads left out), or dollars of busy time."""
         if unit == "usd":
-            return usage.busy_s * self.cost_per_hour / 3600
+            return cost_of(usage.busy_s, self.cost_per_hour) or 0.0
         return usage.input_tokens + usage.output_tokens
 
     def standings(self, key: str, now: datetime | None = None) -> list[Standing]:
@@ -167,7 +163,7 @@ class Budgets:
         days = self.days.get(key, {})
         standings = []
         for budget in self.budgets.get(key, ()):
-            first = budget.began(now).strftime(DAY_FORMAT)
+            first = day_of(budget.began(now))
             spent = sum(self.spent(usage, budget.unit) for day, usage in days.items() if day >= first)
             standings.append(Standing(budget, spent, budget.resets(now)))
         return standings

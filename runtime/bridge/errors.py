@@ -32,6 +32,7 @@ ERROR_TYPES: dict[int, str] = {
 RETRY_AFTER_S: dict[int, int] = {429: 5, 529: 2}
 # Never worth asking again: Claude Code retries a 401 with backoff for ~3 minutes unless told not to.
 NEVER_RETRY = frozenset({401, 501})
+BILLING_ERROR = "billing_error"  # a 429 for a spent budget: retried, it would only meet the block again
 
 
 def error_type(status: int) -> str:
@@ -58,11 +59,13 @@ class BridgeError(Exception):
         return self.kind or error_type(self.status)
 
     def headers(self) -> dict[str, str]:
-        """When to retry, for an overload; never, for a wrong key or what the pod does not do; other errors say
-        nothing (the client's own rules apply)."""
+        """When to retry, for an overload; never, for a wrong key, what the pod does not do or a spent budget; other
+        errors say nothing (the client's own rules apply)."""
         if self.status in NEVER_RETRY:
             return {"x-should-retry": "false"}
         wait = self.retry_after_s or RETRY_AFTER_S.get(self.status)
+        if self.kind == BILLING_ERROR:  # when the budget is whole again, and never a retry before
+            return {"retry-after": str(wait), "x-should-retry": "false"}
         return {} if wait is None else {"retry-after": str(wait), "x-should-retry": "true"}
 
     def response(self, headers: dict[str, str] | None = None) -> Response:

@@ -33,7 +33,7 @@ from runtime.bridge.guard import BlockedWrite
 from runtime.bridge.schema import MessagesRequest
 from runtime.bridge.sessions import Asker
 from runtime.bridge.sse import PING, AnthropicSse, SseParser
-from runtime.bridge.stream import MessageAssembler, Sink, StreamTranslator
+from runtime.bridge.stream import MessageAssembler, Sink, StreamTranslator, decoded, refusal_of
 from runtime.bridge.swaps import UNSTREAMED_WAIT_S, Swaps
 from runtime.bridge.trace import Trace
 from runtime.bridge.translate import Translation, Translator
@@ -288,8 +288,8 @@ class MessagesExchange(Answer):
         except BROKEN:
             return b""  # `pump` reads again, and says the stream broke off
         for payload in SseParser().feed(data):
-            if payload.startswith(b'{"error"'):
-                self.translator(MessageAssembler()).feed(payload)  # raises the refusal as the stream would
+            if payload.startswith(b'{"error"') and (error := decoded(payload).error) is not None:
+                raise refusal_of(error)
         return data
 
     async def pump(

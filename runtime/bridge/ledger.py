@@ -147,7 +147,12 @@ class Ledger:
 
 
 def today() -> Day:
-    return datetime.now(UTC).strftime("%Y-%m-%d")
+    return day_of(datetime.now(UTC))
+
+
+def day_of(moment: datetime) -> Day:
+    """The ledger's day of a UTC time (what a key's budget sums its spend by)."""
+    return moment.strftime("%Y-%m-%d")
 
 
 def add_to(buckets: Buckets, usage: KeyUsage, day: Day) -> None:

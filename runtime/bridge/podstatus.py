@@ -12,14 +12,13 @@ import asyncio
 import functools
 import os
 from collections.abc import Iterable
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from runtime.bridge.auth import Caller
 from runtime.bridge.engines import EngineView, engine_view
 from runtime.bridge.state import Bridge
-from runtime.bridge.usage import KeyUsage
+from runtime.bridge.usage import KeyUsage, key_row
 from runtime.logfiles import tail
 from runtime.redact import Redactor
 from runtime.state.enginehealth import read_engine_stopped
@@ -77,7 +76,7 @@ def keys(bridge: Bridge, caller: Caller) -> list[dict[str, Any]]:
     some: a budgeted key shows before its first request too."""
     rows = {row["name"]: row for row in bridge.usage.per_key(bridge.cost_per_hour)}
     for name, standings in bridge.budgets.views().items():
-        unused = asdict(KeyUsage(name, "")) | {"since": None, "cost": None}
+        unused = key_row(KeyUsage(name, ""), bridge.cost_per_hour) | {"since": None}
         rows.setdefault(name, unused)["budgets"] = standings
     return [row for name, row in sorted(rows.items()) if caller.admin or name == caller.label]
 

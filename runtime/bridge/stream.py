@@ -77,6 +77,18 @@ class Chunk(Struct):
 DECODE_CHUNK = msgspec.json.Decoder(Chunk).decode
 
 
+def decoded(payload: bytes) -> Chunk:
+    try:
+        return DECODE_CHUNK(payload)
+    except msgspec.DecodeError as error:
+        raise BridgeError(500, f"the model server sent an unreadable event: {error}") from None
+
+
+def refusal_of(error: UpstreamError) -> BridgeError:
+    """An error event of the upstream's stream, as ours."""
+    return BridgeError(status_from_upstream(error.code or 500), error.message)
+
+
 class Sink(Protocol):
     def message_start(self, message: dict[str, Any]) -> None: ...
     def block_start(self, index: int, block: dict[str, Any]) -> None: ...
@@ -136,12 +148,9 @@ class StreamTranslator:
         if payload == b"[DONE]":
             self.finish()
             return
-        try:
-            chunk = DECODE_CHUNK(payload)
-        except msgspec.DecodeError as error:
-            raise BridgeError(500, f"the model server sent an unreadable event: {error}") from None
+        chunk = decoded(payload)
         if chunk.error is not None:
-            raise BridgeError(status_from_upstream(chunk.error.code or 500), chunk.error.message)
+            raise refusal_of(chunk.error)
         if chunk.usage is not None:
             self.take_usage(chunk.usage)
         if not self.started:

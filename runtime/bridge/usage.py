@@ -130,10 +130,12 @@ class Usage:
 
     def per_key(self, cost_per_hour: float | None = None) -> list[dict[str, Any]]:
         """Each key's totals, and what its share of the engine's busy time cost at `cost_per_hour`."""
-        return [
-            asdict(usage) | {"busy_s": round(usage.busy_s, 3)} | {"cost": cost_of(usage.busy_s, cost_per_hour)}
-            for _, usage in sorted(self.keys.items())
-        ]
+        return [key_row(usage, cost_per_hour) for _, usage in sorted(self.keys.items())]
+
+
+def key_row(usage: KeyUsage, cost_per_hour: float | None) -> dict[str, Any]:
+    """A key's totals as the console and `runtime status` show them."""
+    return asdict(usage) | {"busy_s": round(usage.busy_s, 3), "cost": cost_of(usage.busy_s, cost_per_hour)}
 
 
 def percentile(ordered: list[float], pct: int) -> float | None:

@@ -6,16 +6,13 @@ from __future__ import annotations
 import base64
 import json
 import re
-import subprocess
 from pathlib import Path
 
 import httpx
 
-from runtime.client.connect import Endpoint, claude_environment
 from runtime.engine import tinymodel as tiny
 from tests.support.bridge import Process
-from tests.support.claude_code import CLAUDE, TIMEOUT_S, parse_result, quiet_environment, require_claude_code
-from tests.support.vllm_server import MAX_MODEL_LEN
+from tests.support.claude_code import parse_result, require_claude_code, run_claude
 
 # A 1x1 PNG: what a pasted screenshot sends, in small.
 PNG = base64.b64encode(bytes.fromhex(
@@ -32,22 +29,6 @@ def claude(
     """`claude -p PROMPT --output-format json` in `workdir`; its JSON result (exit code checked)."""
     done = run_claude(bridge, model, [prompt, "--output-format", "json", *options], workdir, home, environment)
     return parse_result(done)
-
-
-def run_claude(
-    bridge: Process, model: str, arguments: list[str], workdir: Path, home: Path, environment: dict | None = None
-) -> subprocess.CompletedProcess[str]:
-    """`claude -p ARGUMENTS…` in `workdir` with what `runtime connect` prints for users (and no
-    ANTHROPIC_API_KEY: it would win, and go to the paid API), plus `environment`."""
-    environment = (
-        quiet_environment(home)
-        | claude_environment(Endpoint(bridge.url, model, MAX_MODEL_LEN, "x"))
-        | (environment or {})
-    )
-    return subprocess.run(
-        [str(CLAUDE), "-p", *arguments],
-        cwd=workdir, env=environment, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=TIMEOUT_S,
-    )  # fmt: skip
 
 
 def test_a_text_turn(bridge: Process, tmp_path: Path) -> None:
@@ -144,14 +125,8 @@ def test_an_image_the_text_only_model_cannot_take_is_dropped_by_claude_code_and_
     said = {"type": "user", "message": {"role": "user", "content": [
         {"type": "text", "text": f"Say hello {tiny.MARK_TEXT}"}, image]}}  # fmt: skip
     before = bridge.log()
-    environment = quiet_environment(home) | claude_environment(
-        Endpoint(bridge.url, tiny.SERVED_NAME, MAX_MODEL_LEN, "x")
-    )
-    done = subprocess.run(
-        [str(CLAUDE), "-p", "--input-format", "stream-json", "--output-format", "stream-json", "--verbose"],
-        input=json.dumps(said) + "\n", cwd=tmp_path, env=environment, capture_output=True, text=True,
-        timeout=TIMEOUT_S,
-    )  # fmt: skip
+    arguments = ["--input-format", "stream-json", "--output-format", "stream-json", "--verbose"]
+    done = run_claude(bridge, tiny.SERVED_NAME, arguments, tmp_path, home, said=json.dumps(said) + "\n")
     assert done.returncode == 0, f"claude exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-2000:]}"
     events = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
     [removed] = [event for event in events if event.get("api_error") == "media_removed"]

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.bridge import ROOT
+from runtime.client.connect import Endpoint, claude_environment
+from tests.support.bridge import ROOT, Process
+from tests.support.vllm_server import MAX_MODEL_LEN
 
 CLAUDE = ROOT / "tests" / ".node" / "node_modules" / ".bin" / "claude"
 # No telemetry, update check or error report: nothing but the model's traffic leaves the CLI.
@@ -36,6 +38,29 @@ def require_claude_code() -> None:
 def quiet_environment(home: Path) -> dict[str, str]:
     """A fresh HOME (no login, settings or history of the developer's), PATH, and QUIET."""
     return {"PATH": os.environ["PATH"], "HOME": str(home)} | QUIET
+
+
+def run_claude(
+    bridge: Process,
+    model: str,
+    arguments: list[str],
+    workdir: Path,
+    home: Path,
+    environment: dict | None = None,
+    key: str = "x",
+    said: str | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """`claude -p ARGUMENTS…` in `workdir` with what `runtime connect` prints for users (and no ANTHROPIC_API_KEY: it
+    would win, and go to the paid API), `key` the pod's, plus `environment`; `said` on its standard input."""
+    environment = (
+        quiet_environment(home)
+        | claude_environment(Endpoint(bridge.url, model, MAX_MODEL_LEN, key))
+        | (environment or {})
+    )
+    return subprocess.run(
+        [str(CLAUDE), "-p", *arguments], cwd=workdir, env=environment, input=said,
+        stdin=subprocess.DEVNULL if said is None else None, capture_output=True, text=True, timeout=TIMEOUT_S,
+    )  # fmt: skip
 
 
 def parse_result(done: subprocess.CompletedProcess[str]) -> dict:
