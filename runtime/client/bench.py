@@ -28,7 +28,7 @@ import httpx
 
 from runtime.client.check import DEFAULT_URL, REQUEST_S, CheckFailed, Pod
 from runtime.client.connect import EndpointError, check_endpoint
-from runtime.client.identity import api_headers
+from runtime.client.identity import KEY_RULE, api_headers, pod_key, pod_url
 from runtime.engine.tinymodel.script import MARK_LONG
 
 CONTEXTS = (3_000, 32_000, 114_000, 282_000, 1_000_000)  # the notes' solo columns (Ornith NVFP4 on an Ada)
@@ -319,8 +319,10 @@ def shown(value: float | None) -> str:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("url", nargs="?", default=DEFAULT_URL, help=f"the pod's URL (default {DEFAULT_URL})")
-    parser.add_argument("--key", default="", help="a key of the pod's VL_API_KEYS")
+    parser.add_argument(
+        "url", nargs="?", help=f"the pod's URL (default: the pod `pod up` last brought up, else {DEFAULT_URL})"
+    )
+    parser.add_argument("--key", help=f"a key of the pod's VL_API_KEYS (default: {KEY_RULE})")
     parser.add_argument("--quick", action="store_true", help="two prompt lengths, up to 4 sessions, 64-token answers")
     parser.add_argument("--json", action="store_true", help='print {"solo": […], "aggregate": […], "prefill": {…}}')
 
@@ -328,7 +330,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     say = (lambda line: None) if args.json else (lambda line: print(line, flush=True))
     try:
-        report = asyncio.run(run_bench(args.url, args.key, args.quick, say))
+        url = pod_url(args.url) or DEFAULT_URL
+        report = asyncio.run(run_bench(url, pod_key(args.key, url) or "", args.quick, say))
     except EndpointError as error:
         print(f"runtime bench: {error}", file=sys.stderr)
         return 2

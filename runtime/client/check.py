@@ -23,7 +23,7 @@ import httpx
 
 from runtime.client.checkimages import pictures_to_show
 from runtime.client.connect import EndpointError, check_endpoint
-from runtime.client.identity import api_headers
+from runtime.client.identity import KEY_RULE, api_headers, pod_key, pod_url
 from runtime.engine.tinymodel.script import MARK_TOOL
 
 DEFAULT_URL = "http://127.0.0.1:8080"
@@ -290,8 +290,10 @@ async def run_checks(
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("url", nargs="?", default=DEFAULT_URL, help=f"the pod's URL (default {DEFAULT_URL})")
-    parser.add_argument("--key", default="", help="a key of the pod's VL_API_KEYS")
+    parser.add_argument(
+        "url", nargs="?", help=f"the pod's URL (default: the pod `pod up` last brought up, else {DEFAULT_URL})"
+    )
+    parser.add_argument("--key", help=f"a key of the pod's VL_API_KEYS (default: {KEY_RULE})")
     parser.add_argument("--model", help="the model id to check (default: the served model's bare name)")
     parser.add_argument("--only", action="append", choices=list(CHECKS), help="run only these checks (repeatable)")
     parser.add_argument("--json", action="store_true", help='print {"checks": [{"name", "ok", "status", "detail"}]}')
@@ -305,7 +307,8 @@ def run(args: argparse.Namespace) -> int:
     names = args.only or list(CHECKS)
     say: Callable[[Outcome], None] = (lambda outcome: None) if args.json else (lambda o: print(line_of(o), flush=True))
     try:
-        outcomes = asyncio.run(run_checks(args.url, args.key, names, say, args.model))
+        url = pod_url(args.url) or DEFAULT_URL
+        outcomes = asyncio.run(run_checks(url, pod_key(args.key, url) or "", names, say, args.model))
     except EndpointError as error:
         print(f"runtime check: {error}", file=sys.stderr)
         return 2

@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from runtime.client.identity import api_headers
+from runtime.client.identity import KEY_RULE, api_headers, pod_key
 from runtime.health import serves_model
 
 
@@ -76,7 +76,13 @@ def _require_a_served_model(client: httpx.Client) -> None:
     except httpx.HTTPError as error:
         raise EndpointError(f"{url} cannot be reached: {error}") from None
     if response.status_code == 200 and not serves_model(response.status_code, response.content):
+        if client.get("/v1/models").status_code == 401:  # a stranger reads /health too: the key first
+            raise EndpointError(refused_key(f"{client.base_url}/v1/models"))
         raise EndpointError(f"{url}: the bridge answers but its engine serves no model yet (still loading?)")
+
+
+def refused_key(url: str) -> str:
+    return f"{url} refused the key (401): give one of the pod's VL_API_KEYS ({KEY_RULE})"
 
 
 def _request(client: httpx.Client, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -86,7 +92,7 @@ def _request(client: httpx.Client, method: str, path: str, body: dict[str, Any] 
     except httpx.HTTPError as error:
         raise EndpointError(f"{url} cannot be reached: {error}") from None
     if response.status_code == 401:
-        raise EndpointError(f"{url} refused the key (401): pass the pod's VL_API_KEYS value with --key")
+        raise EndpointError(refused_key(url))
     if response.status_code >= 400:
         raise EndpointError(f"{url} answered {response.status_code}: {response.text[:300]}")
     try:
@@ -137,14 +143,14 @@ def powershell_script(environment: dict[str, str]) -> str:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("url", help="the pod's public endpoint, e.g. https://<pod>-8080.proxy.runpod.net")
-    parser.add_argument("--key", default="x", help="one of the pod's VL_API_KEYS (any text when the pod is open)")
+    parser.add_argument("--key", help=f"one of the pod's VL_API_KEYS (default: {KEY_RULE}; any text if open)")
     parser.add_argument("--model", help="the model id to use (default: the served model's bare name)")
     parser.add_argument("--shell", choices=("bash", "powershell", "both"), default="both")
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        endpoint = check_endpoint(args.url, args.key, args.model)
+        endpoint = check_endpoint(args.url, pod_key(args.key, args.url) or "x", args.model)  # open: any text
     except EndpointError as error:
         print(f"connect: {error}", file=sys.stderr)
         return 1

@@ -1,15 +1,25 @@
-"""What the commands run on the user's machine (`connect`, `status`, `pod`) share: who they say they are,
-and where they find the pod's key."""
+"""What the commands run on the user's machine share: who they say they are, which pod they ask, and with which key.
+
+One rule for every command (`connect`, `launch`, `check`, `bench`, `status`, `pod up`'s last check): the pod is
+the URL given, else the one `pod up` brought up last; the key is `--key`, else $ANTHROPIC_AUTH_TOKEN, else
+$ANTHROPIC_API_KEY, else the key `pod up` checked that same pod with (kept beside it, readable by the user alone).
+"""
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
 
 # RunPod's proxy answers 403 to Python's default user agents (the field notes): every request says ours.
 USER_AGENT = "vllm-pod/1 (+python -m runtime)"
-KEY_VARIABLES = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN")  # what Claude Code's environment already holds
+# Claude Code's own variables, in its order: the token it sends as a bearer, then the API key.
+KEY_VARIABLES = ("ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_API_KEY")
 ANTHROPIC_VERSION = "2023-06-01"
+LAST_POD = "last-pod.json"  # {"url": …, "key": …}: what `pod up` brought up last, in the user's config folder
+KEY_RULE = "--key, else $ANTHROPIC_AUTH_TOKEN, else $ANTHROPIC_API_KEY, else the key `pod up` was given for that pod"
 
 
 def api_headers(key: str | None) -> dict[str, str]:
@@ -19,6 +29,57 @@ def api_headers(key: str | None) -> dict[str, str]:
     return headers | ({"authorization": f"Bearer {key}"} if key else {})
 
 
-def pod_key(given: str | None, environ: Mapping[str, str] = os.environ) -> str | None:
-    """The key to ask a pod with: `--key`, else ANTHROPIC_API_KEY, else ANTHROPIC_AUTH_TOKEN."""
-    return given or next((environ[name] for name in KEY_VARIABLES if environ.get(name)), None)
+@dataclass(frozen=True)
+class LastPod:
+    """The pod `pod up` brought up last, and the key it checked it with (None when it had none)."""
+
+    url: str
+    key: str | None
+
+
+def config_dir(environ: Mapping[str, str] = os.environ) -> Path:
+    """The user's config folder for this tool (XDG's, else ~/.config)."""
+    base = environ.get("XDG_CONFIG_HOME") or str(Path(environ.get("HOME", "~")).expanduser() / ".config")
+    return Path(base) / "vllm-pod"
+
+
+def remember_pod(url: str, key: str | None, environ: Mapping[str, str] = os.environ) -> None:
+    """What `pod up` brought up last, for the commands run without a URL; written for the user alone (it holds a
+    key). A config folder that cannot be written costs only that memory."""
+    try:
+        folder = config_dir(environ)
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / LAST_POD
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.fchmod(descriptor, 0o600)  # a file left by an older version may have other bits
+        with os.fdopen(descriptor, "w") as file:
+            file.write(json.dumps({"url": url, "key": key}) + "\n")
+    except OSError:
+        pass
+
+
+def last_pod(environ: Mapping[str, str] = os.environ) -> LastPod | None:
+    try:
+        kept = json.loads((config_dir(environ) / LAST_POD).read_text())
+        url, key = kept.get("url"), kept.get("key")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return LastPod(url, key if isinstance(key, str) else None) if isinstance(url, str) else None
+
+
+def pod_url(given: str | None, environ: Mapping[str, str] = os.environ) -> str | None:
+    """The pod to ask: the URL given, else the one `pod up` brought up last; None when there is neither."""
+    if given:
+        return given
+    kept = last_pod(environ)
+    return kept.url if kept else None
+
+
+def pod_key(given: str | None, url: str | None = None, environ: Mapping[str, str] = os.environ) -> str | None:
+    """The key to ask the pod at `url` with, by the one rule (KEY_RULE): a kept key goes to its own pod only."""
+    if given:
+        return given
+    if chosen := next((environ[name] for name in KEY_VARIABLES if environ.get(name)), None):
+        return chosen
+    kept = last_pod(environ)
+    return kept.key if kept and url and kept.url.rstrip("/") == url.rstrip("/") else None

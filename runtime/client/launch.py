@@ -1,65 +1,36 @@
 """`python -m runtime launch [URL] [--key K] [-- CLAUDE ARGS…]`: check the pod's endpoint as `connect` does, then run
-Claude Code on it, with its environment set and `ANTHROPIC_API_KEY` removed (it wins over the pod's token and sends
-the session to the paid API). Without a URL, the pod `pod up` last brought up (kept in the user's config folder, as
-the field notes' connect script kept its pod file); `--print` prints `connect`'s output instead.
+Claude Code on it, the key in `ANTHROPIC_AUTH_TOKEN` and `ANTHROPIC_API_KEY` removed (it wins over the pod's token and
+sends the session to the paid API). Without a URL, the pod `pod up` last brought up (kept in the user's config folder,
+as the field notes' connect script kept its pod file); `--print` prints `connect`'s output instead.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
-from collections.abc import Mapping
-from pathlib import Path
 
 from runtime.client.connect import EndpointError, check_endpoint, claude_environment, print_environment
+from runtime.client.identity import KEY_RULE, pod_key, pod_url
 
 PASSES_ON = True  # runtime.cli hands what follows `--` over as `passed_on`: Claude Code's own arguments
-LAST_POD = "last-pod.json"  # {"url": …}: no key is kept (a key stays where the user keeps it)
-KEY_VARIABLE = "ANTHROPIC_AUTH_TOKEN"  # the key, when --key is not given: Claude Code's own variable for it
-
-
-def config_dir(environ: Mapping[str, str] = os.environ) -> Path:
-    """The user's config folder for this tool (XDG's, else ~/.config)."""
-    base = environ.get("XDG_CONFIG_HOME") or str(Path(environ.get("HOME", "~")).expanduser() / ".config")
-    return Path(base) / "vllm-pod"
-
-
-def remember_pod(url: str, environ: Mapping[str, str] = os.environ) -> None:
-    """What `pod up` brought up last, for a `launch` without a URL; a config folder that cannot be written costs
-    only that memory."""
-    try:
-        folder = config_dir(environ)
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / LAST_POD).write_text(json.dumps({"url": url}) + "\n")
-    except OSError:
-        pass
-
-
-def last_pod(environ: Mapping[str, str] = os.environ) -> str | None:
-    try:
-        url = json.loads((config_dir(environ) / LAST_POD).read_text()).get("url")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return url if isinstance(url, str) else None
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("url", nargs="?", help="the pod's endpoint (default: the pod `pod up` last brought up)")
-    parser.add_argument("--key", help=f"one of the pod's VL_API_KEYS (default: ${KEY_VARIABLE}; any text if open)")
+    parser.add_argument("--key", help=f"one of the pod's VL_API_KEYS (default: {KEY_RULE}; any text if open)")
     parser.add_argument("--model", help="the model id to use (default: the served model's bare name)")
     parser.add_argument("--print", action="store_true", help="print the environment, as `connect` does; run nothing")
     parser.epilog = "Arguments after `--` go to Claude Code: python -m runtime launch URL -- -p 'hello'"
 
 
 def run(args: argparse.Namespace) -> int:
-    url = args.url or last_pod()
+    url = pod_url(args.url)
     if url is None:
         print("launch: no URL, and no pod brought up by `pod up` yet: give the pod's URL", file=sys.stderr)
         return 2
-    key = args.key or os.environ.get(KEY_VARIABLE) or "x"
+    key = pod_key(args.key, url) or "x"  # an open pod takes any text
     try:
         endpoint = check_endpoint(url, key, args.model)
     except EndpointError as error:

@@ -27,8 +27,7 @@ import httpx
 from runtime.client.cards import card_of
 from runtime.client.choice import Choice, choices, template_model
 from runtime.client.connect import EndpointError, check_endpoint, print_environment
-from runtime.client.identity import USER_AGENT, pod_key
-from runtime.client.launch import remember_pod
+from runtime.client.identity import KEY_RULE, USER_AGENT, pod_key, remember_pod
 from runtime.client.liveline import LiveLine
 from runtime.client.plan import print_columns
 from runtime.client.runpod import (
@@ -118,7 +117,7 @@ def at_least_one(text: str) -> int:
 
 def watching(command: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The options of a command that watches a boot and ends with a check through the pod's bridge."""
-    command.add_argument("--key", help="one of the pod's VL_API_KEYS (default: $ANTHROPIC_API_KEY, ...)")
+    command.add_argument("--key", help=f"one of the pod's VL_API_KEYS (default: {KEY_RULE})")
     command.add_argument("--timeout", type=float, default=30.0, metavar="MIN", help="stop watching after MIN")
     return command
 
@@ -326,8 +325,9 @@ def up_team(
         status = boot(pods, pod["id"], env, deadline)
         if status:
             return status
-    print_environment(check_endpoint(proxy_url(gateway["id"]), pod_key(watching.key) or "x"))
-    remember_pod(proxy_url(gateway["id"]))  # `runtime launch` without a URL: this team's gateway
+    url = proxy_url(gateway["id"])
+    print_environment(check_endpoint(url, pod_key(watching.key, url) or "x"))
+    remember_pod(url, pod_key(watching.key, url))  # the client commands without a URL: this team's gateway
     every = " ".join(pod["id"] for pod in [gateway, *workers])
     print(f"\n# the team: python -m runtime pod status; pod stop {every}; pod down {every}")
     return 0
@@ -479,9 +479,9 @@ def watch_boot(pods: Pods, pod_id: str, watching: Watching, env: Mapping[str, st
     deadline = watching.deadline()
     status = boot(pods, pod_id, env, deadline)
     if not status:
-        key = pod_key(watching.key) or "x"
+        key = pod_key(watching.key, proxy_url(pod_id)) or "x"
         print_environment(check_endpoint(proxy_url(pod_id), key))
-        remember_pod(proxy_url(pod_id))  # `runtime launch` without a URL: this pod
+        remember_pod(proxy_url(pod_id), pod_key(watching.key, proxy_url(pod_id)))  # the commands without a URL
         print_verdict(pod_id, key, deadline)
     return status
 

@@ -1,8 +1,8 @@
-"""`python -m runtime status URL [--key K] [--watch]`: the pod's console in a terminal, for SSH sessions.
+"""`python -m runtime status [URL] [--key K] [--watch]`: the pod's console in a terminal, for SSH sessions.
 
 Reads the bridge's `GET /v1/pod/status` and prints it as tables; `--watch` redraws it in place every
-2 s until Ctrl-C. The key comes from `--key`, else ANTHROPIC_API_KEY or ANTHROPIC_AUTH_TOKEN (what Claude
-Code's environment already holds, see `runtime connect`). `render` is a pure function of the status object.
+2 s until Ctrl-C. The pod and its key follow the client commands' one rule (runtime.client.identity).
+`render` is a pure function of the status object.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from runtime.client.identity import KEY_VARIABLES, api_headers, pod_key
+from runtime.client.identity import KEY_RULE, api_headers, pod_key, pod_url
 from runtime.logsafe import strip_controls
 from runtime.state.bench import summary
 from runtime.state.selfcheck import checked
@@ -32,18 +32,23 @@ SHOWN_VERSIONS = ("vllm", "torch")  # of the image's pinned versions, the two pe
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("url", help="the bridge, e.g. http://127.0.0.1:8080 or https://<pod>-8080.proxy.runpod.net")
     parser.add_argument(
-        "--key", help=f"an API key of VL_API_KEYS (default: ${', $'.join(KEY_VARIABLES)}, the first set)"
+        "url",
+        nargs="?",
+        help="the bridge, e.g. https://<pod>-8080.proxy.runpod.net (default: the pod `pod up` last brought up)",
     )
+    parser.add_argument("--key", help=f"an API key of VL_API_KEYS (default: {KEY_RULE})")
     parser.add_argument("--watch", action="store_true", help=f"redraw every {WATCH_EVERY_S:g} s until Ctrl-C")
 
 
 def run(args: argparse.Namespace) -> int:
-    key = pod_key(args.key)
-    headers = api_headers(key)
+    url = pod_url(args.url)
+    if url is None:
+        print("status: no URL, and no pod brought up by `pod up` yet: give the pod's URL", file=sys.stderr)
+        return 2
+    headers = api_headers(pod_key(args.key, url))
     # The environment's proxy and CA settings apply, as for `runtime connect`: the pod is usually remote.
-    with httpx.Client(base_url=args.url.rstrip("/"), headers=headers, timeout=TIMEOUT_S) as client:
+    with httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=TIMEOUT_S) as client:
         if not args.watch:
             state, problem = fetch(client)
             if state is None:

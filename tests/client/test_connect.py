@@ -3,6 +3,9 @@ which must start the real Claude Code on the pod's model as printed, a stray ANT
 
 from __future__ import annotations
 
+import json
+import shlex
+import stat
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -10,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.client.launch import remember_pod
+from runtime.client.identity import config_dir, remember_pod
 from runtime.engine import tinymodel as tiny
 from tests.support.bridge import ROOT, Process, clean_environment, start_bridge
 from tests.support.claude_code import CLAUDE, TIMEOUT_S, parse_result, quiet_environment, require_claude_code
@@ -91,6 +94,16 @@ def test_a_bridge_whose_engine_still_loads(tmp_path: Path) -> None:
         assert "the bridge answers but its engine serves no model yet" in refused(connect(bridge.url))
 
 
+def test_a_wrong_key_is_said_before_a_loading_engine(tmp_path: Path) -> None:
+    """/health tells a stranger the pod's condition too: a wrong key must not read as "still loading?"."""
+    with start_bridge(f"http://127.0.0.1:{free_port()}", tmp_path / "bridge.log", {"VL_API_KEYS": KEY}) as bridge:
+        line = refused(connect(bridge.url, "--key", "sk-wrong"))
+    assert line == (
+        f"connect: {bridge.url}/v1/models refused the key (401): give one of the pod's VL_API_KEYS (--key, else "
+        "$ANTHROPIC_AUTH_TOKEN, else $ANTHROPIC_API_KEY, else the key `pod up` was given for that pod)\n"
+    )
+
+
 def test_launch_runs_claude_code_on_the_pod_up_brought_up_without_the_paid_api_key(
     keyed_bridge: Process, tmp_path: Path
 ) -> None:
@@ -103,7 +116,7 @@ def test_launch_runs_claude_code_on_the_pod_up_brought_up_without_the_paid_api_k
         "PATH": f"{CLAUDE.parent}:{quiet_environment(home)['PATH']}", "ANTHROPIC_API_KEY": "sk-ant-left-over",
         "ANTHROPIC_AUTH_TOKEN": KEY, "PYTHONPATH": str(ROOT),
     }  # fmt: skip
-    remember_pod(keyed_bridge.url, environment)  # what `pod up` does once its pod serves
+    remember_pod(keyed_bridge.url, None, environment)  # what `pod up` does once its pod serves
     ran = subprocess.run(
         [sys.executable, "-m", "runtime", "launch", "--", "-p", f"Say hello {tiny.MARK_TEXT}", "--output-format", "json"],
         cwd=home, env=environment, capture_output=True, text=True, timeout=TIMEOUT_S,
@@ -121,3 +134,59 @@ def test_launch_prints_the_environment_or_says_which_url_it_needs(keyed_bridge: 
     nowhere = subprocess.run(launch, cwd=ROOT, env=environment, capture_output=True, text=True, timeout=120)
     assert nowhere.returncode == 2 and nowhere.stdout == ""
     assert nowhere.stderr == "launch: no URL, and no pod brought up by `pod up` yet: give the pod's URL\n"
+
+
+def stand_in_claude(folder: Path) -> Path:
+    """A `claude` on PATH that writes the environment it was started with to `environment.json`, then exits."""
+    folder.mkdir()
+    script = folder / "claude"
+    script.write_text(
+        f"#!{sys.executable}\nimport json, os\njson.dump(dict(os.environ), open('environment.json', 'w'))\n"
+    )
+    script.chmod(0o755)
+    return folder
+
+
+def test_launch_takes_the_key_the_readme_exports_and_hands_it_over_as_the_token(
+    keyed_bridge: Process, tmp_path: Path
+) -> None:
+    """The README's journey exports ANTHROPIC_API_KEY before `pod up`; `launch` asks the pod with it, then gives
+    Claude Code the key as ANTHROPIC_AUTH_TOKEN, never as the variable that goes to the paid API."""
+    folder = stand_in_claude(tmp_path / "bin")
+    environment = clean_environment({"XDG_CONFIG_HOME": str(tmp_path), "ANTHROPIC_API_KEY": KEY})
+    environment["PATH"] = f"{folder}:{environment['PATH']}"
+    ran = subprocess.run([sys.executable, "-m", "runtime", "launch", keyed_bridge.url], cwd=tmp_path, env=environment,
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    given = json.loads((tmp_path / "environment.json").read_text())
+    assert given["ANTHROPIC_AUTH_TOKEN"] == KEY and "ANTHROPIC_API_KEY" not in given
+    assert (given["ANTHROPIC_BASE_URL"], given["ANTHROPIC_MODEL"]) == (keyed_bridge.url, "tiny")
+
+
+def test_the_key_pod_up_was_given_serves_its_pod_and_no_other(keyed_bridge: Process, tmp_path: Path) -> None:
+    """Without --key or a variable, each command takes the key `pod up` checked its pod with, for that pod only:
+    `status`, `check` and `bench` without a URL ask that pod; a key kept for it is never sent to another URL."""
+    environment = clean_environment({"XDG_CONFIG_HOME": str(tmp_path)})
+    remember_pod(keyed_bridge.url, KEY, environment)
+    assert stat.S_IMODE(config_dir(environment).joinpath("last-pod.json").stat().st_mode) == 0o600
+    runtime = [sys.executable, "-m", "runtime"]
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*runtime, *args], cwd=ROOT, env=environment, capture_output=True, text=True,
+                              timeout=120)  # fmt: skip
+
+    printed = run("launch", "--print")
+    assert printed.returncode == 0 and f"export ANTHROPIC_AUTH_TOKEN={shlex.quote(KEY)}\n" in printed.stdout
+    assert "tiny" in run("status").stdout
+    with start_bridge(
+        f"http://127.0.0.1:{free_port()}", tmp_path / "other.log", {"VL_API_KEYS": "sk-other-pod-0123456789"}
+    ) as other:
+        assert "refused the key (401)" in refused(connect(other.url))  # "x", not the kept key
+    remember_pod(keyed_bridge.url, "sk-wrong", environment)  # a wrong key proves which pod they asked, at no cost
+    for command in ("check", "bench"):
+        done = run(command)
+        assert (done.returncode, done.stderr) == (
+            2, f"runtime {command}: {keyed_bridge.url}/v1/models refused the key (401): give one of the pod's "
+            "VL_API_KEYS (--key, else $ANTHROPIC_AUTH_TOKEN, else $ANTHROPIC_API_KEY, else the key `pod up` was given "
+            "for that pod)\n",
+        )  # fmt: skip

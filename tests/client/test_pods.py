@@ -18,8 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from runtime.client.identity import USER_AGENT
-from runtime.client.launch import last_pod
+from runtime.client.identity import USER_AGENT, LastPod, last_pod
 from space import runpod
 from tests.support.environ import outer_environ
 from tests.support.hub_server import HubServer
@@ -104,7 +103,8 @@ def test_up_places_the_pod_on_the_next_gpu_watches_its_boot_and_prints_claude_co
         result.stdout.splitlines()[-1]
         == f"self-check: failed: needle (python -m runtime logs {pod_id}: a line per check)"
     )
-    assert last_pod({"XDG_CONFIG_HOME": str(account.config)}) == account.url(account.runpod.pods[0]["id"])  # launch's
+    # What the client commands without a URL ask (launch, check, bench, status), with the key `pod up` was given.
+    assert last_pod({"XDG_CONFIG_HOME": str(account.config)}) == LastPod(account.url(pod_id), KEY)
     assert {r.headers.get("user-agent") for r in account.runpod.received} == {USER_AGENT}
 
 
