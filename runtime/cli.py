@@ -1,16 +1,19 @@
 """`python -m runtime <command>`: one sub-command per module, imported only when it is run.
 
 Each command's module exposes `configure(parser)` to declare its options and `run(args) -> int`.
-Importing lazily keeps `python -m runtime --help` instant and free of heavy dependencies.
+Importing lazily keeps `python -m runtime --help` quick: it imports one command's module, `pod`'s, whose parser
+names the verbs its line lists.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "start": ("runtime.pod.start", "start sshd, vLLM and the bridge, and keep them alive (the image entrypoint)"),
@@ -33,10 +36,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "bench": ("runtime.client.bench", "measure the pod's speed as the field notes did: solo decode, sessions, prefill"),
     "plan": ("runtime.client.plan", "does a model fit a card at a context, for K sessions, and what does it cost"),
-    "pod": (
-        "runtime.client.pods",
-        "start, watch, stop and delete your pods on RunPod (up, watch, status, stop, start, down)",
-    ),
+    "pod": ("runtime.client.pods", "your pods on RunPod, without its console"),
     "status": (
         "runtime.client.status",
         "show a running pod's console in the terminal: engine, traffic, keys, GPUs, cost",
@@ -47,14 +47,46 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "print the effective VL_* settings, check a settings file, or the generated tables of docs/reference/settings.md",
     ),
 }
+# The commands of verbs: their usage line ends with the verbs their own parser declares, so the two cannot drift.
+VERBS_LISTED = ("pod",)
 
 
 def usage() -> str:
     width = max(map(len, COMMANDS))
     lines = ["usage: python -m runtime <command> [options]", "", "commands:"]
-    lines += [f"  {name.ljust(width)}  {summary}" for name, (_, summary) in COMMANDS.items()]
+    lines += [f"  {name.ljust(width)}  {summary_of(name)}" for name in COMMANDS]
     lines += ["", "Run `python -m runtime <command> --help` for a command's options."]
     return "\n".join(lines)
+
+
+def summary_of(name: str) -> str:
+    """A command's line in the usage: its summary, and for a command of verbs (`pod`) the verbs its parser takes,
+    read from that parser since a list written here went stale (it lacked `gpus` and `replace`)."""
+    module_name, summary = COMMANDS[name]
+    listed = verbs(module_name) if name in VERBS_LISTED else []
+    return f"{summary}: {', '.join(listed)}" if listed else summary
+
+
+def verbs(module_name: str) -> list[str]:
+    """The sub-commands a command's module declares: the one module the usage imports, none where its packages are
+    missing (a stock image's bare python runs `runtime` before installing them)."""
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError:
+        return []
+    parser = argparse.ArgumentParser()
+    module.configure(parser)
+    found = [action for action in parser._actions if isinstance(action, argparse._SubParsersAction)]
+    return [verb for action in found for verb in action.choices]
+
+
+class JsonErrors(argparse.ArgumentParser):
+    """The parser of a command run with `--json` whose failures are JSON (its module's JSON_ERRORS): a refusal of
+    its arguments is also {"error": ...} on stdout, so that a script reading the JSON gets one whatever went wrong."""
+
+    def error(self, message: str) -> NoReturn:
+        print(json.dumps({"error": message}))
+        super().error(message)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -68,7 +100,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     module_name, summary = COMMANDS[name]
     module = importlib.import_module(module_name)
-    parser = argparse.ArgumentParser(prog=f"python -m runtime {name}", description=summary)
+    json_errors = getattr(module, "JSON_ERRORS", False) and "--json" in rest
+    parser = (JsonErrors if json_errors else argparse.ArgumentParser)(
+        prog=f"python -m runtime {name}", description=summary
+    )
     module.configure(parser)
     run: Callable[[argparse.Namespace], int] = module.run
     if getattr(module, "PASSES_ON", False) and "--" in rest:  # what follows `--` is another program's

@@ -27,6 +27,11 @@ class Card:
     def image(self) -> str | None:
         return self.arch if self.arch in IMAGES else None
 
+    def answers_to(self, asked: str) -> bool:
+        """Whether `asked` names this card: RunPod's id or the name the tables show ("RTX 4090"), in any case,
+        since a user copies either from RunPod's console or from `plan`'s table."""
+        return asked.strip().casefold() in (self.id.casefold(), self.name.casefold())
+
 
 # Without a RunPod key: the notes' cards and the common ones (prices unknown; RunPod's catalogue has them).
 CARDS = (

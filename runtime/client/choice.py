@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runtime.client.cards import CARDS, OURS, Card, card_of
-from runtime.client.plan import Offer, PlanError, model_of_recipe, offer_of, sizing_settings
+from runtime.client.plan import Offer, PlanError, model_of_recipe, named_offer, offer_of, sizing_settings
 from runtime.client.runpod import RunPodError
 from runtime.client.sizing import SESSIONS, Model, fit
 from runtime.engine.recipes import RecipeError, load_recipe
@@ -72,8 +72,11 @@ def choices(
 
 
 def offer_for(gpu: str, entries: Mapping[str, Mapping[str, Any]], cloud: str) -> Offer:
-    entry = entries.get(gpu)
-    return Offer(card_of(gpu)) if entry is None else offer_of(entry, cloud)
+    """The offer `gpu` names, by RunPod's id or the card's name ("RTX 4090", as `plan` shows it): the catalogue's,
+    else the built-in table's, unpriced; else a card of unknown memory that its architecture's check refuses."""
+    if gpu in entries:
+        return offer_of(entries[gpu], cloud)
+    return named_offer(gpu, [offer_of(entry, cloud) for entry in entries.values()]) or Offer(card_of(gpu))
 
 
 def centres(entry: Mapping[str, Any] | None) -> tuple[str, ...]:

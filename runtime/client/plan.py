@@ -8,7 +8,7 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,10 +17,17 @@ from runtime.client.runpod import KEY_VARIABLE, RunPodClient, RunPodError
 from runtime.client.sizing import SESSIONS, Fit, Model, fit
 from runtime.engine.command import VLLM_DEFAULT_UTIL, tuned_options
 from runtime.engine.recipes import Recipe, RecipeError, load_recipe
-from runtime.settings import Settings, SettingsError, load_settings, recipe_names
+from runtime.settings import Parser, Settings, SettingsError, integer, load_settings, quoted, recipe_names
 
 BYTES = {"auto": 2, "bfloat16": 2, "float16": 2, "half": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
 ATTENTION = ("full_attention", "attention", "sliding_attention", "mla")  # config.json's layer_types that hold KV
+# One try at the Hub, this long: huggingface_hub's tree listing retried for 24 s on a Hub that was down, while the
+# built-in recipes need no Hub at all; a user asking for a plan is better told at once.
+HUB_TRY_S = 10.0
+SESSIONS_ALLOWED = integer(1, unit="sessions")
+CONTEXT_ALLOWED = integer(256, unit="tokens")  # VL_CTX's bound: the window a pod would accept
+# `runtime.cli`: with --json, a refusal of the arguments is also {"error": ...} on stdout, as run's failures are.
+JSON_ERRORS = True
 
 
 # The settings that change what a pod holds, read from a template (pod up) or the shell (plan) as the pod reads them;
@@ -35,6 +42,11 @@ def sizing_settings(environ: Mapping[str, str]) -> Settings:
 
 class PlanError(Exception):
     """Why a model cannot be sized: one line."""
+
+
+class NotAllowed(PlanError):
+    """A value the user passed that names nothing `plan` knows: one line saying what is allowed, exit 2 (as
+    argparse's own refusals), since it is the command line to fix, not the world."""
 
 
 @dataclass(frozen=True)
@@ -101,8 +113,13 @@ def model_of_recipe(
 
 
 def model_of_repo(repo: str, context: int | None, environ: Mapping[str, str] = os.environ) -> Model:
-    """A Hub repository no recipe names, sized from its files (bf16 KV, vLLM's default utilization, one GPU)."""
-    read = read_repo(repo, "auto", environ)
+    """A Hub repository no recipe names, sized from its files (bf16 KV, vLLM's default utilization, one GPU); when
+    the Hub cannot say, PlanError names the recipes sized without it."""
+    try:
+        read = read_repo(repo, "auto", environ)
+    except PlanError as error:
+        offline = ", ".join(offline_recipes())
+        raise PlanError(f"{error}; the built-in recipes are sized offline: --model {offline}") from None
     window = context or read.max_context
     return Model(
         name=repo,
@@ -114,6 +131,13 @@ def model_of_repo(repo: str, context: int | None, environ: Mapping[str, str] = o
         utilization=VLLM_DEFAULT_UTIL,
         source=read.source,
     )
+
+
+def offline_recipes() -> list[str]:
+    """The recipes `plan` sizes without the Hub: those whose facts carry a token's KV size (the others read their
+    repository's config.json)."""
+    facts = {name: load_recipe(name).facts for name in recipe_names()}
+    return [name for name, known in facts.items() if known is not None and known.kv_bytes_per_token is not None]
 
 
 @dataclass(frozen=True)
@@ -133,14 +157,15 @@ def read_repo(repo: str, kv_dtype: str, environ: Mapping[str, str]) -> RepoFacts
 
     try:
         hub = HubRepo.from_environ(repo, environ)
-        files = [f for f in hub.api.list_repo_tree(hub.repo_id, recursive=True) if hasattr(f, "size")]
+        # The first request is the one try (model_info is never retried): a Hub that is down fails it at once.
+        files = hub.api.model_info(hub.repo_id, files_metadata=True, timeout=HUB_TRY_S).siblings or []
         config = json.loads(hub.read_text("config.json", hub.version("config.json")))
     except HfHubHTTPError as error:
         raise PlanError(f"cannot read {repo} on the Hub: {str(error).splitlines()[0]}") from None
     except Exception as error:  # network down, a timeout, not a Hub at that address, a malformed config.json
         raise PlanError(f"cannot read {repo} on the Hub: {type(error).__name__}: {error}") from None
-    weights = [f.size for f in files if f.path.endswith(".safetensors")] or [
-        f.size for f in files if f.path.endswith(".bin")
+    weights = [f.size or 0 for f in files if f.rfilename.endswith(".safetensors")] or [
+        f.size or 0 for f in files if f.rfilename.endswith(".bin")
     ]
     text = config.get("text_config") or config
     per_token, how = kv_bytes(text, BYTES.get(kv_dtype, 2))
@@ -188,7 +213,7 @@ def attention_layers(config: Mapping[str, Any], layers: int) -> int:
 
 def offers(gpus: Sequence[str], environ: Mapping[str, str] = os.environ) -> tuple[list[Offer], str]:
     """The cards to size: RunPod's catalogue with prices and stock when RUNPOD_API_KEY is set, else the built-in
-    table; narrowed to `gpus` when given. Also a line saying which."""
+    table; narrowed to `gpus` (RunPod's ids or the cards' names) when given. Also a line saying which."""
     key = environ.get(KEY_VARIABLE, "")
     if key:
         with RunPodClient(key) as api:
@@ -198,9 +223,26 @@ def offers(gpus: Sequence[str], environ: Mapping[str, str] = os.environ) -> tupl
         found = [Offer(card) for card in CARDS]
         said = f"the built-in table of common cards (prices with {KEY_VARIABLE})"
     if gpus:
-        known = {offer.card.id: offer for offer in found}
-        found = [known.get(gpu) or Offer(card_of(gpu)) for gpu in gpus]
+        found = [asked_offer(gpu, found, bool(key)) for gpu in gpus]
     return found, said
+
+
+def named_offer(asked: str, found: Iterable[Offer]) -> Offer | None:
+    """The offer whose card `asked` names (its id or its name, in any case): one of `found`, else a card of the
+    built-in table, unpriced (one the catalogue does not list now); None when no card answers to it."""
+    listed = [*found, *(Offer(card) for card in CARDS)]
+    return next((offer for offer in listed if offer.card.answers_to(asked)), None)
+
+
+def asked_offer(asked: str, found: Sequence[Offer], catalogue: bool) -> Offer:
+    """The offer `asked` names; NotAllowed listing the names otherwise, since an unknown card sized as 0 GiB would
+    be refused for a reason that is not true."""
+    offer = named_offer(asked, found)
+    if offer is None:
+        where = "RunPod's catalogue" if catalogue else f"the built-in table (RunPod's catalogue with {KEY_VARIABLE})"
+        names = ", ".join(listed.card.name for listed in found)
+        raise NotAllowed(f"--gpu {quoted(asked)} is not allowed: expected the id or name of a card in {where}: {names}")
+    return offer
 
 
 def offer_of(entry: Mapping[str, Any], cloud: str = "secure") -> Offer:
@@ -277,16 +319,35 @@ def verdict(model: Model, rows: Sequence[Row], sessions: int) -> str:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="nemotron", help="a recipe (default nemotron), or a Hub repo owner/name")
-    parser.add_argument("--context", type=int, metavar="N", help="the window (default: the recipe's)")
+    parser.add_argument(
+        "--context", type=allowed(CONTEXT_ALLOWED), metavar="N", help="the window (default: the recipe's)"
+    )
     parser.add_argument(
         "--sessions",
-        type=int,
+        type=allowed(SESSIONS_ALLOWED),
         default=SESSIONS,
         metavar="K",
         help=f"full-window requests at once (default {SESSIONS}: never size for one)",
     )
-    parser.add_argument("--gpu", action="append", default=[], metavar="ID", help="a RunPod GPU id; repeatable")
-    parser.add_argument("--json", action="store_true", help="one JSON list, a card per entry")
+    parser.add_argument(
+        "--gpu", action="append", default=[], metavar="ID", help="a RunPod GPU id or its name (RTX 4090); repeatable"
+    )
+    parser.add_argument(
+        "--json", action="store_true", help='one JSON list, a card per entry (on a failure: {"error": LINE})'
+    )
+
+
+def allowed(rule: Parser) -> Callable[[str], int]:
+    """An option's type from a setting's rule: its refusal names the value and what is allowed, in the words the
+    settings use for theirs (argparse prefixes the option's name and exits 2)."""
+
+    def parse(text: str) -> int:
+        try:
+            return int(rule.parse(text))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{quoted(text)} is not allowed: expected {rule.allowed}") from None
+
+    return parse
 
 
 def run(args: argparse.Namespace) -> int:
@@ -294,8 +355,7 @@ def run(args: argparse.Namespace) -> int:
         model = sized_model(args.model, args.context, sizing_settings(os.environ))
         found, said = offers(args.gpu)
     except (PlanError, RecipeError, RunPodError, SettingsError) as error:
-        print(f"plan: {error}", file=sys.stderr)
-        return 1
+        return failed(str(error), 2 if isinstance(error, NotAllowed) else 1, args.json)
     rows = rows_for(model, found, args.sessions)
     if args.json:
         print(json.dumps([row.as_json(model) for row in rows], indent=1))
@@ -306,12 +366,22 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def failed(line: str, status: int, as_json: bool) -> int:
+    """A failure's one line on stderr, and with --json as {"error": line} on stdout too: a script reading the
+    JSON gets a JSON answer whatever went wrong."""
+    print(f"plan: {line}", file=sys.stderr)
+    if as_json:
+        print(json.dumps({"error": line}))
+    return status
+
+
 def sized_model(name: str, context: int | None, settings: Settings) -> Model:
     """A recipe's name (with the VL_* tuning set here applied, as on a pod), else a Hub repository's."""
     if name in recipe_names():
         return model_of_recipe(load_recipe(name), context, settings=settings)
     if "/" not in name:
-        raise PlanError(f"{name!r} is no recipe ({', '.join(recipe_names())}) nor a Hub repo (owner/name)")
+        expected = f"a recipe ({', '.join(recipe_names())}) or a Hub repo owner/name"
+        raise NotAllowed(f"--model {quoted(name)} is not allowed: expected {expected}")
     return model_of_repo(name, context)
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 
-from runtime.client.cards import card_of
+from runtime.client.cards import CARDS, card_of
 from runtime.client.choice import Choice, choices, template_model
 from runtime.client.connect import EndpointError, check_endpoint, print_environment
 from runtime.client.identity import KEY_RULE, USER_AGENT, pod_key, remember_pod
@@ -156,6 +156,8 @@ class PodRequest:
 def run(args: argparse.Namespace) -> int:
     redactor = Redactor(os.environ.get(name, "") for name in HELD)
     with redacted_output(redactor):
+        if args.action == "gpus" and not os.environ.get(KEY_VARIABLE, "").strip():
+            return gpus(None)
         try:
             with RunPodClient(os.environ.get(KEY_VARIABLE, "")) as api:
                 return dispatch(Pods(api, redactor), args)
@@ -445,10 +447,15 @@ def warn(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def gpus(pods: Pods) -> int:
-    """RunPod's GPU types, as `pod up` sees them: the notes' `pod.py stock`."""
+def gpus(pods: Pods | None) -> int:
+    """RunPod's GPU types, as `pod up` sees them (the notes' `pod.py stock`); without a key (None), the built-in
+    table `plan` sizes without one, unpriced, since a first look at the cards needs no account."""
+    if pods is None:
+        print(f"(the built-in table of common cards: prices and stock need {KEY_VARIABLE})")
+    # The table's cards as catalogue entries: card_of finds each by its id; "memory" only orders them.
+    catalogue = pods.api.gpu_types() if pods else [{"id": card.id, "memory": card.memory_gib} for card in CARDS]
     rows = [("id", "GiB", "arch", "image", "secure $/h", "community $/h", "stock")]
-    for entry in sorted(pods.api.gpu_types(), key=lambda e: (e.get("memory") or 0, str(e["id"]))):
+    for entry in sorted(catalogue, key=lambda e: (e.get("memory") or 0, str(e["id"]))):
         card = card_of(str(entry["id"]), float(entry.get("memory") or 0), str(entry.get("name") or ""))
         price = entry.get("price") or {}
         secure, community = (f"{price[c]:.2f}" if price.get(c) else "-" for c in ("secure", "community"))

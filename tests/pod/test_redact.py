@@ -261,7 +261,7 @@ SERVICE_AND_PLACE = [
     ("a form body's first field", "body: password=FAKE0pw0value&username=alice", "FAKE0pw0value"),
     ("a Docker config's auth", '{"auths": {"ghcr.io": {"auth": "YWxpY2U6RkFLRTBwYXNzd29yZA=="}}}', "YWxpY2U6"),
     ("a kubeconfig's client key", "  user:\n    client-key-data: LS0tFAKE0key0data0base64==\n", "LS0tFAKE"),
-    ("npm's legacy authToken", "//registry.npmjs.org/:_authToken=00000000-fake-0000-test-000000000000", "0000-fake"),
+    ("npm's legacy authToken", "//registry.example.test/:_authToken=00000000-fake-0000-test-000000000000", "0000-fake"),
     ("mysql -p", "mysql -uroot -pFAKE0my0pw0x db", "FAKE0my0pw0x"),
     ("a Sentry DSN's key", f"SENTRY_DSN=https://{FAKE_HEX[:32]}@o1.ingest.sentry.io/1", FAKE_HEX[:32]),
 ]  # fmt: skip
