@@ -13,6 +13,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import NoReturn
 
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -51,11 +52,19 @@ COMMANDS: dict[str, tuple[str, str]] = {
 VERBS_LISTED = ("pod",)
 
 
+SCRIPT = "vllm-pod"  # pyproject.toml's console script: `pip install .` puts it on PATH
+
+
+def invoked_as() -> str:
+    """How the commands were run, for their usage lines: the console script by its name, else `python -m runtime`."""
+    return SCRIPT if Path(sys.argv[0]).stem == SCRIPT else "python -m runtime"  # `.stem`: vllm-pod.exe on Windows
+
+
 def usage() -> str:
-    width = max(map(len, COMMANDS))
-    lines = ["usage: python -m runtime <command> [options]", "", "commands:"]
+    width, program = max(map(len, COMMANDS)), invoked_as()
+    lines = [f"usage: {program} <command> [options]", "", "commands:"]
     lines += [f"  {name.ljust(width)}  {summary_of(name)}" for name in COMMANDS]
-    lines += ["", "Run `python -m runtime <command> --help` for a command's options."]
+    lines += ["", f"Run `{program} <command> --help` for a command's options."]
     return "\n".join(lines)
 
 
@@ -102,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     module = importlib.import_module(module_name)
     json_errors = getattr(module, "JSON_ERRORS", False) and "--json" in rest
     parser = (JsonErrors if json_errors else argparse.ArgumentParser)(
-        prog=f"python -m runtime {name}", description=summary
+        prog=f"{invoked_as()} {name}", description=summary
     )
     module.configure(parser)
     run: Callable[[argparse.Namespace], int] = module.run
