@@ -99,7 +99,15 @@ class JsonErrors(argparse.ArgumentParser):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return dispatch(list(sys.argv[1:] if argv is None else argv))
+    except BrokenPipeError:  # `… | head` closed the pipe: the reader has what it wanted, no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so that exit's flush fails no more
+        return 141  # the shell's code for a pipe's writer stopped by SIGPIPE
+
+
+def dispatch(args: list[str]) -> int:
+    """The command named first, its options parsed by its own module, run."""
     if not args or args[0] in ("-h", "--help", "help"):
         print(usage())
         return 0
@@ -120,8 +128,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         parsed.passed_on = rest[rest.index("--") + 1 :]
     else:
         parsed = parser.parse_args(rest)
-    try:
-        return run(parsed)
-    except BrokenPipeError:  # `… | head` closed the pipe: the reader has what it wanted, no traceback
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so that exit's flush fails no more
-        return 141  # the shell's code for a pipe's writer stopped by SIGPIPE
+    return run(parsed)

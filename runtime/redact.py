@@ -143,7 +143,7 @@ class Redactor:
 
     def add(self, secrets: Iterable[str]) -> None:
         with self._lock:
-            known = {s for s in secrets if s}
+            known = {s for s in secrets if s.strip()}  # a blank value is no secret: masking it masks spaces
             self._secrets.update(known)
             self._secrets.update(encoded for secret in known for encoded in base64_forms(secret))
             # Longest first, so that a secret containing another one is masked whole.

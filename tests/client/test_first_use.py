@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +21,7 @@ from runtime.client.choice import choices, template_model
 from runtime.client.plan import named_offer, offer_of
 from tests.support.net import free_port
 
+ROOT = Path(__file__).resolve().parents[2]
 USAGE_ERROR = 2  # argparse's exit status for arguments it refuses, and plan's for a card it does not know
 TABLE = (
     "RTX 4090, L40S, L40, RTX 6000 Ada, RTX 5090, RTX PRO 6000, RTX 3090, A40, RTX A6000, A100 PCIe 80 GB, "
@@ -139,3 +144,17 @@ def test_pod_gpus_without_a_runpod_key_shows_the_built_in_table(capsys) -> None:
     assert len(rows) == len(TABLE.split(", "))
     assert rows[0].split() == ["NVIDIA", "GeForce", "RTX", "4090", "24.0", "sm89", "sm89", "-", "-", "-"]
     assert rows[-1].split() == ["NVIDIA", "B200", "179.1", "sm100", "sm100", "-", "-", "-"]
+
+
+@pytest.mark.slow  # a process whose reader has gone: only a real pipe shows it
+def test_help_whose_reader_has_gone_ends_quietly() -> None:
+    """`vllm-pod --help | head -1` printed a BrokenPipeError traceback once head had gone: here the reader is gone
+    before the first write."""
+    reader, writer = os.pipe()
+    os.close(reader)
+    try:
+        done = subprocess.run([sys.executable, "-m", "runtime", "--help"], cwd=ROOT, stdout=writer,
+                              stderr=subprocess.PIPE, text=True, timeout=60)  # fmt: skip
+    finally:
+        os.close(writer)
+    assert (done.returncode, done.stderr) == (141, "")

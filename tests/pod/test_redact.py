@@ -104,6 +104,11 @@ def test_a_secret_containing_another_is_masked_whole() -> None:
     assert redact("x abcdef-longer-secret y abcdef") == f"x {MARKER} y {MARKER}"
 
 
+def test_a_blank_value_is_no_secret() -> None:
+    """`RUNPOD_API_KEY=" "` (a key left blank) masked every space of `pod`'s error lines."""
+    assert Redactor([" ", "\t", ""])("RUNPOD_API_KEY is empty: set it") == "RUNPOD_API_KEY is empty: set it"
+
+
 def test_learning_secrets_from_the_hub_file() -> None:
     redact = Redactor.from_environ({})
     assert redact("key remote-key-123") == "key remote-key-123"
