@@ -70,15 +70,20 @@ def check_endpoint(base_url: str, key: str, model: str | None = None, timeout_s:
 def _require_a_served_model(client: httpx.Client) -> None:
     """The pod's own health check (runtime.health) from outside: a bridge whose engine still loads says
     so here, rather than through a failure further on."""
-    url = f"{client.base_url}/health"
+    url = address(client, "/health")
     try:
         response = client.get("/health")
     except httpx.HTTPError as error:
         raise EndpointError(f"{url} cannot be reached: {error}") from None
     if response.status_code == 200 and not serves_model(response.status_code, response.content):
         if client.get("/v1/models").status_code == 401:  # a stranger reads /health too: the key first
-            raise EndpointError(refused_key(f"{client.base_url}/v1/models"))
+            raise EndpointError(refused_key(address(client, "/v1/models")))
         raise EndpointError(f"{url}: the bridge answers but its engine serves no model yet (still loading?)")
+
+
+def address(client: httpx.Client, path: str) -> str:
+    """The URL a message names: httpx keeps a base URL with a trailing slash."""
+    return f"{str(client.base_url).rstrip('/')}{path}"
 
 
 def refused_key(url: str) -> str:
@@ -86,7 +91,7 @@ def refused_key(url: str) -> str:
 
 
 def _request(client: httpx.Client, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-    url = f"{client.base_url}{path}"
+    url = address(client, path)
     try:
         response = client.request(method, path, json=body)
     except httpx.HTTPError as error:

@@ -1,38 +1,53 @@
 """`python -m runtime pod` as a user runs it, against the schema-checking RunPod stand-in, with a real
-`runtime start` (vLLM on the CPU, the tiny model) playing the pod behind a stand-in of RunPod's proxy: `up` places
-it (the next GPU type on a capacity refusal), watches its boot through its Hub log and its /health, and
-ends with a working `connect` block; then `status`, `stop`, a `start` whose host is gone, and `down`.
+`runtime start` (vLLM on the CPU, the tiny model) playing the pod behind a stand-in of RunPod's proxy, and the test
+Hub with a builder that finishes a Space's build.
+
+The README's journey is run as its console block writes it, step by step and in its order (tests/support/
+transcript.py): `build.py --push --runpod` saves the template; `pod up` places the pod (the next GPU type on a
+capacity refusal), watches its boot through its Hub log and its /health, and ends with a working `connect` block;
+`launch` starts Claude Code (a stand-in `claude` that keeps its environment) on it; then `status`, `stop` and
+`down`. Each command's output is compared with the README's lines: a README line the program no longer prints, or a
+command it no longer has, fails here. Between the README's steps: `connect` and `status` through the proxy, a
+`start` whose host is gone, and `replace`.
 
 One pod for the module (a vLLM cold start costs a minute here): the tests run in file order.
 """
 
 from __future__ import annotations
 
+import json
 import secrets
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 import pytest
 
 from runtime.client.identity import USER_AGENT, LastPod, last_pod
-from space import runpod
 from tests.support.environ import outer_environ
 from tests.support.hub_server import HubServer
 from tests.support.runpod_machines import Machines
 from tests.support.runpod_server import NO_CAPACITY, RunPodServer
+from tests.support.scripted_builder import ScriptedBuilder
+from tests.support.transcript import Shell, Step, journey
 
 pytestmark = pytest.mark.vllm  # `runtime start` playing the pod, with its vLLM
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = "vllm-pod sm89 pod-owner/vllm-pod-sm89"
-LOG_REPO = f"datasets/{HubServer.owner}/vllm-pod-logs"
 FIRST_GPU, SECOND_GPU = "NVIDIA RTX 6000 Ada Generation", "NVIDIA L40S"
 KEY = f"sk-pod-{secrets.token_hex(12)}"
 WATCH_MIN = "15"  # a cold start takes a minute alone, far more while other tests share the two cores
+# The README's example names, each replaced by the real one once known.
+EXAMPLE_OWNER, EXAMPLE_POD, EXAMPLE_TEMPLATE = "acme", "e4ppo0su", "9x4m2p7v"
+EXAMPLE_URL = f"https://{EXAMPLE_POD}-8080.proxy.runpod.net"
+EXAMPLE_HUB = "https://huggingface.co"  # the Hub the README's user pushes to: the test Hub here
+STAND_IN_CLAUDE = (
+    f"#!{sys.executable}\nimport json, os\njson.dump(dict(os.environ), open(os.environ['CLAUDE_SEEN'], 'w'))\n"
+)
 
 
 @dataclass
@@ -40,8 +55,10 @@ class Account:
     runpod: RunPodServer
     hub: HubServer
     machines: Machines
-    template_id: str
     config: Path  # the user's config folder (XDG_CONFIG_HOME), where `pod up` remembers its pod for `launch`
+    shell: Shell  # the README's journey, as the user's shell runs it
+    steps: list[Step] = field(default_factory=lambda: journey((REPO_ROOT / "README.md").read_text()))
+    next_step: int = 0
 
     def pod(self, *args: str, timeout_s: float = 1200) -> subprocess.CompletedProcess[str]:
         env = outer_environ("RUNPOD_", "ANTHROPIC_") | {
@@ -58,51 +75,101 @@ class Account:
     def url(self, pod_id: str) -> str:
         return self.machines.proxy_url.format(pod_id=pod_id, port=8080)
 
+    def template_id(self) -> str:
+        (template,) = self.runpod.templates
+        return str(template["id"])
+
+    def learn_names(self) -> None:
+        """The README's example template and pod are the account's: its template, the newest pod (after `replace`)."""
+        if self.runpod.templates:
+            self.shell.examples[EXAMPLE_TEMPLATE] = self.template_id()
+        if self.runpod.pods:
+            self.the_pod_is(self.runpod.pods[-1]["id"])
+
+    def the_pod_is(self, pod_id: str) -> None:
+        """The README's example pod is this one from now on."""
+        self.shell.examples |= {EXAMPLE_POD: pod_id, EXAMPLE_URL: self.url(pod_id)}
+
+    def journey_through(self, starting: str, timeout_s: float = 600) -> str:
+        """Runs the README's next steps, in its order, up to the one whose command starts with `starting`; returns
+        that one's output. Fails when a step prints other lines than the README's, or the README lost the step."""
+        while self.next_step < len(self.steps):
+            step = self.steps[self.next_step]
+            self.next_step += 1
+            self.learn_names()  # the pod it names
+            done = self.shell.run(step, timeout_s)
+            if done is None:  # an export
+                continue
+            self.learn_names()  # the pod it made
+            output = self.shell.check(step, done)
+            if step.command.startswith(starting):
+                return output
+        raise AssertionError(f"the README's journey has no `$ {starting}` step after those already run")
+
 
 @pytest.fixture(scope="module")
 def account(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Account]:
     with HubServer() as hub, RunPodServer() as server:
-        body = runpod.template_body(TEMPLATE, "registry.hf.space/pod-owner-vllm-pod-sm89:latest", log_repo=LOG_REPO)
-        body["env"]["VL_SELFCHECK"] = "on"  # as on a GPU (auto): `pod up` ends with the verdict
-        template_id = server.add_template(body)
+        hub.builder = ScriptedBuilder()  # an sm89 image cannot be built here: the build log is the Dockerfile's steps
+        server.add_volume("models", data_center="EU-RO-1")  # the README's network volume
         secrets_of_the_account = {"HF_TOKEN": hub.write_token, "VL_API_KEYS": KEY}
+        home = tmp_path_factory.mktemp("home")
+        (home / "bin").mkdir()
+        (home / "bin" / "claude").write_text(STAND_IN_CLAUDE)
+        (home / "bin" / "claude").chmod(0o755)
+        (home / "hf").mkdir()
+        (home / "hf" / "token").write_text(hub.read_token)  # the user logged in to the Hub (`hf auth login`)
+        environ = outer_environ("RUNPOD_", "ANTHROPIC_") | {
+            "PATH": f"{home / 'bin'}:{outer_environ()['PATH']}", "HOME": str(home), "HF_HOME": str(home / "hf"),
+            "XDG_CONFIG_HOME": str(home / "config"), "CLAUDE_SEEN": str(home / "claude-environment.json"),
+            "HF_ENDPOINT": hub.endpoint, "RUNPOD_API_URL": server.url, "PYTHONUNBUFFERED": "1",  # a terminal's lines
+        }  # fmt: skip
         with Machines(server, hub, tmp_path_factory.mktemp("machines"), secrets_of_the_account) as machines:
-            yield Account(server, hub, machines, template_id, tmp_path_factory.mktemp("config"))
+            environ["RUNPOD_PROXY_URL"] = machines.proxy_url  # RunPod's proxy in front of the machines
+            given = {"HF_TOKEN": hub.write_token, "HF_READ_TOKEN": hub.read_token, "RUNPOD_API_KEY": server.api_key,
+                     "ANTHROPIC_API_KEY": KEY}  # fmt: skip
+            examples = {EXAMPLE_OWNER: HubServer.owner, EXAMPLE_HUB: hub.endpoint, "'nemotron'": "'tiny'"}
+            shell = Shell(REPO_ROOT, environ, given, examples)
+            yield Account(server, hub, machines, home / "config", shell)
         assert not server.faults, server.faults
+
+
+def test_the_readme_s_publishing_step_saves_the_template(account: Account) -> None:
+    account.journey_through("HF_TOKEN=")
+    (template,) = account.runpod.templates
+    assert template["name"] == TEMPLATE and template["image"] == "registry.hf.space/pod-owner-vllm-pod-sm89:latest"
+    # As on a GPU (VL_SELFCHECK=auto), `pod up` ends with the pod's self-check: set as a person would in the console.
+    account.runpod.edit_template(account.template_id(), env=template["env"] | {"VL_SELFCHECK": "on"})
 
 
 def test_up_places_the_pod_on_the_next_gpu_watches_its_boot_and_prints_claude_code_s_environment(
     account: Account,
 ) -> None:
     """No --gpu: the catalogue's sm89 cards on which the template's model (nemotron, 1M, two sessions) fits, cheapest
-    first (the RTX 4090, cheaper, is too small); each in the data centres that have it before the next type."""
+    first (the RTX 4090, cheaper, is too small), each in the data centre of the network volume."""
     account.runpod.state.out_of_stock.add(FIRST_GPU)
-    account.runpod.state.out_of_stock_in.add((SECOND_GPU, "US-KS-2"))  # the catalogue still lists it there
-    result = account.pod("up", "--template", TEMPLATE, "--volume-gb", "50", "--timeout", WATCH_MIN)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    print(f"\n$ python -m runtime pod up ...\n{result.stderr}{result.stdout}")  # what a user sees (-s)
+    output = account.journey_through("python -m runtime pod up", timeout_s=1200)
+    print(f"\n$ python -m runtime pod up ...\n{output}")  # what a user sees (-s)
 
     (created,) = [r for r in account.runpod.received if r.method == "POST" and r.path == "/v2/pods" and r.status == 201]
     body = created.json()
-    assert body["templateId"] == account.template_id and body["cloud"] == "SECURE"
+    assert body["templateId"] == account.template_id() and body["cloud"] == "SECURE"
     assert body["gpu"] == {"id": SECOND_GPU, "count": 1, "allowedCudaVersions": ["13.0"]}
-    assert body["mounts"] == {"persistent": {"size": 50, "path": "/workspace"}}
+    (volume,) = account.runpod.state.volumes.values()
+    assert body["mounts"] == {"network": [{"volumeId": volume["id"], "path": "/workspace"}]}
     assert body["dataCenterIds"] == ["EU-RO-1"]
-    assert f"pod: {FIRST_GPU}: refused ({NO_CAPACITY}); trying the next" in result.stderr
-    assert f"pod: {SECOND_GPU} in US-KS-2: refused ({NO_CAPACITY}); trying EU-RO-1" in result.stderr
-    assert "pod: NVIDIA GeForce RTX 4090: skipped: 30.4 GiB held besides the KV is more than 0.85" in result.stderr
+    assert f"pod: {FIRST_GPU}: refused ({NO_CAPACITY}); trying the next" in output
+    assert "pod: NVIDIA GeForce RTX 4090: skipped: 30.4 GiB held besides the KV is more than 0.85" in output
     tried = [r.json()["gpu"]["id"] for r in account.runpod.received if (r.method, r.path) == ("POST", "/v2/pods")]
-    assert tried == [FIRST_GPU, SECOND_GPU, SECOND_GPU]  # cheapest first; never a card it does not fit
-    assert any(line.startswith("  | ") and "vLLM launched" in line for line in result.stdout.splitlines()), (
+    assert tried == [FIRST_GPU, SECOND_GPU]  # cheapest first; never a card it does not fit
+    assert any(line.startswith("  | ") and "vLLM launched" in line for line in output.splitlines()), (
         "the boot, as its Hub log tells it"
     )
-    assert f"export ANTHROPIC_BASE_URL={account.url(account.runpod.pods[0]['id'])}" in result.stdout
-    assert "export ANTHROPIC_MODEL=tiny" in result.stdout and "one token generated" in result.stdout
-    pod_id = account.runpod.pods[0]["id"]  # then the self-check's verdict: the tiny model cannot find a needle
-    assert (
-        result.stdout.splitlines()[-1]
-        == f"self-check: failed: needle (python -m runtime logs {pod_id}: a line per check)"
-    )
+    pod_id = account.runpod.pods[0]["id"]
+    assert f"export ANTHROPIC_BASE_URL={account.url(pod_id)}" in output
+    assert "export ANTHROPIC_MODEL=tiny" in output and "one token generated" in output
+    # then the self-check's verdict: the tiny model cannot find a needle
+    assert output.splitlines()[-1] == f"self-check: failed: needle (python -m runtime logs {pod_id}: a line per check)"
     # What the client commands without a URL ask (launch, check, bench, status), with the key `pod up` was given.
     assert last_pod({"XDG_CONFIG_HOME": str(account.config)}) == LastPod(account.url(pod_id), KEY)
     assert {r.headers.get("user-agent") for r in account.runpod.received} == {USER_AGENT}
@@ -123,67 +190,77 @@ def test_connect_and_status_reach_the_pod_through_runpod_s_proxy_which_refuses_p
         assert "tiny" in done.stdout, done.stdout  # the model, as the pod told it
 
 
-def test_status_lists_the_pod_serving(account: Account) -> None:
+def test_launch_runs_claude_code_on_the_pod_with_the_readme_s_key_then_status_lists_it_serving(
+    account: Account,
+) -> None:
+    """The README exported ANTHROPIC_API_KEY before `pod up`: `launch` checks the pod with it and hands it to Claude
+    Code as ANTHROPIC_AUTH_TOKEN, the paid API's variable removed."""
+    account.journey_through("python -m runtime launch")
+    seen = json.loads(Path(account.shell.environ["CLAUDE_SEEN"]).read_text())
     (pod,) = account.runpod.pods
-    result = account.pod("status")
-    assert result.returncode == 0, result.stderr
-    header, row = result.stdout.splitlines()
+    assert (seen["ANTHROPIC_BASE_URL"], seen["ANTHROPIC_AUTH_TOKEN"]) == (account.url(pod["id"]), KEY)
+    assert "ANTHROPIC_API_KEY" not in seen and seen["ANTHROPIC_MODEL"] == "tiny"
+    header, row = account.journey_through("python -m runtime pod status").splitlines()
     assert header.split() == ["id", "machine", "state", "$/h", "uptime", "URL", "serves"]
     assert row.startswith(pod["id"]) and SECOND_GPU in row and " RUNNING " in row and row.endswith(" yes")
 
 
 def test_stop_says_what_it_keeps_and_the_pod_stops(account: Account) -> None:
     (pod,) = account.runpod.pods
-    result = account.pod("stop", pod["id"])
-    assert result.returncode == 0, result.stderr
-    assert "the container disk is lost (anything outside /workspace), the volume keeps the weights" in result.stdout
+    account.journey_through("python -m runtime pod stop")
     assert account.machines.played[pod["id"]].process.wait(60) == 0
     assert account.runpod.pods[0]["status"] == "EXITED"
 
 
 def test_a_pod_whose_host_is_taken_cannot_start_and_says_what_to_do(account: Account) -> None:
+    """Its network volume keeps the weights: `replace`; a pod whose volume lives on the host (one made earlier with
+    --volume-gb) loses them with it, and is told so."""
     (pod,) = account.runpod.pods
-    account.runpod.state.host_taken.add(pod["id"])
-    result = account.pod("start", pod["id"])
-    assert result.returncode == 1
-    assert result.stderr.splitlines() == [
-        f"pod: {pod['id']} cannot start: its host's GPUs are rented to someone else, and its volume lives on that "
-        f"host: try again later, or python -m runtime pod replace {pod['id']} --yes (the weights download again)"
+    on_its_host = account.runpod.add_pod({"name": "vllm-pod-sm89", "templateId": account.template_id(),
+                                          "gpu": {"id": SECOND_GPU}, "mounts": {"persistent": {"size": 50, "path": "/workspace"}}})  # fmt: skip
+    account.runpod.state.host_taken.update({pod["id"], on_its_host})
+    assert [(done.returncode, done.stderr) for done in (account.pod("start", pod["id"]), account.pod("start", on_its_host))] == [
+        (1, f"pod: {pod['id']} cannot start: its host's GPUs are rented to someone else; its network volume keeps the "
+            f"weights: python -m runtime pod replace {pod['id']}\n"),
+        (1, f"pod: {on_its_host} cannot start: its host's GPUs are rented to someone else, and its volume lives on "
+            f"that host: try again later, or python -m runtime pod replace {on_its_host} --yes (the weights download "
+            "again)\n"),
+    ]  # fmt: skip
+    refused = account.pod("replace", on_its_host)  # asked first: its volume goes with it
+    assert refused.returncode == 1 and refused.stderr.splitlines() == [
+        f"pod: replacing pod {on_its_host} (vllm-pod-sm89, {SECOND_GPU}, EXITED): its container disk and its volume "
+        "go; a new volume starts empty (the weights download again): pass --yes to confirm (no terminal to ask)"
     ]
+    deleted = account.pod("down", on_its_host, "--yes")
+    assert (deleted.returncode, deleted.stdout) == (
+        0, f"deleted pod {on_its_host} (vllm-pod-sm89, {SECOND_GPU}, EXITED): its container disk and its volume go\n"
+    )  # fmt: skip
+    assert account.runpod.pods == [pod]
 
 
 def test_replace_makes_the_pod_again_on_another_host_then_deletes_it_and_watches_the_new_one(account: Account) -> None:
-    """The way out of a sick host (or one whose GPUs are taken): its template, its GPU type first, a new volume
-    (said, and asked: the weights download again), the old pod deleted once the new one exists, watched as up."""
+    """The way out of a sick host (or one whose GPUs are taken): its template, its GPU type first, its network volume
+    (nothing to ask: it stays), the old pod deleted once the new one exists, watched as up."""
     (old,) = account.runpod.pods
-    refused = account.pod("replace", old["id"])
-    assert refused.returncode == 1 and refused.stderr.splitlines() == [
-        f"pod: replacing pod {old['id']} (vllm-pod-sm89, {SECOND_GPU}, EXITED): its container disk and its volume go; "
-        "a new volume starts empty (the weights download again): pass --yes to confirm (no terminal to ask)"
-    ]
-    assert [pod["id"] for pod in account.runpod.pods] == [old["id"]]
-
-    replaced = account.pod("replace", old["id"], "--yes", "--timeout", WATCH_MIN)
+    replaced = account.pod("replace", old["id"], "--timeout", WATCH_MIN)
     assert replaced.returncode == 0, replaced.stdout[-3000:] + replaced.stderr[-3000:]
     (new,) = account.runpod.pods
-    assert new["id"] != old["id"] and (new["name"], new["template"]) == (old["name"], account.template_id)
-    assert new["gpu"]["id"] == SECOND_GPU and new["mounts"] == old["mounts"]  # its GPU type, a volume as big
-    assert f"deleted pod {old['id']} (vllm-pod-sm89, {SECOND_GPU}, EXITED): its container disk and its volume go: " \
-           f"replaced by {new['id']}" in replaced.stdout  # fmt: skip
+    assert new["id"] != old["id"] and (new["name"], new["template"]) == (old["name"], account.template_id())
+    assert new["gpu"]["id"] == SECOND_GPU and new["mounts"] == old["mounts"]  # its GPU type, its volume
+    assert new["dataCenterId"] == old["dataCenterId"]  # where the volume lives
+    assert f"deleted pod {old['id']} (vllm-pod-sm89, {SECOND_GPU}, EXITED): its container disk goes; its network " \
+           f"volume stays: replaced by {new['id']}" in replaced.stdout  # fmt: skip
     assert f"export ANTHROPIC_BASE_URL={account.url(new['id'])}" in replaced.stdout
-    assert account.pod("stop", new["id"]).returncode == 0  # the module's next tests take a stopped pod
+    assert account.pod("stop", new["id"]).returncode == 0  # the README's `pod down` takes a stopped pod
     assert account.machines.played[new["id"]].process.wait(60) == 0
 
 
-def test_down_asks_first_then_deletes(account: Account) -> None:
-    (pod,) = account.runpod.pods
-    refused = account.pod("down", pod["id"])
-    assert refused.returncode == 1 and "pass --yes to confirm (no terminal to ask)" in refused.stderr
-    assert account.runpod.pods
-    deleted = account.pod("down", pod["id"], "--yes")
-    assert deleted.returncode == 0, deleted.stderr
-    assert deleted.stdout.startswith(f"deleted pod {pod['id']} (vllm-pod-sm89, {SECOND_GPU}, EXITED): its container")
+def test_down_deletes_the_pod_and_the_readme_s_journey_ran_whole(account: Account) -> None:
+    account.journey_through("python -m runtime pod down")
     assert account.runpod.pods == []
+    assert account.next_step == len(account.steps), [step.command for step in account.steps[account.next_step :]]
+    refused = account.pod("down", "nope")
+    assert refused.returncode == 1 and "nope" in refused.stderr
 
 
 def test_a_card_of_another_architecture_or_none_that_fits_is_refused_before_anything_is_created(

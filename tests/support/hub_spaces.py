@@ -296,6 +296,7 @@ class SpaceState:
         self.build: Build | None = None
         self.log = BuildLog()
         self.run_log = BuildLog()  # the app's output: nothing runs here, so it stays empty
+        self.building_read = threading.Event()  # someone read the stage of the current build while it built
         self._lock = threading.RLock()
 
     def committed(self, revision: str, files: dict[str, bytes], builder: Builder | None) -> None:
@@ -326,6 +327,7 @@ class SpaceState:
         if self.build is not None:
             self.build.done.set()
         self.build = Build(self, revision, dict(files), dict(self.variables))
+        self.building_read.clear()
         self.log = self.build.log
         self.stage = "RUNNING_BUILDING" if self.stage == "RUNNING" else "BUILDING"
         self.error = None
@@ -354,6 +356,8 @@ class SpaceState:
     def runtime(self) -> dict:
         """`GET /api/spaces/{id}/runtime`, shaped as the Hub answers it."""
         with self._lock:
+            if self.stage in ("BUILDING", "RUNNING_BUILDING"):
+                self.building_read.set()
             answer = {
                 "stage": self.stage,
                 "hardware": {"current": self.hardware if self.has_run else None, "requested": self.hardware},

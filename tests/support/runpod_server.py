@@ -554,6 +554,15 @@ class RunPodServer:
             self.state.templates[template["id"]] = template
             return template["id"]
 
+    def add_pod(self, body: dict[str, Any], status: str = "EXITED") -> str:
+        """A pod of the account made earlier (not played by any machine); the body must be a valid CreatePodRequest."""
+        assert not SCHEMAS.errors("CreatePodRequest", body), SCHEMAS.errors("CreatePodRequest", body)
+        with self.state.lock:
+            template = self.state.template(body["templateId"]) if "templateId" in body else None
+            pod = new_pod(self.state.new_id(), body, template, DEFAULT_CUDA)
+            self.state.pods[pod["id"]] = pod | {"status": status, "actions": ACTIONS[status]}
+            return str(pod["id"])
+
     def add_volume(self, name: str, size: int = 200, data_center: str = "EU-RO-1") -> str:
         """A network volume of the account (made in the console)."""
         with self.state.lock:
