@@ -33,7 +33,8 @@ from tests.support.polling import wait_until
 from tests.support.sdk import anthropic
 from tests.support.signals import stop
 
-pytestmark = pytest.mark.vllm  # `runtime start` with two engines
+# `runtime start` with two engines; a roll of both under load takes minutes: in the side step, beside the others
+pytestmark = [pytest.mark.vllm, pytest.mark.side]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIG_FILE = "replicas.env"  # its own file in the shared config repo: test_start's pod reads pod.env
