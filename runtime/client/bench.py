@@ -28,7 +28,7 @@ import httpx
 
 from runtime.client.check import DEFAULT_URL, REQUEST_S, CheckFailed, Pod
 from runtime.client.connect import EndpointError, check_endpoint
-from runtime.client.identity import KEY_RULE, api_headers, pod_key, pod_url
+from runtime.client.identity import KEY_DEFAULT, api_headers, pod_key, pod_url
 from runtime.engine.tinymodel.script import MARK_LONG
 
 CONTEXTS = (3_000, 32_000, 114_000, 282_000, 1_000_000)  # the notes' solo columns (Ornith NVFP4 on an Ada)
@@ -322,7 +322,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "url", nargs="?", help=f"the pod's URL (default: the pod `pod up` last brought up, else {DEFAULT_URL})"
     )
-    parser.add_argument("--key", help=f"a key of the pod's VL_API_KEYS (default: {KEY_RULE})")
+    parser.add_argument("--key", help=f"a key of the pod's VL_API_KEYS (default: {KEY_DEFAULT})")
     parser.add_argument("--quick", action="store_true", help="two prompt lengths, up to 4 sessions, 64-token answers")
     parser.add_argument("--json", action="store_true", help='print {"solo": […], "aggregate": […], "prefill": {…}}')
 

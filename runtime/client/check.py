@@ -23,7 +23,7 @@ import httpx
 
 from runtime.client.checkimages import pictures_to_show
 from runtime.client.connect import EndpointError, check_endpoint
-from runtime.client.identity import KEY_RULE, api_headers, pod_key, pod_url
+from runtime.client.identity import KEY_DEFAULT, api_headers, pod_key, pod_url
 from runtime.engine.tinymodel.script import MARK_TOOL
 
 DEFAULT_URL = "http://127.0.0.1:8080"
@@ -293,7 +293,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "url", nargs="?", help=f"the pod's URL (default: the pod `pod up` last brought up, else {DEFAULT_URL})"
     )
-    parser.add_argument("--key", help=f"a key of the pod's VL_API_KEYS (default: {KEY_RULE})")
+    parser.add_argument("--key", help=f"a key of the pod's VL_API_KEYS (default: {KEY_DEFAULT})")
     parser.add_argument("--model", help="the model id to check (default: the served model's bare name)")
     parser.add_argument("--only", action="append", choices=list(CHECKS), help="run only these checks (repeatable)")
     parser.add_argument("--json", action="store_true", help='print {"checks": [{"name", "ok", "status", "detail"}]}')

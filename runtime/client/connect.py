@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from runtime.client.identity import KEY_RULE, api_headers, pod_key
+from runtime.client.identity import KEY_DEFAULT, KEY_RULE, api_headers, pod_key
 from runtime.health import serves_model
 
 
@@ -148,7 +148,7 @@ def powershell_script(environment: dict[str, str]) -> str:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("url", help="the pod's public endpoint, e.g. https://<pod>-8080.proxy.runpod.net")
-    parser.add_argument("--key", help=f"one of the pod's VL_API_KEYS (default: {KEY_RULE}; any text if open)")
+    parser.add_argument("--key", help=f"one of the pod's VL_API_KEYS (default: {KEY_DEFAULT}; any text if open)")
     parser.add_argument("--model", help="the model id to use (default: the served model's bare name)")
     parser.add_argument("--shell", choices=("bash", "powershell", "both"), default="both")
 

@@ -1,14 +1,16 @@
 """What the commands run on the user's machine share: who they say they are, which pod they ask, and with which key.
 
-One rule for every command (`connect`, `launch`, `check`, `bench`, `status`, `pod up`'s last check): the pod is
-the URL given, else the one `pod up` brought up last; the key is `--key`, else $ANTHROPIC_AUTH_TOKEN, else
-$ANTHROPIC_API_KEY, else the key `pod up` checked that same pod with (kept beside it, readable by the user alone).
+One rule for every command that asks a pod (`connect`, `launch`, `check`, `bench`, `status`, `pod`'s last check):
+the key is `--key`, else $ANTHROPIC_AUTH_TOKEN, else $ANTHROPIC_API_KEY (never an Anthropic key: it is the paid
+API's), else the key kept with that same pod by the `pod` command that last watched it serve (readable by the user
+alone). Without a URL, `launch`, `status`, `check` and `bench` ask that last pod.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +21,9 @@ USER_AGENT = "vllm-pod/1 (+python -m runtime)"
 KEY_VARIABLES = ("ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_API_KEY")
 ANTHROPIC_VERSION = "2023-06-01"
 LAST_POD = "last-pod.json"  # {"url": …, "key": …}: what `pod up` brought up last, in the user's config folder
-KEY_RULE = "--key, else $ANTHROPIC_AUTH_TOKEN, else $ANTHROPIC_API_KEY, else the key `pod up` was given for that pod"
+KEY_DEFAULT = "$ANTHROPIC_AUTH_TOKEN, else $ANTHROPIC_API_KEY, else the key kept with that pod by `pod up`"
+KEY_RULE = f"--key, else {KEY_DEFAULT}"
+ANTHROPIC_KEY = re.compile(r"sk-ant-")  # the paid API's keys (sk-ant-api03-…, sk-ant-oat01-…): never sent to a pod
 
 
 def api_headers(key: str | None) -> dict[str, str]:
@@ -49,11 +53,11 @@ def remember_pod(url: str, key: str | None, environ: Mapping[str, str] = os.envi
     try:
         folder = config_dir(environ)
         folder.mkdir(parents=True, exist_ok=True)
-        path = folder / LAST_POD
-        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.fchmod(descriptor, 0o600)  # a file left by an older version may have other bits
+        written = folder / f".{LAST_POD}.{os.getpid()}"
+        descriptor = os.open(written, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(descriptor, "w") as file:
             file.write(json.dumps({"url": url, "key": key}) + "\n")
+        os.replace(written, folder / LAST_POD)  # whole or not at all, for a command reading it meanwhile
     except OSError:
         pass
 
@@ -79,7 +83,8 @@ def pod_key(given: str | None, url: str | None = None, environ: Mapping[str, str
     """The key to ask the pod at `url` with, by the one rule (KEY_RULE): a kept key goes to its own pod only."""
     if given:
         return given
-    if chosen := next((environ[name] for name in KEY_VARIABLES if environ.get(name)), None):
+    given_by_shell = (environ.get(name, "") for name in KEY_VARIABLES)
+    if chosen := next((key for key in given_by_shell if key and not ANTHROPIC_KEY.match(key)), None):
         return chosen
     kept = last_pod(environ)
     return kept.key if kept and url and kept.url.rstrip("/") == url.rstrip("/") else None

@@ -12,14 +12,14 @@ import shutil
 import sys
 
 from runtime.client.connect import EndpointError, check_endpoint, claude_environment, print_environment
-from runtime.client.identity import KEY_RULE, pod_key, pod_url
+from runtime.client.identity import KEY_DEFAULT, pod_key, pod_url
 
 PASSES_ON = True  # runtime.cli hands what follows `--` over as `passed_on`: Claude Code's own arguments
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("url", nargs="?", help="the pod's endpoint (default: the pod `pod up` last brought up)")
-    parser.add_argument("--key", help=f"one of the pod's VL_API_KEYS (default: {KEY_RULE}; any text if open)")
+    parser.add_argument("--key", help=f"one of the pod's VL_API_KEYS (default: {KEY_DEFAULT}; any text if open)")
     parser.add_argument("--model", help="the model id to use (default: the served model's bare name)")
     parser.add_argument("--print", action="store_true", help="print the environment, as `connect` does; run nothing")
     parser.epilog = "Arguments after `--` go to Claude Code: python -m runtime launch URL -- -p 'hello'"

@@ -27,7 +27,7 @@ import httpx
 from runtime.client.cards import CARDS, card_of
 from runtime.client.choice import Choice, choices, template_model
 from runtime.client.connect import EndpointError, check_endpoint, print_environment
-from runtime.client.identity import KEY_RULE, USER_AGENT, pod_key, remember_pod
+from runtime.client.identity import KEY_DEFAULT, USER_AGENT, pod_key, remember_pod
 from runtime.client.liveline import LiveLine
 from runtime.client.plan import print_columns
 from runtime.client.runpod import (
@@ -117,7 +117,7 @@ def at_least_one(text: str) -> int:
 
 def watching(command: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The options of a command that watches a boot and ends with a check through the pod's bridge."""
-    command.add_argument("--key", help=f"one of the pod's VL_API_KEYS (default: {KEY_RULE})")
+    command.add_argument("--key", help=f"one of the pod's VL_API_KEYS (default: {KEY_DEFAULT})")
     command.add_argument("--timeout", type=float, default=30.0, metavar="MIN", help="stop watching after MIN")
     return command
 

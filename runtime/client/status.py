@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from runtime.client.identity import KEY_RULE, api_headers, pod_key, pod_url
+from runtime.client.identity import KEY_DEFAULT, api_headers, pod_key, pod_url
 from runtime.logsafe import strip_controls
 from runtime.state.bench import summary
 from runtime.state.selfcheck import checked
@@ -37,7 +37,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         nargs="?",
         help="the bridge, e.g. https://<pod>-8080.proxy.runpod.net (default: the pod `pod up` last brought up)",
     )
-    parser.add_argument("--key", help=f"an API key of VL_API_KEYS (default: {KEY_RULE})")
+    parser.add_argument("--key", help=f"an API key of VL_API_KEYS (default: {KEY_DEFAULT})")
     parser.add_argument("--watch", action="store_true", help=f"redraw every {WATCH_EVERY_S:g} s until Ctrl-C")
 
 

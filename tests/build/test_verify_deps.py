@@ -17,7 +17,8 @@ from space.pip_index import configured_index
 from space.targets import load_targets, load_versions, target_packages
 from tests.support.repo_copy import ROOT
 
-pytestmark = pytest.mark.vllm  # resolves and downloads the GPU images' vLLM wheels with pip (minutes)
+# Resolves and downloads the GPU images' vLLM wheels with pip: minutes of waiting on the index, in the side step.
+pytestmark = [pytest.mark.vllm, pytest.mark.side]
 
 
 @pytest.fixture(scope="module")

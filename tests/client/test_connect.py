@@ -16,7 +16,14 @@ import pytest
 from runtime.client.identity import config_dir, remember_pod
 from runtime.engine import tinymodel as tiny
 from tests.support.bridge import ROOT, Process, clean_environment, start_bridge
-from tests.support.claude_code import CLAUDE, TIMEOUT_S, parse_result, quiet_environment, require_claude_code
+from tests.support.claude_code import (
+    CLAUDE,
+    TIMEOUT_S,
+    parse_result,
+    quiet_environment,
+    require_claude_code,
+    stand_in_claude,
+)
 from tests.support.net import free_port
 from tests.support.vllm_server import VllmServer
 
@@ -100,7 +107,7 @@ def test_a_wrong_key_is_said_before_a_loading_engine(tmp_path: Path) -> None:
         line = refused(connect(bridge.url, "--key", "sk-wrong"))
     assert line == (
         f"connect: {bridge.url}/v1/models refused the key (401): give one of the pod's VL_API_KEYS (--key, else "
-        "$ANTHROPIC_AUTH_TOKEN, else $ANTHROPIC_API_KEY, else the key `pod up` was given for that pod)\n"
+        "$ANTHROPIC_AUTH_TOKEN, else $ANTHROPIC_API_KEY, else the key kept with that pod by `pod up`)\n"
     )
 
 
@@ -136,37 +143,33 @@ def test_launch_prints_the_environment_or_says_which_url_it_needs(keyed_bridge: 
     assert nowhere.stderr == "launch: no URL, and no pod brought up by `pod up` yet: give the pod's URL\n"
 
 
-def stand_in_claude(folder: Path) -> Path:
-    """A `claude` on PATH that writes the environment it was started with to `environment.json`, then exits."""
-    folder.mkdir()
-    script = folder / "claude"
-    script.write_text(
-        f"#!{sys.executable}\nimport json, os\njson.dump(dict(os.environ), open('environment.json', 'w'))\n"
-    )
-    script.chmod(0o755)
-    return folder
-
-
 def test_launch_takes_the_key_the_readme_exports_and_hands_it_over_as_the_token(
     keyed_bridge: Process, tmp_path: Path
 ) -> None:
     """The README's journey exports ANTHROPIC_API_KEY before `pod up`; `launch` asks the pod with it, then gives
     Claude Code the key as ANTHROPIC_AUTH_TOKEN, never as the variable that goes to the paid API."""
     folder = stand_in_claude(tmp_path / "bin")
-    environment = clean_environment({"XDG_CONFIG_HOME": str(tmp_path), "ANTHROPIC_API_KEY": KEY})
+    seen = tmp_path / "claude-environment.json"
+    environment = clean_environment(
+        {"XDG_CONFIG_HOME": str(tmp_path), "ANTHROPIC_API_KEY": KEY, "CLAUDE_SEEN": str(seen)}
+    )
     environment["PATH"] = f"{folder}:{environment['PATH']}"
     ran = subprocess.run([sys.executable, "-m", "runtime", "launch", keyed_bridge.url], cwd=tmp_path, env=environment,
                          capture_output=True, text=True, timeout=120)  # fmt: skip
     assert ran.returncode == 0, ran.stderr
-    given = json.loads((tmp_path / "environment.json").read_text())
+    given = json.loads(seen.read_text())
     assert given["ANTHROPIC_AUTH_TOKEN"] == KEY and "ANTHROPIC_API_KEY" not in given
     assert (given["ANTHROPIC_BASE_URL"], given["ANTHROPIC_MODEL"]) == (keyed_bridge.url, "tiny")
 
 
 def test_the_key_pod_up_was_given_serves_its_pod_and_no_other(keyed_bridge: Process, tmp_path: Path) -> None:
-    """Without --key or a variable, each command takes the key `pod up` checked its pod with, for that pod only:
-    `status`, `check` and `bench` without a URL ask that pod; a key kept for it is never sent to another URL."""
-    environment = clean_environment({"XDG_CONFIG_HOME": str(tmp_path)})
+    """Without --key or a variable (an Anthropic key is none), each command takes the key `pod up` checked its pod
+    with, for that pod only: `status`, `check` and `bench` without a URL ask that pod; a key kept for it is never
+    sent to another URL."""
+    # An Anthropic key left in the shell is the paid API's: skipped, never sent to a pod.
+    environment = clean_environment(
+        {"XDG_CONFIG_HOME": str(tmp_path), "ANTHROPIC_API_KEY": "sk-ant-api03-paid-0123456"}
+    )
     remember_pod(keyed_bridge.url, KEY, environment)
     assert stat.S_IMODE(config_dir(environment).joinpath("last-pod.json").stat().st_mode) == 0o600
     runtime = [sys.executable, "-m", "runtime"]
@@ -187,6 +190,6 @@ def test_the_key_pod_up_was_given_serves_its_pod_and_no_other(keyed_bridge: Proc
         done = run(command)
         assert (done.returncode, done.stderr) == (
             2, f"runtime {command}: {keyed_bridge.url}/v1/models refused the key (401): give one of the pod's "
-            "VL_API_KEYS (--key, else $ANTHROPIC_AUTH_TOKEN, else $ANTHROPIC_API_KEY, else the key `pod up` was given "
-            "for that pod)\n",
+            "VL_API_KEYS (--key, else $ANTHROPIC_AUTH_TOKEN, else $ANTHROPIC_API_KEY, else the key kept with that pod "
+            "by `pod up`)\n",
         )  # fmt: skip

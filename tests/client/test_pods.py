@@ -27,6 +27,7 @@ import httpx
 import pytest
 
 from runtime.client.identity import USER_AGENT, LastPod, last_pod
+from tests.support.claude_code import stand_in_claude
 from tests.support.environ import outer_environ
 from tests.support.hub_server import HubServer
 from tests.support.runpod_machines import Machines
@@ -45,9 +46,6 @@ WATCH_MIN = "15"  # a cold start takes a minute alone, far more while other test
 EXAMPLE_OWNER, EXAMPLE_POD, EXAMPLE_TEMPLATE = "acme", "e4ppo0su", "9x4m2p7v"
 EXAMPLE_URL = f"https://{EXAMPLE_POD}-8080.proxy.runpod.net"
 EXAMPLE_HUB = "https://huggingface.co"  # the Hub the README's user pushes to: the test Hub here
-STAND_IN_CLAUDE = (
-    f"#!{sys.executable}\nimport json, os\njson.dump(dict(os.environ), open(os.environ['CLAUDE_SEEN'], 'w'))\n"
-)
 
 
 @dataclass
@@ -114,9 +112,7 @@ def account(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Account]:
         server.add_volume("models", data_center="EU-RO-1")  # the README's network volume
         secrets_of_the_account = {"HF_TOKEN": hub.write_token, "VL_API_KEYS": KEY}
         home = tmp_path_factory.mktemp("home")
-        (home / "bin").mkdir()
-        (home / "bin" / "claude").write_text(STAND_IN_CLAUDE)
-        (home / "bin" / "claude").chmod(0o755)
+        stand_in_claude(home / "bin")
         (home / "hf").mkdir()
         (home / "hf" / "token").write_text(hub.read_token)  # the user logged in to the Hub (`hf auth login`)
         environ = outer_environ("RUNPOD_", "ANTHROPIC_") | {

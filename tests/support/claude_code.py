@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,18 @@ def require_claude_code() -> None:
     if os.environ.get("CI"):
         raise RuntimeError(f"Claude Code is not installed at {CLAUDE}: scripts/setup installs it")
     pytest.skip("Claude Code is not installed under tests/.node (scripts/setup installs it)", allow_module_level=True)
+
+
+def stand_in_claude(folder: Path) -> Path:
+    """A `claude` in `folder` (put it first on PATH) that writes the environment it was started with to the file
+    $CLAUDE_SEEN names, then exits: what a command hands Claude Code, seen without running it. Returns `folder`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    script = folder / "claude"
+    script.write_text(
+        f"#!{sys.executable}\nimport json, os\njson.dump(dict(os.environ), open(os.environ['CLAUDE_SEEN'], 'w'))\n"
+    )
+    script.chmod(0o755)
+    return folder
 
 
 def quiet_environment(home: Path) -> dict[str, str]:
