@@ -193,9 +193,10 @@ def test_two_requests_for_the_other_model_make_one_swap_and_are_answered_by_it_a
     last_starting = [0.0]  # when /health last said the new engine was starting
 
     def noted_until_answered() -> bool:  # the swap as /health tells it, phase by phase, until both are answered
+        asked = time.time()  # "starting" read in the answer was true after this (a loaded /health answers late)
         if (swap := pod.swap()).get("target") == "tiny2":
             phases.add((swap["loaded"], swap["phase"]))
-            last_starting[0] = time.time() if swap["phase"] == "starting" else last_starting[0]
+            last_starting[0] = asked if swap["phase"] == "starting" else last_starting[0]
         return not any(thread.is_alive() for thread in threads)
 
     wait_until(noted_until_answered, "both requests answered", SWAP_S, every_s=0.2)
