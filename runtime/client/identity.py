@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +22,7 @@ ANTHROPIC_VERSION = "2023-06-01"
 LAST_POD = "last-pod.json"  # {"url": …, "key": …}: what `pod up` brought up last, in the user's config folder
 KEY_DEFAULT = "$ANTHROPIC_AUTH_TOKEN, else $ANTHROPIC_API_KEY, else the key kept with that pod by `pod up`"
 KEY_RULE = f"--key, else {KEY_DEFAULT}"
-ANTHROPIC_KEY = re.compile(r"sk-ant-")  # the paid API's keys (sk-ant-api03-…, sk-ant-oat01-…): never sent to a pod
+ANTHROPIC_KEY = "sk-ant-"  # how the paid API's keys start (sk-ant-api03-…, sk-ant-oat01-…): never sent to a pod
 
 
 def api_headers(key: str | None) -> dict[str, str]:
@@ -84,7 +83,7 @@ def pod_key(given: str | None, url: str | None = None, environ: Mapping[str, str
     if given:
         return given
     given_by_shell = (environ.get(name, "") for name in KEY_VARIABLES)
-    if chosen := next((key for key in given_by_shell if key and not ANTHROPIC_KEY.match(key)), None):
+    if chosen := next((key for key in given_by_shell if key and not key.startswith(ANTHROPIC_KEY)), None):
         return chosen
     kept = last_pod(environ)
     return kept.key if kept and url and kept.url.rstrip("/") == url.rstrip("/") else None

@@ -328,8 +328,9 @@ def up_team(
         if status:
             return status
     url = proxy_url(gateway["id"])
-    print_environment(check_endpoint(url, pod_key(watching.key, url) or "x"))
-    remember_pod(url, pod_key(watching.key, url))  # the client commands without a URL: this team's gateway
+    gateway_key = pod_key(watching.key, url)
+    print_environment(check_endpoint(url, gateway_key or "x"))
+    remember_pod(url, gateway_key)  # the client commands without a URL: this team's gateway
     every = " ".join(pod["id"] for pod in [gateway, *workers])
     print(f"\n# the team: python -m runtime pod status; pod stop {every}; pod down {every}")
     return 0
@@ -486,10 +487,10 @@ def watch_boot(pods: Pods, pod_id: str, watching: Watching, env: Mapping[str, st
     deadline = watching.deadline()
     status = boot(pods, pod_id, env, deadline)
     if not status:
-        key = pod_key(watching.key, proxy_url(pod_id)) or "x"
-        print_environment(check_endpoint(proxy_url(pod_id), key))
-        remember_pod(proxy_url(pod_id), pod_key(watching.key, proxy_url(pod_id)))  # the commands without a URL
-        print_verdict(pod_id, key, deadline)
+        url, key = proxy_url(pod_id), pod_key(watching.key, proxy_url(pod_id))
+        print_environment(check_endpoint(url, key or "x"))  # an open pod takes any text
+        remember_pod(url, key)  # the commands without a URL
+        print_verdict(pod_id, key or "x", deadline)
     return status
 
 
