@@ -26,7 +26,7 @@ from runtime.bridge.auth import UNGUARDED_CALLER, RequireKey
 from runtime.bridge.budgets import BudgetGate
 from runtime.bridge.connection import read_body
 from runtime.bridge.console import console
-from runtime.bridge.engines import merged_metrics
+from runtime.bridge.enginemetrics import merged_metrics
 from runtime.bridge.errors import BridgeError, internal_failure
 from runtime.bridge.exchange import MessagesExchange, count_prompt
 from runtime.bridge.metrics import CONTENT_TYPE
@@ -39,13 +39,13 @@ from runtime.bridge.sharing import KeyShare
 from runtime.bridge.state import Bridge
 from runtime.bridge.translate import Translator
 from runtime.logsafe import loggable
-from runtime.state.bench import MAX_BYTES as BENCH_MAX_BYTES
-from runtime.state.bench import BenchRefused, checked_report, keep_bench
+from runtime.state.benchreport import MAX_BYTES as BENCH_MAX_BYTES
+from runtime.state.benchreport import BenchRefused, checked_report, keep_bench
 from runtime.state.enginehealth import pod_condition, read_engine_health, read_engine_stopped
 from runtime.state.selfcheck import checked, read_selfcheck
 
 log = logging.getLogger("runtime.bridge")
-GENERATIONS = frozenset({"/v1/chat/completions", "/v1/completions"})  # what reads vLLM's prefix cache
+SALTED_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions"})  # relayed, they read the prefix cache: salted
 ENGINE_METRICS_S = 10.0  # a scrape waits this long for a busy engine's metrics, then goes without them
 
 
@@ -90,7 +90,7 @@ class Api:
     # --- OpenAI and vLLM, relayed ---
 
     async def relay(self, request: Request) -> Relay:
-        salt = request.state.caller.cache_salt if request.url.path in GENERATIONS else None
+        salt = request.state.caller.cache_salt if request.url.path in SALTED_ROUTES else None
         body = await read_body(request, self.bridge.max_body)
         body, stream = rewrite_model(body, self.bridge.catalog.upstream_name, salt)
         return Relay(self.bridge.serving, request, body, stream)

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-from runtime.bridge.engines import families
+from runtime.bridge.enginemetrics import families
 from runtime.bridge.upstream import Upstream
 
 # vLLM 0.32's names; a counter's family may be named with or without `_total`, a histogram's by its base.

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime.bridge.auth import Caller
-from runtime.bridge.engines import EngineView, engine_view
+from runtime.bridge.enginemetrics import EngineView, engine_view
 from runtime.bridge.state import Bridge
 from runtime.bridge.usage import KeyUsage, key_row
 from runtime.logfiles import tail

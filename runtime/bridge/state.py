@@ -25,7 +25,7 @@ from runtime.image import public_facts, read_image_facts
 from runtime.logfiles import ENGINE, log_file
 from runtime.settings import Settings
 from runtime.state.activity import Activity
-from runtime.state.bench import kept_bench
+from runtime.state.benchreport import kept_bench
 from runtime.telemetry import GpuTelemetry
 
 

@@ -4,7 +4,7 @@ Bounded on purpose (the seeds' first bridge hung when httpx's default 100 connec
 with streams that nobody read any more): a full pool answers a fast 529 after `pool_timeout`.
 aiohttp rather than httpx here: reading a streamed chunk costs ~10 µs of CPU with aiohttp's C
 parser against ~45 µs through httpx/httpcore/h11/anyio (measured on this project's machine), and
-the bridge's whole budget is 20 µs per relayed token (`bench/bridge.py`).
+the bridge's whole budget is 20 µs per relayed token (`benchmarks/bridge.py`).
 """
 
 from __future__ import annotations

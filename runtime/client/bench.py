@@ -10,7 +10,7 @@ false "cold" 40k tokens/s before they salted), and asks the model to count witho
 its `max_tokens` (each row gives the tokens its answer had: one that stopped early is a rate from fewer).
 
 The client is httpx, the runtime's own: measured against NVIDIA's AIPerf on one paced stand-in behind the bridge
-(bench/client.py), it spends a quarter of AIPerf's CPU per token (102-114 µs against 431-534) and installs nothing
+(benchmarks/client.py), it spends a quarter of AIPerf's CPU per token (102-114 µs against 431-534) and installs nothing
 (AIPerf: 142 packages, 1.2 GB).
 """
 

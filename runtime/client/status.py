@@ -19,7 +19,7 @@ import httpx
 
 from runtime.client.identity import KEY_DEFAULT, api_headers, pod_key, pod_url
 from runtime.logsafe import strip_controls
-from runtime.state.bench import summary
+from runtime.state.benchreport import summary
 from runtime.state.selfcheck import checked
 
 STATUS_PATH = "/v1/pod/status"

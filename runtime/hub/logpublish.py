@@ -1,7 +1,7 @@
 """The Hub log: the tail of the pod's logs, republished to `etat/<POD_ID>.log` while the server is not healthy.
 
 Without it a failed boot is invisible as soon as SSH is down (seeds, bootstrap v74). One background thread
-does every upload, redacted, within a commit budget, with timeouts and back-off: nothing here blocks the
+does every upload, redacted, within a commit rate, with timeouts and back-off: nothing here blocks the
 caller or raises into it, so a Hub outage never touches serving.
 """
 
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from runtime.hub.budget import CommitBudget
+from runtime.hub.commitrate import CommitRate
 from runtime.hub.repo import HubRepo, pod_id
 from runtime.logfiles import tail
 from runtime.logsafe import strip_controls
@@ -90,7 +90,7 @@ class LogPublisher:
         redactor: Redactor,
         *,
         interval_s: float = 25.0,
-        budget: CommitBudget | None = None,
+        rate: CommitRate | None = None,
         retry_s: tuple[float, float] = RETRY_S,
         state_dir: Path | None = None,
     ) -> None:
@@ -100,7 +100,7 @@ class LogPublisher:
         self.sources = {name: Path(p) for name, p in sources.items()}
         self.is_healthy, self.redact = is_healthy, redactor
         self.interval_s, self.retry_s = interval_s, retry_s
-        self.budget = budget or CommitBudget()
+        self.rate = rate or CommitRate()
         self.stats = PublisherStats()
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -146,7 +146,7 @@ class LogPublisher:
         self._thread.start()
 
     def publish_now(self, message: str | None = None) -> None:
-        """Publishes as soon as the budget allows, with `message` (e.g. a crash line) added; never blocks."""
+        """Publishes as soon as the commit rate allows, with `message` (e.g. a crash line) added; never blocks."""
         with self._lock:
             if message:  # bounded: one note must not erase the others' share of the log
                 clipped = message if len(message) <= NOTE_CHARS else f"{message[:NOTE_CHARS]}..."
@@ -212,7 +212,7 @@ class LogPublisher:
         if text == self._published:
             self._mark_published(noted)  # the Hub holds this text already, notes and all
             return self.interval_s  # nothing new to say
-        blocked_s = 0.0 if final else max(self._retry_at - time.monotonic(), self.budget.wait_s())
+        blocked_s = 0.0 if final else max(self._retry_at - time.monotonic(), self.rate.wait_s())
         if blocked_s <= 0 and self._upload(text, noted):
             self._published_healthy, self._failures = healthy, 0
             return self.interval_s
@@ -246,7 +246,7 @@ class LogPublisher:
                 self._say_refused(refused)
             return False
         self._say_refused(None)
-        self.budget.spend()
+        self.rate.spend()
         self._published = text
         self.stats.commits += 1
         self._mark_published(noted)

@@ -109,7 +109,7 @@ async def drained(command: EngineCommand, timeout_s: float) -> bool:
     """Wait (at most `timeout_s`) until the engine runs and queues nothing; whether it came to that."""
     import httpx  # not on the light path to vLLM's launch
 
-    from runtime.bridge.engines import engine_view
+    from runtime.bridge.enginemetrics import engine_view
 
     deadline = time.monotonic() + timeout_s
     async with httpx.AsyncClient(trust_env=False, timeout=10.0) as client:

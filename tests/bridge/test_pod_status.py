@@ -16,7 +16,7 @@ import pytest
 
 from runtime.bridge.affinity import SESSION_HEADER
 from runtime.bridge.auth import SALT_FILE, label_of
-from runtime.bridge.engines import EngineView, engine_view
+from runtime.bridge.enginemetrics import EngineView, engine_view
 from runtime.engine import tinymodel as tiny
 from tests.support.bridge import Process, pod_status, start_bridge, start_stand_in
 from tests.support.net import free_port

@@ -37,7 +37,7 @@ POD_ID = "pod-under-test"
 LOG_REPO, CONFIG_REPO = POD_LOG_REPO, POD_CONFIG_REPO  # the `hub` fixture (tests/support/hub_server.py) makes them
 KEY_NAME = "tester"
 HEALTHY_TIMEOUT_S = 600  # ~40 s on two idle cores; the machine is shared
-HUB_HEALTHY_WAIT_S = 180  # the publisher's turn, behind the Hub commit budget (72 s a commit once 10 are spent)
+HUB_HEALTHY_WAIT_S = 180  # the publisher's turn, behind the Hub commit rate (72 s a commit once 10 are spent)
 STATE_DIR = "/var/lib/vlpod"  # the image's VL_STATE_DIR
 ENGINE_COMMAND = "runtime.engine.vllm_cli serve"
 
@@ -272,7 +272,7 @@ def test_the_hub_log_shows_the_start_and_never_a_secret(pod: Pod, hub: HubServer
         return text if re.match(rf"# vllm-pod {POD_ID} · healthy since ", text) else None
 
     # Docker's healthcheck can say healthy before the publisher's next turn, and a boot that committed
-    # its log often waits for the commit budget (one every 72 s once 10 are spent): wait for the Hub.
+    # its log often waits for the commit rate (one every 72 s once 10 are spent): wait for the Hub.
     text = wait_until(said_healthy, "the Hub log to say the pod is healthy", HUB_HEALTHY_WAIT_S, every_s=1.0)
     assert "vLLM launched" in text
     for received in hub.received:

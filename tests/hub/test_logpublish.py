@@ -13,7 +13,7 @@ from huggingface_hub.errors import RepositoryNotFoundError
 
 from runtime.client.status import render
 from runtime.gpu import GpuError, HostGpu, decide
-from runtime.hub.budget import CommitBudget
+from runtime.hub.commitrate import CommitRate
 from runtime.hub.logpublish import LogPublisher
 from runtime.hub.repo import HubRepo
 from runtime.logfiles import tail
@@ -216,7 +216,7 @@ def test_no_planted_secret_reaches_the_hub(hub_server: HubServer, pod: Pod, publ
 def test_the_commit_rate_is_bounded(hub_server: HubServer, pod: Pod, publisher: MakePublisher) -> None:
     hub_server.create_repo(REPO)
     now = [0.0]
-    budget = CommitBudget(burst=3, per_hour=60, clock=lambda: now[0])
+    rate = CommitRate(burst=3, per_hour=60, clock=lambda: now[0])
 
     steps = itertools.count()
 
@@ -224,10 +224,10 @@ def test_the_commit_rate_is_bounded(hub_server: HubServer, pod: Pod, publisher: 
         pod.write("engine", f"INFO step {next(steps)}")
         return False
 
-    pub = publisher(is_healthy=chatty_and_never_healthy, interval_s=0.02, budget=budget)
+    pub = publisher(is_healthy=chatty_and_never_healthy, interval_s=0.02, rate=rate)
     pub.start()
     wait_until(lambda: pub.stats.cycles >= 30, "thirty publisher cycles")
-    assert log_commits(hub_server) == 3  # the burst, and nothing more while the budget is empty
+    assert log_commits(hub_server) == 3  # the burst, and nothing more while the bucket is empty
 
     pub.publish_now("engine exited with code 1")
     wait_until(lambda: pub.stats.cycles >= 40, "ten more cycles")
@@ -239,14 +239,14 @@ def test_the_commit_rate_is_bounded(hub_server: HubServer, pod: Pod, publisher: 
     pub.close()
 
 
-def test_the_default_budget_keeps_a_pod_under_the_hubs_limit() -> None:
+def test_the_default_commit_rate_keeps_a_pod_under_the_hubs_limit() -> None:
     """Publishing every 25 s for two hours: 25 s cadence at first, then one a 72 s; never 60 in an hour."""
     now = [0.0]
-    budget, commits = CommitBudget(clock=lambda: now[0]), []
+    rate, commits = CommitRate(clock=lambda: now[0]), []
     for step in range(2 * 3600 // 25):
         now[0] = step * 25.0
-        if budget.wait_s() == 0:
-            budget.spend()
+        if rate.wait_s() == 0:
+            rate.spend()
             commits.append(now[0])
     assert commits[:10] == [25.0 * i for i in range(10)]
     assert max(sum(1 for c in commits if start <= c < start + 3600) for start in commits) <= 60

@@ -15,7 +15,7 @@ import pytest
 
 from runtime.bridge.affinity import ROUTING_KEYS, conversation, routing_key
 from runtime.bridge.auth import ApiKeys
-from runtime.bridge.engines import engine_view, merged_metrics
+from runtime.bridge.enginemetrics import engine_view, merged_metrics
 from runtime.bridge.state import Bridge
 from runtime.engine.command import engine_command
 from runtime.health import degradation

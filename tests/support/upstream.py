@@ -1,6 +1,6 @@
 """A stand-in for vLLM's OpenAI server that streams scripted chunks fast, or at a set pace.
 
-Used by `bench/bridge.py` (an upstream that costs next to nothing, so the bridge's own cost shows)
+Used by `benchmarks/bridge.py` (an upstream that costs next to nothing, so the bridge's own cost shows)
 and by tests that need what the shared vLLM cannot promise: silence before the first token, a
 stream that outlasts any machine stall. It speaks just enough HTTP/1.1 on raw asyncio for that:
 `GET /v1/models`, `POST /tokenize`, streamed `POST /v1/chat/completions` whose chunks have the shape

@@ -2,7 +2,7 @@
 reading to the end, some leaving mid-stream, some stalling (not reading) a while before they read on
 or vanish; every client comes back with a new request at once. What leaks shows at the end.
 
-    python bench/soak.py --minutes N [--clients 64] [--max-stall-s 20] [--seed 0]
+    python benchmarks/soak.py --minutes N [--clients 64] [--max-stall-s 20] [--seed 0]
 
 Prints the bridge's resident memory, open file descriptors and TCP connections to the upstream,
 and its `bridge_open_streams` and `bridge_upstream_connections_in_use` gauges: at the start (after

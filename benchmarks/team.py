@@ -2,7 +2,7 @@
 against one engine, two engines behind the router (round-robin, then affinity), and vLLM's own data
 parallelism over two engines; one real pod (`python -m runtime start`, the tiny model) per configuration.
 
-    python bench/team.py [--agents 8] [--turns 5] [--only single,affinity,...] [--json FILE]
+    python benchmarks/team.py [--agents 8] [--turns 5] [--only single,affinity,...] [--json FILE]
 
 Each conversation grows the way Claude Code's do: a shared system prompt and tool list, then its own
 history (each turn adds the answer, a tool call and its result). Prints, per configuration, the share of

@@ -1,6 +1,6 @@
 """Benchmark: fastokens against Hugging Face `tokenizers`, encoding a Claude Code-sized prompt. Prints JSON.
 
-    python bench/tokenizer.py [--rounds N] [--chars N]
+    python benchmarks/tokenizer.py [--rounds N] [--chars N]
 
 What VL_FASTOK decides: the tokenizer vLLM's API server runs on every request's prompt before prefill
 (the seeds measured -12% median TTFT on a GPU with Qwen's tokenizer). Two worker processes load the tiny

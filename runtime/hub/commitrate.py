@@ -1,4 +1,4 @@
-"""A commit budget (token bucket): how often the pod may commit its log to the Hub.
+"""The pod's commit rate to the Hub (a token bucket): how often it may commit its log there.
 
 The Hub refuses more than 128 commits per hour and per repo on a free account, and pods may share a log
 repo: one pod publishing every 25 s would alone spend 144 an hour. The default follows a boot at the full
@@ -15,7 +15,7 @@ BURST = 10
 PER_HOUR = 50
 
 
-class CommitBudget:
+class CommitRate:
     """At most `burst` commits at once, refilled at `per_hour` commits an hour."""
 
     def __init__(self, burst: int = BURST, per_hour: float = PER_HOUR, clock: Callable[[], float] = time.monotonic):
