@@ -63,6 +63,19 @@ def test_an_earlier_message_edited_costs_the_prompt_from_that_message_on() -> No
     assert shorter is not None and shorter["type"] == "messages_changed"
 
 
+def test_two_edited_messages_cost_the_prompt_from_the_first_of_them_on() -> None:
+    """Both later messages edited: the cache is lost from the first edit on, so the tokens counted are those two
+    messages' share of the prompt, not the last one's alone."""
+    messages = [*FIRST, {"role": "assistant", "content": "x" * 3000}, {"role": "user", "content": "y" * 3000}]
+    before = fingerprint(prompt_tokens=2000, messages=messages)
+    both = [*FIRST, {"role": "assistant", "content": "X" * 3000}, {"role": "user", "content": "Y" * 3000}]
+    edited = reason(before, fingerprint(messages=both))
+    total = before.head_size + sum(before.sizes)
+    from_first, from_last = round(2000 * sum(before.sizes[1:]) / total), round(2000 * before.sizes[-1] / total)
+    assert edited == {"type": "messages_changed", "cache_missed_input_tokens": from_first}
+    assert from_first > 1.5 * from_last  # counted from the last edit, the figure would be about half
+
+
 def test_a_key_finds_only_its_own_prompts_and_one_past_its_share_forgets_its_own() -> None:
     prompts = Prompts(capacity=8, per_key=2)
     for n in range(3):
