@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 
+ERROR_CHARS = 300  # of an error's text in one log line: its gist, not a page of HTML a server sent
 CLIENT_VALUE_CHARS = 200  # more than any real model name or request id; a 10 MiB one stays a short field
 PROMPT_CHARS = 1000  # VL_LOG_PROMPTS: enough of the last user message to recognise it, not a whole document
 # A value made only of these is written bare (`model=claude-tiny`): nothing in it can end its field early.
@@ -40,3 +41,10 @@ def strip_controls(text: str) -> str:
     """`text` without any terminal control sequence or control character but tab and newline: what is
     published or printed from a log may have been written by anyone (a client, a model, a package)."""
     return CONTROLS.sub("", text)
+
+
+def one_line(error: BaseException) -> str:
+    """An error as one line of a log: its type, then its text with every line break folded, cut at ERROR_CHARS (a
+    Hub or a download can fail with a multi-line message, and a log line must stay one line)."""
+    text = " ".join(str(error).split())[:ERROR_CHARS]
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__

@@ -1,7 +1,11 @@
-"""Quantities as people read them. Standard library only: the build side (space/deps.py) shares it with
-the pod (runtime/engine/weights.py) without importing anything else of the runtime."""
+"""Quantities as people read them: sizes, durations, and moments as UTC stamps. Standard library only: the build
+side (space/deps.py) shares it with the pod (runtime/engine/weights.py) without importing anything else of it."""
 
 from __future__ import annotations
+
+from datetime import UTC, datetime
+
+UTC_STAMP = "%Y-%m-%dT%H:%M:%SZ"  # a moment as logs, the console and the state files write it
 
 
 def human_bytes(count: float) -> str:
@@ -23,3 +27,8 @@ def human_seconds(seconds: float) -> str:
         return f"{minutes} min {secs:02d} s"
     hours, minutes = divmod(minutes, 60)
     return f"{hours} h {minutes:02d} min"
+
+
+def utc_now() -> str:
+    """Now as a UTC stamp (UTC_STAMP): the same on every machine, sortable as text."""
+    return datetime.now(UTC).strftime(UTC_STAMP)

@@ -18,13 +18,13 @@ from typing import Any
 import jinja2
 
 from runtime.client.liveline import LiveLine
+from runtime.hubspace import SPACE_PORT
 from runtime.units import human_seconds
 from space import BuildError
 from space.context import git_blob_id
 from space.targets import ROOT, Target
 
 HUB_REGISTRY = "registry.hf.space"  # where the Hub serves a Docker Space's image
-SPACE_PORT = 7860  # the Space runs the image on a CPU: runtime/pod/builder_page.py answers here
 README = "README.md"
 KEPT_REMOTE = {".gitattributes"}  # the Hub's own file in every repo
 POLL_S = 5.0

@@ -35,6 +35,7 @@ BUILD_MAY = (
     "runtime.client.runpod",
     "runtime.client.identity",
     "runtime.tokenshapes",
+    "runtime.hubspace",
 )  # httpx at most
 # They run in vLLM's venv (vllm_cli) or at image build (tinymodel), where the runtime may not be installed:
 # each imports nothing of ours but itself (a package's modules import each other).

@@ -16,7 +16,7 @@ import json
 import re
 from collections.abc import Mapping
 
-ROUTING_KEY = "x-smg-routing-key"  # what the router's sticky (`manual`) policy pins by (runtime/pod/router.py)
+ROUTING_KEY = "x-smg-routing-key"  # what the router's sticky (`manual`) policy pins by: its name in smg
 SESSION_HEADER = "x-claude-code-session-id"
 AGENT_HEADER = "x-claude-code-agent-id"
 # Claude Code's `metadata.user_id`: `user_<hash>_account_<uuid>_session_<uuid>`, or the same as JSON.

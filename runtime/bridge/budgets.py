@@ -21,6 +21,7 @@ from runtime.bridge.ledger import Buckets, Day, day_of, merge
 from runtime.bridge.usage import KeyUsage, cost_of
 from runtime.budget import PERIODS, Budget
 from runtime.settings import ApiKey
+from runtime.units import UTC_STAMP
 
 HEADER = "anthropic-ratelimit-unified-"
 # Once past each, a client signed in to a gateway says "You've used NN% of your usage credits".
@@ -53,7 +54,7 @@ class Standing:
             "limit": self.budget.limit,
             "spent": round(self.spent, 6 if self.budget.unit == "usd" else 0),
             "utilization": round(self.utilization, 4),
-            "resets_at": self.resets.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "resets_at": self.resets.strftime(UTC_STAMP),
         }
 
 

@@ -22,6 +22,7 @@ import msgspec
 from runtime.bridge.errors import BridgeError
 from runtime.bridge.translate import Traits
 from runtime.bridge.upstream import JSON_HEADERS, Upstream
+from runtime.units import UTC_STAMP
 
 log = logging.getLogger("runtime.bridge")
 
@@ -122,7 +123,7 @@ class Catalog:
         """One entry of Anthropic's `/v1/models`, with the context window; Claude Code's model picker
         shows `display_name` and `description`."""
         assert self.model is not None
-        created = datetime.fromtimestamp(self.model.created, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        created = datetime.fromtimestamp(self.model.created, UTC).strftime(UTC_STAMP)
         window, description = self.model.context_window, f"{self.model.name} on this pod's vLLM"
         if (other := self.others().get(model_id)) is not None:  # VL_SWAP: loaded on the first request for it
             window, description = other or window, f"{model_id}, loaded on this pod's vLLM when asked for"

@@ -12,8 +12,9 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields
-from datetime import UTC, datetime
 from typing import Any, NamedTuple
+
+from runtime.units import utc_now
 
 WINDOW_S = 300  # "the last minutes": long enough for a steady rate, short enough to follow a change
 
@@ -62,10 +63,6 @@ Recorder = Callable[[str, str, KeyUsage], None]  # (key, since, one request's us
 def cost_of(busy_s: float, per_hour: float | None) -> float | None:
     """What a share of the engine's busy time cost at VL_COST_PER_HOUR; None when no price is set."""
     return None if per_hour is None else round(busy_s * per_hour / 3600, 6)
-
-
-def utc_now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class Usage:

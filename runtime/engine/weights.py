@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from runtime.logsafe import one_line
 from runtime.settings import is_commit_id
 from runtime.state.statefile import write_atomically
 from runtime.units import human_bytes
@@ -310,10 +311,6 @@ class Progress:
 
 def human_seconds(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
-
-
-def one_line(error: BaseException) -> str:
-    return " ".join(str(error).split())[:300] or type(error).__name__
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

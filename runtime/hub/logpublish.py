@@ -14,7 +14,6 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 
 from runtime.hub.commitrate import CommitRate
@@ -24,6 +23,7 @@ from runtime.logsafe import strip_controls
 from runtime.redact import Redactor
 from runtime.settings import RUNPOD_SECRET_REFERENCE, Settings
 from runtime.state.hublog import write_hub_log_refusal
+from runtime.units import utc_now
 
 log = logging.getLogger("runtime.hub.log")
 
@@ -36,10 +36,6 @@ RETRY_S = (5.0, 300.0)  # back-off after a failed upload: first wait, longest wa
 def log_path(pod: str) -> str:
     """Where a pod's log lives in the log repo."""
     return f"{LOG_FOLDER}/{pod}.log"
-
-
-def utc_now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def refusal_line(repo: HubRepo, error: Exception) -> str | None:

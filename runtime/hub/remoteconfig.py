@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from huggingface_hub.errors import RemoteEntryNotFoundError
 
 from runtime.hub.repo import FileVersion, HubRepo
+from runtime.logsafe import one_line
 from runtime.settings import Settings
 from runtime.settingsfile import MAX_FILE_BYTES, SettingsFile
 
@@ -100,8 +101,3 @@ class RemoteConfig:
         text = "" if too_large else self.repo.read_text(self.path, version)
         self._version = version  # only once read whole: a failed read is tried again at the next poll
         return SettingsFile(text, self.where, private, version.size if too_large else None)
-
-
-def one_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0] if text else ''}".rstrip(": ")

@@ -20,10 +20,9 @@ from starlette.responses import HTMLResponse, JSONResponse
 from starlette.routing import Route
 
 from runtime.engine.recipes import load_recipe
+from runtime.hubspace import SPACE_PORT
 from runtime.image import public_facts, read_image_facts
 from runtime.settings import Settings, recipe_names
-
-SPACE_PORT = 7860
 
 
 def builder_page_app(facts: Mapping[str, Any] | None, space_id: str) -> Starlette:

@@ -46,6 +46,7 @@ from pathlib import Path
 from runtime.pod.desktop_gate import MAX_HEAD_BYTES, Gate
 from runtime.pod.supervisor import exit_description
 from runtime.settings import Settings, SettingsError, load_settings
+from runtime.state.statefile import write_private
 
 log = logging.getLogger("runtime.pod.desktop")
 
@@ -391,11 +392,3 @@ class Desktop:
 
 class DisplayError(RuntimeError):
     """Xvnc did not come up."""
-
-
-def write_private(path: Path, data: bytes) -> None:
-    """Write `data` to a file only its owner can read, never readable by others even for a moment."""
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(descriptor, "wb") as file:
-        os.fchmod(file.fileno(), 0o600)  # an older file of another mode keeps its mode through O_CREAT
-        file.write(data)

@@ -28,8 +28,7 @@ if TYPE_CHECKING:
     import httpx
 
 ROUTER = "router"  # its child's and log's name
-ROUTING_KEY = "x-smg-routing-key"  # the header smg's `manual` policy pins a conversation by
-POLICIES = {
+POLICIES = {  # smg's `manual` policy pins a conversation by the header the bridge sets (runtime.bridge.affinity)
     # A new key goes to the engine holding the fewest keys, and stays there while that engine lives.
     "affinity": ("--policy", "manual", "--assignment-mode", "min_group"),
     "round-robin": ("--policy", "round_robin"),

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runtime.settings import ENVIRONMENT_FILE_HEADER
+from runtime.state.statefile import write_private
 
 KEY_VARIABLES = ("PUBLIC_KEY", "SSH_PUBLIC_KEY")  # RunPod documents both
 HOST_KEY_TYPES = ("ed25519", "ecdsa", "rsa")  # DSA is gone from current OpenSSH
@@ -78,8 +79,8 @@ def prepare_sshd(layout: SshdLayout, environ: Mapping[str, str]) -> list[str] | 
     host_keys = [generate_host_key(layout.host_key_dir, kind) for kind in HOST_KEY_TYPES]
     add_authorized_keys(layout.authorized_keys, keys)
     environment = session_environment(environ)
-    write_private(layout.environment_file, environment_script(environment))
-    write_private(layout.config_file, sshd_config(layout, host_keys, environment))
+    write_private(layout.environment_file, environment_script(environment).encode())
+    write_private(layout.config_file, sshd_config(layout, host_keys, environment).encode())
     if os.geteuid() == 0:
         PRIVSEP_DIR.mkdir(mode=0o755, parents=True, exist_ok=True)
     return [binary, "-D", "-e", "-f", str(layout.config_file)]
@@ -138,11 +139,3 @@ def sshd_config(layout: SshdLayout, host_keys: list[Path], environment: Mapping[
 def quote_for_sshd(argument: str) -> str:
     """One double-quoted sshd_config argument (its parser unescapes backslash and quotes)."""
     return '"' + re.sub(r"([\\\"'])", r"\\\1", argument) + '"'
-
-
-def write_private(path: Path, content: str) -> None:
-    """Write a file only root can read: it holds the pod's environment, tokens included."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with open(descriptor, "w") as file:
-        file.write(content)

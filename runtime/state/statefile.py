@@ -1,6 +1,7 @@
 """The small JSON files one process of the pod writes and another reads (the engines' health, the swap, the
 preload): replaced whole through a rename, so that a reader never sees half of one, and read as None when absent
-or unreadable, so that a reader never fails on a writer's account."""
+or unreadable, so that a reader never fails on a writer's account. A secret one hands a child (sshd's environment,
+the desktop's password) is written private from its first byte instead."""
 
 from __future__ import annotations
 
@@ -20,6 +21,16 @@ def write_atomically(path: Path, text: str) -> None:
     partial = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.partial")
     partial.write_text(text)
     os.replace(partial, path)
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Write a file only its owner may read, never readable by others even for a moment: what a child of the pod
+    reads and nobody else may (sshd's environment, tokens included; the desktop's password)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "wb") as file:
+        os.fchmod(file.fileno(), 0o600)  # an older file of another mode keeps its mode through O_CREAT
+        file.write(data)
 
 
 def write_json(path: Path, data: Any) -> None:

@@ -23,6 +23,7 @@ from runtime.pod import desktop, desktop_auth
 from runtime.pod.start import Pod, PodHub
 from runtime.pod.supervisor import ChildSpec
 from runtime.settings import SettingsError, load_settings
+from runtime.state.statefile import write_private
 from space import runpod_template, targets
 from tests.support.environ import outer_environ
 
@@ -110,7 +111,7 @@ def test_the_password_file_is_private_from_its_first_byte(tmp_path: Path) -> Non
     path = tmp_path / "vncpasswd"
     path.write_bytes(b"old")
     path.chmod(0o644)
-    desktop.write_private(path, b"\x01\x02")
+    write_private(path, b"\x01\x02")
     assert path.read_bytes() == b"\x01\x02" and path.stat().st_mode & 0o777 == 0o600
 
 
