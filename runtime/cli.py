@@ -16,37 +16,22 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
-COMMANDS: dict[str, tuple[str, str]] = {
+COMMANDS: dict[str, tuple[str, str]] = {  # one line a command: its module, and its line in the usage
     "start": ("runtime.pod.start", "start sshd, vLLM and the bridge, and keep them alive (the image entrypoint)"),
     "bridge": ("runtime.bridge.server", "serve the Anthropic Messages API in front of an OpenAI-style upstream"),
     "engine-args": ("runtime.engine.command", "print the vLLM command line that the current environment yields"),
     "weights": ("runtime.engine.weights", "download the model's files into the cache (the volume), as a start would"),
-    "preload": (
-        "runtime.pod.preload",
-        "download VL_PRELOAD's repos into the cache, at the lowest priority, as a pod does",
-    ),
+    "preload": ("runtime.pod.preload", "download VL_PRELOAD's repos into the cache, at lowest priority, as a pod does"),
     "logs": ("runtime.hub.logtail", "tail a pod's remote log on the Hub"),
     "connect": ("runtime.client.connect", "check an endpoint and print Claude Code's environment"),
-    "launch": (
-        "runtime.client.launch",
-        "check the pod's endpoint, then run Claude Code on it (-- passes claude's arguments)",
-    ),
-    "check": (
-        "runtime.client.check",
-        "prove the pod's model answers right under load: needle, prefills, tools, cache…",
-    ),
+    "launch": ("runtime.client.launch", "check the pod, then run Claude Code on it (-- passes claude's arguments)"),
+    "check": ("runtime.client.check", "prove the model answers right under load: needle, prefills, tools, cache…"),
     "bench": ("runtime.client.bench", "measure the pod's speed as the field notes did: solo decode, sessions, prefill"),
     "plan": ("runtime.client.plan", "does a model fit a card at a context, for K sessions, and what does it cost"),
     "pod": ("runtime.client.pods", "your pods on RunPod, without its console"),
-    "status": (
-        "runtime.client.status",
-        "show a running pod's console in the terminal: engine, traffic, keys, GPUs, cost",
-    ),
+    "status": ("runtime.client.status", "show a pod's console in the terminal: engine, traffic, keys, GPUs, cost"),
     "desktop": ("runtime.pod.desktop", "run the browser desktop on port 6080 (VL_DESKTOP=on; `start` supervises it)"),
-    "settings": (
-        "runtime.settings_command",
-        "print the effective VL_* settings, check a settings file, or the generated tables of docs/reference/settings.md",
-    ),
+    "settings": ("runtime.settings_command", "print the VL_* settings, check a settings file, update the docs' tables"),
 }
 # The commands of verbs: their usage line ends with the verbs their own parser declares, so the two cannot drift.
 VERBS_LISTED = ("pod",)

@@ -175,6 +175,30 @@ def at_most(limit: int, items: tuple[Any, ...]) -> tuple[Any, ...]:
     return items
 
 
+def matching(pattern: re.Pattern[str], allowed: str) -> Parser:
+    """The text itself, when it matches `pattern` whole (which `allowed` says in words)."""
+
+    def parse(raw: str) -> str:
+        value = raw.strip()
+        if not pattern.fullmatch(value):
+            raise ValueError
+        return value
+
+    return Parser(parse, allowed)
+
+
+def each_matching(limit: int, pattern: re.Pattern[str], allowed: str, fold: Callable[[str], str] = str) -> Parser:
+    """`words`, at most `limit`, each matching `pattern` whole once folded (which `allowed` says in words)."""
+
+    def parse(raw: str) -> tuple[str, ...]:
+        found = at_most(limit, tuple(map(fold, words(raw))))
+        if not all(pattern.fullmatch(word) for word in found):
+            raise ValueError
+        return found
+
+    return Parser(parse, allowed)
+
+
 @dataclass(frozen=True)
 class ApiKey:
     """One entry of VL_API_KEYS: a key and the name that labels its usage (None: a salted hash does)."""
@@ -252,13 +276,10 @@ def check_budgets(which: str, budgets: tuple[Budget, ...]) -> None:
             raise Disallowed(f"{which} has two budgets in {one.unit} a {one.period}")
 
 
-@allows(f"at most {MAX_NAMES} host names separated by commas or spaces, or empty")
-def host_names(raw: str) -> tuple[str, ...]:
-    """`words` that are each a DNS name, lower-cased (Host headers are compared without case)."""
-    names = at_most(MAX_NAMES, tuple(name.lower() for name in words(raw)))
-    if not all(DNS_NAME.fullmatch(name) for name in names):
-        raise ValueError
-    return names
+# DNS names, lower-cased (Host headers are compared without case).
+host_names = each_matching(
+    MAX_NAMES, DNS_NAME, f"at most {MAX_NAMES} host names separated by commas or spaces, or empty", str.lower
+)
 
 
 @allows(f"at most {MAX_NAMES} http(s) URLs without credentials, separated by commas or spaces, or empty")
@@ -280,22 +301,17 @@ def worker_urls(raw: str) -> tuple[str, ...]:
     return urls
 
 
-@allows(f"a key of {MIN_KEY_CHARS} to {MAX_KEY_CHARS} visible ASCII characters")
-def header_key(raw: str) -> str:
-    """One key as a header carries it."""
-    value = raw.strip()
-    if not HEADER_TOKEN.fullmatch(value) or not MIN_KEY_CHARS <= len(value) <= MAX_KEY_CHARS:
-        raise ValueError
-    return value
-
-
-@allows(f"at most {MAX_NAMES} model names (letters, digits, `_.:@/+[]-`, no leading `-`) separated by commas or spaces")
-def model_names(raw: str) -> tuple[str, ...]:
-    """`words` that are each a model name as clients send them (see MODEL_NAME)."""
-    names = at_most(MAX_NAMES, words(raw))
-    if not all(MODEL_NAME.fullmatch(name) for name in names):
-        raise ValueError
-    return names
+# One key as a header carries it.
+header_key = matching(
+    re.compile(rf"[\x21-\x7e]{{{MIN_KEY_CHARS},{MAX_KEY_CHARS}}}"),
+    f"a key of {MIN_KEY_CHARS} to {MAX_KEY_CHARS} visible ASCII characters",
+)
+# Model names as clients send them (see MODEL_NAME).
+model_names = each_matching(
+    MAX_NAMES,
+    MODEL_NAME,
+    f"at most {MAX_NAMES} model names (letters, digits, `_.:@/+[]-`, no leading `-`) separated by commas or spaces",
+)
 
 
 # vLLM flags the runtime sets itself: from VL_EXTRA_ARGS they would put vLLM on every interface
@@ -326,18 +342,6 @@ def engine_arguments(raw: str) -> str:
     if owned:
         raise Disallowed(f"{', '.join(owned)} {'is' if len(owned) == 1 else 'are'} the runtime's")
     return raw.strip()
-
-
-def matching(pattern: re.Pattern[str], allowed: str) -> Parser:
-    """The text itself, when it matches `pattern` whole (which `allowed` says in words)."""
-
-    def parse(raw: str) -> str:
-        value = raw.strip()
-        if not pattern.fullmatch(value):
-            raise ValueError
-        return value
-
-    return Parser(parse, allowed)
 
 
 REPO_TYPES = {"models": "model", "datasets": "dataset", "spaces": "space"}
@@ -580,22 +584,12 @@ def swap_pairs(raw: str) -> tuple[str, ...]:
     return pairs
 
 
-@allows(f"at most {MAX_PRELOADS} Hub model repo ids (owner/name) separated by commas or spaces")
-def model_repos(raw: str) -> tuple[str, ...]:
-    """VL_PRELOAD: model repos whose files are downloaded ahead of a swap."""
-    repos = at_most(MAX_PRELOADS, words(raw))
-    if not all(MODEL_REPO_ID.fullmatch(repo) for repo in repos):
-        raise ValueError
-    return repos
-
-
-@allows("8 to 128 visible ASCII characters")
-def desktop_password(raw: str) -> str:
-    """VL_DESKTOP_PASSWORD: the browser desktop's password (no default: the page is public)."""
-    value = raw.strip()
-    if not HEADER_TOKEN.fullmatch(value) or not 8 <= len(value) <= 128:
-        raise ValueError
-    return value
+# VL_PRELOAD: model repos whose files are downloaded ahead of a swap.
+model_repos = each_matching(
+    MAX_PRELOADS, MODEL_REPO_ID, f"at most {MAX_PRELOADS} Hub model repo ids (owner/name) separated by commas or spaces"
+)
+# VL_DESKTOP_PASSWORD: the browser desktop's password (no default: the page is public).
+desktop_password = matching(re.compile(r"[\x21-\x7e]{8,128}"), "8 to 128 visible ASCII characters")
 
 
 # A table, one variable to a few lines, read down its columns: the formatter leaves it as written.

@@ -8,6 +8,7 @@ per request, not per token: the hot path stays free of locks. Each series is loo
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -22,38 +23,35 @@ MIB = 2**20
 class Metrics:
     def __init__(self, upstream_in_use: Callable[[], float]) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self.requests = Counter(
+        # Every metric of the bridge's lives in its own registry (the engines' are merged in after).
+        counter, gauge = partial(Counter, registry=self.registry), partial(Gauge, registry=self.registry)
+        self.requests = counter(
             "bridge_requests",
             "Requests answered, by route, HTTP status, Anthropic error type and key label.",
             ["route", "status", "error_type", "key"],
-            registry=self.registry,
         )
-        self.tokens = Counter(
+        self.tokens = counter(
             "bridge_tokens",
             "Tokens by key label and kind (input excludes cached, as Anthropic counts).",
             ["key", "kind"],
-            registry=self.registry,
         )
-        self.by_class = Counter(
+        self.by_class = counter(
             "bridge_requests_by_class",
             "Generation requests by Claude Code's request class (`none`: not said; "
             "`other`: a class we do not know) and key label.",
             ["request_class", "key"],
-            registry=self.registry,
         )
-        self.tokens_by_class = Counter(
+        self.tokens_by_class = counter(
             "bridge_tokens_by_class",
             "Tokens of generation requests by Claude Code's request class and kind.",
             ["request_class", "kind"],
-            registry=self.registry,
         )
-        self.by_hint = Counter(
+        self.by_hint = counter(
             "bridge_requests_by_hint",
             "Generation requests by Claude Code's other hint headers: `1p` (x-claude-1p-request-class, what "
             "Anthropic's API is told of the request) and `auxiliary` (x-claude-code-auxiliary-type, a memory pass); "
             "`other`: a value we do not know.",
             ["hint", "value"],
-            registry=self.registry,
         )
         self.ttft = Histogram(
             "bridge_time_to_first_token_seconds",
@@ -61,31 +59,22 @@ class Metrics:
             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
             registry=self.registry,
         )
-        self.open_streams = Gauge("bridge_open_streams", "Responses being streamed now.", registry=self.registry)
-        self.guard_blocked = Counter(
+        self.open_streams = gauge("bridge_open_streams", "Responses being streamed now.")
+        self.guard_blocked = counter(
             "bridge_guard_blocked",
             "Whole-file writes blocked by VL_GUARD (their content elided the file), by tool.",
             ["tool"],
-            registry=self.registry,
         )
         for label in WHOLE_FILE_WRITES.values():  # each at 0 from the start: a rate can be read from the first
             self.guard_blocked.labels(label)
-        in_use = Gauge(
-            "bridge_upstream_connections_in_use",
-            "Upstream requests in flight (the bounded pool's use).",
-            registry=self.registry,
-        )
+        in_use = gauge("bridge_upstream_connections_in_use", "Upstream requests in flight (the bounded pool's use).")
         in_use.set_function(upstream_in_use)
         gpu = ["gpu", "name"]  # the index nvidia-smi gives, and the product name
-        self.gpu_utilization = Gauge(
-            "vlpod_gpu_utilization_percent", "GPU utilization (nvidia-smi, every 2 s).", gpu, registry=self.registry
-        )
-        self.gpu_memory_used = Gauge("vlpod_gpu_memory_used_bytes", "GPU memory in use.", gpu, registry=self.registry)
-        self.gpu_memory_total = Gauge("vlpod_gpu_memory_total_bytes", "GPU memory in all.", gpu, registry=self.registry)
-        self.gpu_temperature = Gauge(
-            "vlpod_gpu_temperature_celsius", "GPU temperature, where reported.", gpu, registry=self.registry
-        )
-        self.gpu_power = Gauge("vlpod_gpu_power_watts", "GPU power draw, where reported.", gpu, registry=self.registry)
+        self.gpu_utilization = gauge("vlpod_gpu_utilization_percent", "GPU utilization (nvidia-smi, every 2 s).", gpu)
+        self.gpu_memory_used = gauge("vlpod_gpu_memory_used_bytes", "GPU memory in use.", gpu)
+        self.gpu_memory_total = gauge("vlpod_gpu_memory_total_bytes", "GPU memory in all.", gpu)
+        self.gpu_temperature = gauge("vlpod_gpu_temperature_celsius", "GPU temperature, where reported.", gpu)
+        self.gpu_power = gauge("vlpod_gpu_power_watts", "GPU power draw, where reported.", gpu)
 
         # The counters' series by labels, as `labels` made them: as many as the labels' bounded values.
         self.series: dict[tuple[Counter, tuple[str, ...]], Any] = {}

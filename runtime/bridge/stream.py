@@ -28,17 +28,23 @@ VLLM_TOOL_ID = re.compile(r"chatcmpl-tool-([0-9a-zA-Z]+)")
 
 
 class FunctionDelta(Struct):
+    """A piece of a tool call: its name in the first chunk, then its arguments' JSON a piece at a time."""
+
     name: str | None = None
     arguments: str | None = None
 
 
 class ToolCallDelta(Struct):
+    """Which tool call a piece belongs to (`index`), with its id when it begins."""
+
     index: int = 0
     id: str | None = None
     function: FunctionDelta | None = None
 
 
 class Delta(Struct):
+    """What a chunk adds: text, reasoning (under either name vLLM versions use) or tool calls."""
+
     content: str | None = None
     reasoning: str | None = None
     reasoning_content: str | None = None
@@ -46,12 +52,16 @@ class Delta(Struct):
 
 
 class Choice(Struct):
+    """The one choice the bridge asks for; `finish_reason` and `stop_reason` come with its last chunk."""
+
     delta: Delta | None = None
     finish_reason: str | None = None
     stop_reason: str | int | None = None
 
 
 class PromptDetails(Struct):
+    """How many of the prompt's tokens the prefix cache served."""
+
     cached_tokens: int | None = None
 
 
@@ -64,11 +74,15 @@ class ChunkUsage(Struct):
 
 
 class UpstreamError(Struct):
+    """An error the engine sends as an event of its stream (after its 200)."""
+
     message: str = "the model server reported an error"
     code: int | None = None
 
 
 class Chunk(Struct):
+    """One `data:` payload of the engine's stream: choices, usage, or an error."""
+
     choices: list[Choice] = []
     usage: ChunkUsage | None = None
     error: UpstreamError | None = None
