@@ -1,6 +1,6 @@
 """The Hub settings file (`VL_NAME=value` lines): parsed, then judged against the pod it would change.
 
-One judge for every reader: the pod at start and on each live change (runtime.pod.start), and
+One judge for every reader: the pod at start and on each live change (runtime.pod.hubside), and
 `python -m runtime settings --check FILE`, so that all three refuse the same files in the same words.
 Besides bad values, a file may not set a pod setting (ports, paths, repos, intervals: the pod's
 environment only), put a secret in a repo that is not private, or leave a keyed pod open.

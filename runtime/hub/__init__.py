@@ -1,6 +1,6 @@
 """The runtime's Hub side: the pod's log republished to a Hub repo, and its settings read from one.
 
-What the pod (runtime.pod.start) uses, each safe to call during a Hub outage:
+What the pod (runtime.pod.hubside) uses, each safe to call during a Hub outage:
 - `RemoteConfig.from_settings(settings, environ)`: `.read()` → the settings file's new version (a
   `runtime.settingsfile.SettingsFile`, which the pod judges) or None, `.start(on_file)` → a watcher thread
   handing over each new version, `.stop()`.

@@ -2,8 +2,8 @@
 
 The file is checked by one HEAD request per poll (its ETag): nothing is downloaded while it is unchanged,
 nor when it is larger than a settings file can be. Each new version is handed over as a `SettingsFile`
-(its text, and whether the repo is private); judging and applying it is the pod's (runtime.pod.start, with
-runtime.settingsfile). The watcher is its own thread, whatever the engine is doing: the seeds' watcher
+(its text, and whether the repo is private); judging and applying it is the pod's (runtime.pod.hubside and
+runtime.pod.changes, with runtime.settingsfile). The watcher is its own thread, whatever the engine is doing: the seeds' watcher
 only ran once vLLM was healthy, so a pod stuck at start could not be fixed from the Hub.
 """
 

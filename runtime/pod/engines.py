@@ -1,11 +1,13 @@
 """The pod's engines and their one owner, `Engines`: the plan in force, the settings as configured, the GPU, one
 change at a time, the swap's phases, and the one verb that changes what the engines run, `change_to`.
 
-Three things change the engines: the start (`prepare`), a Hub file and a swap (`runtime.pod.start.Pod`). All go through
-`change_to`, so all drain alike: each engine in turn is withdrawn from the router (when there is one), left to finish
-what it runs (at most DRAIN_S), restarted, waited for until healthy, and readmitted. A newer change takes over from
-one still under way. A change that cannot be prepared, or that would change the number of engines, is refused and
-leaves the plan as it was.
+Three things change the engines: the start (`prepare`), a Hub file (`settle_on`, from runtime.pod.changes) and a
+swap (runtime.pod.swapper, through the swap's events below). All go through `change_to`, so all drain alike: each
+engine in turn is withdrawn from the router (when there is one), left to finish what it runs (at most
+ENGINE_DRAIN_S), restarted, waited for until healthy, and readmitted. A newer change takes over from one still under
+way. A change that cannot be prepared, or that would change the number of engines, is refused and leaves the plan,
+the settings and the swap's phase as they were. The swap's state is written only through its events (`serving`,
+`preparing`, `swapped`, `swap_failed`…), each a move the phase table allows.
 """
 
 from __future__ import annotations
@@ -23,13 +25,13 @@ from runtime.engine.install import InstallError
 from runtime.engine.prepare import prepare_engine
 from runtime.engine.weights import WeightsError
 from runtime.gpu import inspect_gpu
-from runtime.pod.replicas import DRAIN_S, Replica, drained, plan_replicas
+from runtime.pod.replicas import ENGINE_DRAIN_S, Replica, drained, plan_replicas
 from runtime.pod.router import RouterControl, router_url
 from runtime.pod.supervisor import ChildSpec, Supervisor, until
-from runtime.settings import Settings, SettingsError
+from runtime.settings import Scope, Settings, SettingsError
 from runtime.state.swap import NEXT, Phase, SwapState, swap_table, write_state
 
-log = logging.getLogger("runtime.pod.start")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -62,7 +64,7 @@ class Engines:
     """The engines' owner. `spec` makes an engine's child (its command, environment and health probe)."""
 
     def __init__(self, settings: Settings, supervisor: Supervisor, spec: Callable[[Replica], ChildSpec]) -> None:
-        self.configured = settings  # as the environment and the Hub file say, whatever a swap loaded since
+        self._configured = settings  # as the environment and the Hub file say, whatever a swap loaded since
         self.plan = Plan(settings)
         self.supervisor, self.spec = supervisor, spec
         self.state_dir = Path(settings.state_dir)
@@ -70,7 +72,26 @@ class Engines:
         self.engine_env: Mapping[str, str] = {}
         self.changing = asyncio.Lock()  # held while a change is decided: a Hub file's, a swap's
         self.rolling: asyncio.Task[None] | None = None  # the restarts of the change under way
-        self.swap = SwapState(loaded=settings.model, since=time.time())  # VL_SWAP: what the bridge reads
+        self._swap = SwapState(loaded=settings.model, since=time.time())  # VL_SWAP: what the bridge reads
+
+    @property
+    def configured(self) -> Settings:
+        """The settings as the environment and the Hub file say (the model among them, whatever a swap loaded)."""
+        return self._configured
+
+    @property
+    def swap(self) -> SwapState:
+        """What the bridge last read of the swap; it moves only through the events below."""
+        return self._swap
+
+    @property
+    def gateway(self) -> bool:
+        return self.settings.role == "gateway"
+
+    @property
+    def routed(self) -> bool:
+        """Whether the router runs: in front of several engines, or of a gateway's pods."""
+        return len(self.replicas) > 1 or self.gateway
 
     @property
     def settings(self) -> Settings:
@@ -138,9 +159,9 @@ class Engines:
         after: Callable[[], None] | None = None,
     ) -> None:
         """Each engine in turn: withdrawn from the router (when there is one), left to finish what it runs (at most
-        DRAIN_S: then what it still runs is cut), restarted, healthy and readmitted before the next: the others answer
-        meanwhile, and an engine the change breaks (left stopped by its start limit) stops the change with the rest
-        still serving: ChangeRefused says why."""
+        ENGINE_DRAIN_S: then what it still runs is cut), restarted, healthy and readmitted before the next: the others
+        answer meanwhile, and an engine the change breaks (left stopped by its start limit) stops the change with the
+        rest still serving: ChangeRefused says why."""
         if before is not None:
             await before()
         router = RouterControl(router_url(self.settings)) if len(self.replicas) > 1 else None
@@ -149,11 +170,13 @@ class Engines:
             if router is not None:
                 steps.append("withdrawn" if await router.withdraw(old.command.base_url) else "still routed")
             if target is not None:
-                self.tell(Phase.STOPPING, target)
-            steps.append("drained" if await drained(old.command, DRAIN_S) else f"cut after {DRAIN_S:.0f} s")
+                self._write_swap(Phase.STOPPING, target)
+            steps.append(
+                "drained" if await drained(old.command, ENGINE_DRAIN_S) else f"cut after {ENGINE_DRAIN_S:.0f} s"
+            )
             launch = self.supervisor.children[replica.name].launches
             if target is not None:
-                self.tell(Phase.STARTING, target)
+                self._write_swap(Phase.STARTING, target)
             self.supervisor.restart(replica.name, why, self.spec(replica))
             await until(functools.partial(self.settled, replica.name, launch))
             if (given_up := self.supervisor.given_up(replica.name)) is not None:
@@ -175,34 +198,110 @@ class Engines:
 
     def on_recipe(self, settings: Settings, recipe: str) -> Settings:
         """`settings` serving `recipe`: VL_REPO, another checkpoint of the pod's own recipe, only with that recipe."""
-        repo = self.configured.repo if recipe == self.configured.model else None
+        repo = self._configured.repo if recipe == self._configured.model else None
         return Settings({**settings.raw(), "model": recipe, "repo": repo}, {**settings.sources, "model": "swap"})
 
-    def tell(self, phase: Phase, target: str | None = None) -> None:
+    # --- a Hub file's settings ---
+
+    async def settle_on(
+        self,
+        configured: Settings,
+        source: str,
+        before: Callable[[], Awaitable[None]] | None = None,
+        after: Callable[[], None] | None = None,
+    ) -> set[Scope]:
+        """Take a Hub file's settings: the engines restarted when theirs changed (a swapped model kept when the file
+        left the model alone), else the settings in force replaced; the scopes that changed. Called with `changing`
+        held; ChangeRefused leaves the plan, the configured settings and the swap's phase as they were."""
+        assert self.changing.locked(), "one change at a time: hold Engines.changing"
+        try:
+            check_swap(configured, len(self.replicas))
+        except SettingsError as error:
+            raise ChangeRefused(str(error)) from None
+        new = configured
+        if self.settings.model != configured.model == self._configured.model:
+            new = self.on_recipe(
+                configured, self.settings.model
+            )  # the file left the model alone: the swapped one stays
+        scopes = self.settings.changed_scopes(new)
+        if self.gateway and Scope.ENGINE in scopes:
+            log.info("engine settings from %s are ignored: a gateway has no engine (its workers do)", source)
+            scopes.discard(Scope.ENGINE)
+        if Scope.ENGINE in scopes:
+            await self.change_to(new, "its settings changed", before=before, after=after)
+        elif scopes:
+            self.plan = replace(self.plan, settings=new)
+        self._configured = configured
+        if not scopes:
+            return scopes
+        log.info("new settings from %s: restarting %s", source, " and ".join(sorted(s.value for s in scopes)))
+        if Scope.ENGINE in scopes:
+            self._write_swap(Phase.SERVING)  # another recipe
+        elif Scope.BRIDGE in scopes:
+            self._write_swap(self._swap.phase, self._swap.target)  # another VL_SWAP: a swap's phase as it is
+        return scopes
+
+    # --- the swap's events, each written where the bridge reads them (VL_SWAP) ---
+
+    def serving(self) -> None:
+        """The loaded model serves, nothing asked (the start, a swap given up or taken over)."""
+        self._write_swap(Phase.SERVING)
+
+    def served_since_now(self) -> None:
+        """The loaded model answered: VL_SWAP_MIN_S counts from now."""
+        self._swap = replace(self._swap, since=time.time())
+        self._write_swap(Phase.SERVING)
+
+    def waiting_for(self, recipe: str) -> None:
+        """A swap to `recipe` asked, held back until the loaded model has had its VL_SWAP_MIN_S."""
+        self._write_swap(Phase.WAITING, recipe)
+
+    def preparing(self, recipe: str) -> None:
+        self._write_swap(Phase.PREPARING, recipe)
+
+    def downloading(self, recipe: str) -> None:
+        self._write_swap(Phase.DOWNLOADING, recipe)
+
+    def swapped(self, old: str, recipe: str, seconds: float) -> None:
+        """`recipe` serves in place of `old`: the last swap, and VL_SWAP_MIN_S counted from now."""
+        last = {"from": old, "to": recipe, "seconds": round(seconds, 1)}
+        self._swap = replace(self._swap, last=last, since=time.time())
+        self._write_swap(Phase.SERVING)
+
+    def swap_failed(self, recipe: str, reason: str) -> None:
+        """A swap that could not be prepared, or whose engine could not start: kept for the requests waiting for it."""
+        self._swap = replace(self._swap, failed={"recipe": recipe, "reason": reason, "at": time.time()})
+        self._write_swap(Phase.SERVING)
+
+    def swap_due_in(self) -> float:
+        """Seconds before the loaded recipe has had its VL_SWAP_MIN_S (a swap away from it waits that long)."""
+        return self._swap.since + self.settings.swap_min_s - time.time()
+
+    def _write_swap(self, phase: Phase, target: str | None = None) -> None:
         """Write what the bridge reads of the swap (/health, the console, a waiting request), with VL_SWAP only;
         the phase moves as NEXT allows. While a swap runs the old recipe stays the loaded one (the plan already
         names the new one once it starts): "from -> to" reads right in every phase."""
         from runtime.engine.recipes import load_recipe  # pydantic: a stock image's bare python loads this module
 
-        command = self.command
+        command, swap = self.command, self._swap
         if command is None:  # a gateway: no engine, no swap
             return
-        if phase not in NEXT[Phase(self.swap.phase)]:
-            raise RuntimeError(f"the swap cannot go from {self.swap.phase} to {phase}")
+        if phase not in NEXT[swap.phase]:
+            raise RuntimeError(f"the swap cannot go from {swap.phase} to {phase}")
         recipes = {recipe: load_recipe(recipe) for recipe in swap_table(self.settings.swap).values()}
         recipes[command.recipe.name] = command.recipe
-        loaded = self.settings.model if target is None else self.swap.loaded
-        if self.swap.loaded != loaded:  # changed by a Hub file (a swap sets `since` itself, once its engine serves)
-            self.swap = replace(self.swap, since=time.time())
-        self.swap = replace(
-            self.swap,
+        loaded = self.settings.model if target is None else swap.loaded
+        since = swap.since if swap.loaded == loaded else time.time()  # a Hub file's model (a swap sets its own)
+        self._swap = replace(
+            swap,
             loaded=loaded,
+            since=since,
             phase=phase,
             target=target,
             recipe_names={r: list(c.names) for r, c in recipes.items()},
-            thinks_unasked=command.recipe.thinks_unasked if target is None else self.swap.thinks_unasked,
+            thinks_unasked=command.recipe.thinks_unasked if target is None else swap.thinks_unasked,
             windows={**{r: c.default_window for r, c in recipes.items()}, self.settings.model: command.window},
-            phase_since=time.time() if phase != self.swap.phase else self.swap.phase_since,
+            phase_since=time.time() if phase != swap.phase else swap.phase_since,
         )
         if self.settings.swap:
-            write_state(self.state_dir, self.swap)
+            write_state(self.state_dir, self._swap)

@@ -8,9 +8,9 @@ finds them complete and asks the Hub nothing. It runs at the lowest priority, an
 network: one file at a time, without Xet's high-performance mode. A repo that fails is said in one line and the next
 is still downloaded. Its progress goes to a state file (runtime.state.preload) that the console shows.
 
-The pod runs it as a one-shot child (`preload_in_background`), not under the supervisor, which relaunches whatever
-exits: its lines go to the pod's log (a failure to the Hub log too), and it is killed with its process group when
-the pod stops.
+The pod runs it as a one-shot child (the duty `Preloading`, through `preload_in_background`), not under the
+supervisor, which relaunches whatever exits: its lines go to the pod's log (a failure to the Hub log too), and it is
+killed with its process group when the pod stops.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from runtime.engine.command import RUNTIME_ROOT
 from runtime.engine.volume import cache_env, cache_root, hub_cache, make_cache_dirs
@@ -34,7 +35,10 @@ from runtime.logsafe import strip_controls
 from runtime.pod.supervisor import exit_description, kill_group
 from runtime.redact import Redactor
 from runtime.settings import SettingsError, load_settings
-from runtime.state.preload import RepoPreload, write_preload_state
+from runtime.state.preload import RepoPreload, forget_preload_state, write_preload_state
+
+if TYPE_CHECKING:  # the child (`runtime preload`) never loads the engines' owner
+    from runtime.pod.engines import Engines
 
 log = logging.getLogger(__name__)
 
@@ -167,6 +171,28 @@ def preload(
 
 
 # --- the pod's side: the child, launched once, relayed, stopped with the pod ---
+
+
+class Preloading:
+    """The duty: once the first engine serves, the other VL_PRELOAD repos' weights downloaded by a one-shot child at
+    the lowest priority (the repos the engine serves are in the cache already); meanwhile the console shows them
+    waiting. Cancelled, it kills the child. `say` publishes a failed repo's line."""
+
+    def __init__(self, engines: Engines, environ: Mapping[str, str], say: Callable[[str], None]) -> None:
+        self.engines, self.environ, self.say = engines, environ, say
+
+    async def run(self) -> None:
+        state_dir = self.engines.state_dir
+        forget_preload_state(state_dir)  # a previous start's
+        command = self.engines.command
+        if command is None:  # a gateway keeps no weights
+            return
+        repos = [repo for repo in self.engines.settings.preload if repo not in command.hub_repos]
+        if not repos:
+            return
+        write_preload_state(state_dir, map(RepoPreload, repos))
+        await self.engines.until_serving()
+        await preload_in_background(repos, command.cache, state_dir, self.environ, self.say)
 
 
 async def preload_in_background(

@@ -19,7 +19,7 @@ from runtime.settings import Settings, SettingsError
 
 # Before an engine restarts for a new setting, what it runs may finish (the router retries what it
 # sends meanwhile on the others); a longer generation is cut.
-DRAIN_S = 120.0
+ENGINE_DRAIN_S = 120.0
 
 
 @dataclass(frozen=True)

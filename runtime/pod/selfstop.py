@@ -8,13 +8,19 @@ RunPod) these settings stop start-up with one line: a pod that cannot stop itsel
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from runtime.pod.engines import Engines
+from runtime.pod.hubside import LAST_WORDS_S, PodHub
 from runtime.settings import Settings, SettingsError, as_text
 from runtime.state.activity import last_activity
+
+log = logging.getLogger(__name__)
 
 CHECK_S = 30.0  # how often the pod looks: a minute's idleness or a cent's spend is noticed within it
 
@@ -74,7 +80,37 @@ class SelfStop:
 
     def stop(self) -> None:
         """Ask RunPod to stop this pod (it then sends SIGTERM: the pod stops as on `docker stop`); RunPodError."""
-        from runtime.client.runpod import RunPodClient  # httpx: not on the light path to vLLM's launch
+        from runtime.runpod.api import RunPodClient  # httpx: not on the light path to vLLM's launch
 
         with RunPodClient(self.api_key) as api:
             api.call("POST", f"/v2/pods/{self.pod_id}/action", "stop this pod", {"action": "stop"}, expect=None)
+
+
+class SelfStopping:
+    """The duty: a periodic look at the clock and the activity file; once `policy` says why, the reason said in the
+    Hub log first, then RunPod stops the pod (and sends SIGTERM); a refused stop is said and tried again."""
+
+    def __init__(self, policy: SelfStop, engines: Engines, hub: PodHub) -> None:
+        self.policy, self.engines, self.hub = policy, engines, hub
+
+    async def run(self) -> None:
+        from runtime.runpod.api import RunPodError  # httpx: not on the light path to vLLM's launch
+
+        policy = self.policy
+        while True:
+            await asyncio.sleep(policy.check_s)
+            reason = policy.reason(time.time(), self.engines.settings.cost_per_hour)
+            if reason is None:
+                continue
+            line = f"stopping this pod: {reason}"
+            log.warning("%s", line)
+            await asyncio.to_thread(self.hub.say_and_wait, line, LAST_WORDS_S)
+            try:
+                await asyncio.to_thread(policy.stop)
+            except RunPodError as error:
+                refusal = f"could not stop this pod: {error}; trying again in {policy.check_s:g} s"
+                log.error("%s", refusal)
+                self.hub.say(refusal)
+                continue
+            log.info("RunPod is stopping this pod")
+            return

@@ -31,7 +31,7 @@ STABLE_AFTER_S = 60.0  # a child without a health check that lived this long is 
 LOG_CAP_BYTES = 64 * 2**20  # per child log file, one rotated file kept: ~200,000 trace lines, bounded on a small disk
 # After a child's exit, how long its output may take to drain into its log before the death is reported;
 # only a process that left the child's group (and so survived its kill) can hold the pipe open that long.
-DRAIN_S = 5.0
+OUTPUT_DRAIN_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -136,7 +136,7 @@ class Supervisor:
         grace_s: float = 5.0,
         backoff: Backoff = Backoff(),
         log_cap_bytes: int = LOG_CAP_BYTES,
-        drain_s: float = DRAIN_S,
+        drain_s: float = OUTPUT_DRAIN_S,
     ) -> None:
         self.state_dir = state_dir
         self.on_incident = on_incident  # a crash or a restart: the Hub log publishes now

@@ -53,7 +53,7 @@ class SwapState:
     know of each swappable recipe (the loaded one among them)."""
 
     loaded: str
-    phase: str = Phase.SERVING
+    phase: Phase = Phase.SERVING
     target: str | None = None
     since: float = 0.0  # when the loaded recipe began serving (VL_SWAP_MIN_S counts from it)
     phase_since: float = 0.0  # when the phase began
@@ -84,9 +84,11 @@ def read_state(state_dir: Path) -> SwapState | None:
 
 def as_state(data: Any) -> SwapState | None:
     """The state a file's JSON holds, or None (not the pod's, or another version's fields)."""
+    if not isinstance(data, dict):
+        return None
     try:
-        return SwapState(**data) if isinstance(data, dict) else None
-    except TypeError:
+        return SwapState(**{**data, "phase": Phase(data.get("phase", Phase.SERVING))})
+    except (TypeError, ValueError):  # another version's fields, or a phase this one does not know
         return None
 
 

@@ -20,7 +20,8 @@ import pytest
 
 from runtime import cli
 from runtime.pod import desktop, desktop_auth
-from runtime.pod.start import Pod, PodHub
+from runtime.pod.hubside import PodHub
+from runtime.pod.start import Pod
 from runtime.pod.supervisor import ChildSpec
 from runtime.settings import SettingsError, load_settings
 from runtime.state.statefile import write_private
@@ -140,15 +141,15 @@ def test_start_supervises_the_launcher_as_the_desktop_child(tmp_path: Path, monk
     started: list[ChildSpec] = []
     running = pod(tmp_path)
     monkeypatch.setattr(running.supervisor, "start", started.append)
-    running.start_desktop()
+    running.children.start_desktop()
     (spec,) = started
     assert (spec.name, list(spec.argv)) == ("desktop", desktop.launcher_argv())
     assert spec.env is not None and spec.env["VL_DESKTOP_PASSWORD"] == PASSWORD  # the launcher reads it there
     # No other child sees it (nor the desktop's switch, which needs it): here a gateway's bridge, and the rest.
     gateway = pod(tmp_path, VL_ROLE="gateway", VL_WORKERS="http://10.0.0.2:8080", VL_WORKER_KEY="sk-gateway-0123456789")
-    bridge = gateway.bridge_spec().env or {}
+    bridge = gateway.children.bridge_spec().env or {}
     assert bridge["VL_STATE_DIR"] == str(tmp_path) and not {"VL_DESKTOP", "VL_DESKTOP_PASSWORD"} & set(bridge)
-    assert PASSWORD not in str(gateway.children_environ)
+    assert PASSWORD not in str(gateway.children.children_environ)
 
 
 def test_an_image_without_the_desktop_refuses_it_in_one_line_before_vllm_starts(
@@ -167,7 +168,7 @@ def test_an_image_without_the_desktop_refuses_it_in_one_line_before_vllm_starts(
 
 def test_off_starts_nothing(tmp_path: Path) -> None:
     running = pod(tmp_path, VL_DESKTOP="off")
-    running.start_desktop()
+    running.children.start_desktop()
     assert not running.supervisor.children
 
 

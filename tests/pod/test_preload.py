@@ -1,7 +1,7 @@
 """VL_PRELOAD: other models' weights downloaded into the cache in the background once the first model serves, so that
 a later swap downloads nothing. The real huggingface_hub client against the test Hub, which serves the tiny model as
-real model repos; `python -m runtime preload` as the pod runs it, and the pod's side of it (runtime.pod.start's Pod) with
-a real supervisor over a stand-in engine whose health the test decides.
+real model repos; `python -m runtime preload` as the pod runs it, and the pod's side of it (its duty, `Preloading`)
+with a real supervisor over a stand-in engine whose health the test decides.
 """
 
 from __future__ import annotations
@@ -24,11 +24,10 @@ from playwright.sync_api import Browser, expect
 from runtime.engine.command import engine_command
 from runtime.engine.tinymodel import write_tiny_model
 from runtime.engine.weights import is_complete, repo_folder
-from runtime.pod.engines import Plan
-from runtime.pod.preload import PID_FILE, RedactingFormatter, relay
+from runtime.pod.engines import Engines, Plan
+from runtime.pod.preload import PID_FILE, Preloading, RedactingFormatter, relay
 from runtime.pod.replicas import plan_replicas
-from runtime.pod.start import Pod, PodHub
-from runtime.pod.supervisor import ChildSpec, Health
+from runtime.pod.supervisor import ChildSpec, Health, Supervisor
 from runtime.redact import Redactor
 from runtime.settings import load_settings
 from runtime.state.preload import FILE, read_preload_state
@@ -240,33 +239,33 @@ class StandInEngine:
 
 
 @pytest.fixture
-async def pod(hub: HubServer, tmp_path: Path) -> AsyncIterator[tuple[Pod, StandInEngine, list[str]]]:
-    """A pod serving SERVED with VL_PRELOAD naming SERVED and OTHER, its engine a stand-in; what it tells the Hub."""
+async def pod(hub: HubServer, tmp_path: Path) -> AsyncIterator[tuple[Preloading, StandInEngine, list[str]]]:
+    """The pod's preload duty, on a pod serving SERVED with VL_PRELOAD naming SERVED and OTHER, its engine a
+    stand-in; what it says to the Hub log."""
     env = pod_env(hub, tmp_path) | {"VL_MODEL": "tiny", "VL_REPO": SERVED, "VL_PRELOAD": f"{SERVED} {OTHER}"}
     (tmp_path / "state").mkdir()
     settings = load_settings(env)
-    running = Pod(settings, env, PodHub())
-    told: list[str] = []
-    running.hub.tell = told.append  # type: ignore[method-assign, assignment]  # the Hub log: what the pod would publish
+    supervisor = Supervisor(tmp_path / "state")
+    engines = Engines(settings, supervisor, lambda replica: ChildSpec(replica.name, []))
     command = engine_command(settings, environ=env)
-    running.engines.plan = Plan(settings, command, plan_replicas(settings, command, "cpu", 0))
+    engines.plan = Plan(settings, command, plan_replicas(settings, command, "cpu", 0))  # as Engines.prepare leaves it
+    told: list[str] = []
     engine = StandInEngine()
     health = Health(
         engine.probe, interval_s=0.05, timeout_s=5.0, failures_before_restart=10**6, starting_interval_s=0.05
     )
     sleeper = [sys.executable, "-c", "import time; time.sleep(600)"]
-    running.supervisor.start(ChildSpec(running.replicas[0].name, sleeper, dict(env), health))
+    supervisor.start(ChildSpec(engines.replicas[0].name, sleeper, dict(env), health))
     try:
-        yield running, engine, told
+        yield Preloading(engines, env, told.append), engine, told
     finally:
-        await running.supervisor.stop()
-        await running.bridge_probe.aclose()
+        await supervisor.stop()
 
 
 @pytest.mark.slow
 @pytest.mark.anyio
 async def test_the_pod_preloads_once_its_engine_serves_and_the_child_dies_with_it(
-    pod: tuple[Pod, StandInEngine, list[str]],
+    pod: tuple[Preloading, StandInEngine, list[str]],
     hub: HubServer,
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
@@ -274,7 +273,7 @@ async def test_the_pod_preloads_once_its_engine_serves_and_the_child_dies_with_i
     running, engine, told = pod
     state = tmp_path / "state"
     caplog.set_level(logging.INFO, logger="runtime.pod.preload")
-    preloading = asyncio.create_task(running.preload_when_serving())
+    preloading = asyncio.create_task(running.run())
     try:
         await eventually(lambda: engine.probes >= 5)  # asked five times, and not serving yet: nothing starts
         assert read_preload_state(state) == [{"repo": OTHER, "state": "waiting"}]  # the repo it serves is skipped
@@ -292,7 +291,7 @@ async def test_the_pod_preloads_once_its_engine_serves_and_the_child_dies_with_i
     finally:
         preloading.cancel()
     # The next start's preload takes it up, and this one runs to its end.
-    await asyncio.wait_for(running.preload_when_serving(), 120)
+    await asyncio.wait_for(running.run(), 120)
     assert read_preload_state(state) == [{"repo": OTHER, "state": "done", "total": size_in_cache(tmp_path, OTHER)}]
     assert is_complete(hub_cache(tmp_path), OTHER) and not repo_folder(hub_cache(tmp_path), SERVED).exists()
     lines = [record.getMessage() for record in caplog.records if record.name == "runtime.pod.preload"]

@@ -21,9 +21,10 @@ from runtime.engine.command import engine_command
 from runtime.health import degradation
 from runtime.packages import read_versions
 from runtime.pod.gateway import check_roles
+from runtime.pod.hubside import PodHub
 from runtime.pod.replicas import plan_replicas, tensor_parallel
 from runtime.pod.router import RouterError, check_router, pinned_version, router_argv, router_url
-from runtime.pod.start import Pod, PodHub
+from runtime.pod.start import Pod
 from runtime.settings import SettingsError, load_settings
 from runtime.state.enginehealth import pod_condition, read_engine_health, write_engine_health
 
@@ -217,7 +218,7 @@ def test_a_gateways_bridge_has_its_pods_from_its_environment_never_its_command_l
     env = {"VL_ROLE": "gateway", "VL_WORKERS": ",".join(urls), "VL_WORKER_KEY": "sk-gateway-to-workers-0123456789",
            "VL_STATE_DIR": str(tmp_path)}  # fmt: skip
     settings = load_settings(env)
-    spec = Pod(settings, env, PodHub()).bridge_spec()
+    spec = Pod(settings, env, PodHub()).children.bridge_spec()
     assert not [word for word in spec.argv if "pod1abc" in word or "pod2abc" in word]
     assert Bridge(router_url(settings), load_settings(spec.env or {})).upstream.engines == urls  # what it asks directly
 

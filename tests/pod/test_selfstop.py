@@ -14,9 +14,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from runtime.client.runpod import RunPodClient
-from runtime.pod.selfstop import SelfStop
-from runtime.pod.start import Pod, PodHub
+from runtime.pod.hubside import PodHub
+from runtime.pod.selfstop import SelfStop, SelfStopping
+from runtime.pod.start import Pod
+from runtime.runpod.api import RunPodClient
 from runtime.settings import load_settings
 from runtime.state.activity import activity_file
 from tests.support.bridge import start_bridge
@@ -145,7 +146,7 @@ def test_an_idle_pod_says_so_in_its_hub_log_then_asks_runpod_to_stop_it(
     assert hub.log is not None
     hub.log.start()
     try:
-        asyncio.run(asyncio.wait_for(pod.stop_when_due(pod.self_stop), 120))
+        asyncio.run(asyncio.wait_for(SelfStopping(pod.self_stop, pod.engines, hub).run(), 120))
     finally:
         hub.close(timeout_s=30)
 

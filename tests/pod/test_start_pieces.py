@@ -12,7 +12,10 @@ from pathlib import Path
 import pytest
 
 from runtime.health import pod_health_url
-from runtime.pod.start import Pod, PodHub, bridge_argv, starting_settings
+from runtime.pod.changes import SettingsChanges
+from runtime.pod.children import bridge_argv
+from runtime.pod.hubside import PodHub, starting_settings
+from runtime.pod.start import Pod
 from runtime.settings import VARIABLES, Scope, load_settings
 from runtime.settingsfile import SettingsFile
 from tests.support.hub_server import HubServer
@@ -93,7 +96,7 @@ def test_the_pod_is_built_on_its_environment_s_port_whatever_the_hub_file_says(
     hub = PodHub.connect(settings, environ)
     pod = Pod(starting_settings(settings, environ, hub), environ, hub)
     assert (pod.settings.port, pod.settings.state_dir, pod.settings.aliases) == (8123, str(tmp_path), ())
-    assert pod.bridge_probe.url == pod_health_url(environ) == "http://127.0.0.1:8123/health"
+    assert pod.children.bridge_probe.url == pod_health_url(environ) == "http://127.0.0.1:8123/health"
     argv = bridge_argv("http://127.0.0.1:18081", pod.settings.listen, pod.settings.port)
     assert argv[argv.index("--port") + 1] == "8123"
     assert pod.state_dir == tmp_path and pod.supervisor.state_dir == tmp_path
@@ -128,6 +131,7 @@ def test_a_live_file_that_would_open_a_keyed_pod_changes_nothing(
     pod = Pod(starting_settings(load_settings(environ), environ, hub), environ, hub)
     keyed = pod.settings
     assert [key.name for key in keyed.api_keys] == ["team"]  # from a private repo: taken
-    asyncio.run(pod.reconfigure(SettingsFile("VL_ALIASES=x\n", f"{CONFIG}/pod.env", private=True)))
+    changes = SettingsChanges(pod.engines, pod.children, hub, environ)
+    asyncio.run(changes.apply(SettingsFile("VL_ALIASES=x\n", f"{CONFIG}/pod.env", private=True)))
     assert pod.settings is keyed
     assert "the pod has keys, and this file would leave VL_API_KEYS empty" in caplog.text

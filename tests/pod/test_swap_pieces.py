@@ -165,4 +165,4 @@ def test_a_waiting_swap_is_dropped_when_a_key_that_may_swap_asks_for_the_loaded_
         assert asyncio.run(swaps.must_wait_for(model, may_swap)) is False  # served by the loaded model meanwhile
         assert asked(tmp_path) == "tiny2"
     assert asyncio.run(swaps.must_wait_for("claude-tiny", may_swap=True)) is False
-    assert asked(tmp_path) == "tiny"  # the pod drops the waiting swap (Pod.swap_to)
+    assert asked(tmp_path) == "tiny"  # the pod drops the waiting swap (Swapper.held_back)

@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from runtime.pod.start import bridge_argv
+from runtime.pod.children import bridge_argv
 from tests.support.polling import wait_for_log_line, wait_until
 from tests.support.vllm_server import VllmServer
 
