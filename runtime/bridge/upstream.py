@@ -31,7 +31,7 @@ ABORT_PATH = "/inference/v1/abort_requests"
 BROKEN = (aiohttp.ClientError,)
 # After an answer's last event, what is left of its body (vLLM's end of the chunked body, at most) is
 # read for this long, then the answer is closed all the same (and, being unfinished to aiohttp, aborted).
-DRAIN_S = 1.0
+BODY_DRAIN_S = 1.0
 DRAIN_BYTES = 64 * 2**10
 # Idle upstream connections are not reused after this long: vLLM's uvicorn closes them after 5 s, and a
 # request sent as it closed one was lost (7 in 300 got a spurious 529 with aiohttp's default 15 s).
@@ -125,11 +125,11 @@ class Upstream:
         self.finished.add(response)
 
     async def drain(self, response: aiohttp.ClientResponse) -> None:
-        """Read what is left of a finished answer (its body's end, at most DRAIN_BYTES within DRAIN_S),
+        """Read what is left of a finished answer (its body's end, at most DRAIN_BYTES within BODY_DRAIN_S),
         then hand its connection back to the pool, or close it: never an abort."""
         left = DRAIN_BYTES
         with contextlib.suppress(TimeoutError, *BROKEN):
-            async with asyncio.timeout(DRAIN_S):
+            async with asyncio.timeout(BODY_DRAIN_S):
                 while left > 0 and not response.content.is_eof():
                     data = await response.content.readany()
                     if not data:

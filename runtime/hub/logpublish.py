@@ -16,10 +16,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from runtime.hub.commitrate import CommitRate
+from runtime.hub.commitrate import commit_rate
 from runtime.hub.repo import HubRepo, pod_id
 from runtime.logfiles import tail
 from runtime.logsafe import strip_controls
+from runtime.ratelimit import RateLimit
 from runtime.redact import Redactor
 from runtime.settings import RUNPOD_SECRET_REFERENCE, Settings
 from runtime.state.hublog import write_hub_log_refusal
@@ -86,7 +87,7 @@ class LogPublisher:
         redactor: Redactor,
         *,
         interval_s: float = 25.0,
-        rate: CommitRate | None = None,
+        rate: RateLimit | None = None,
         retry_s: tuple[float, float] = RETRY_S,
         state_dir: Path | None = None,
     ) -> None:
@@ -96,7 +97,7 @@ class LogPublisher:
         self.sources = {name: Path(p) for name, p in sources.items()}
         self.is_healthy, self.redact = is_healthy, redactor
         self.interval_s, self.retry_s = interval_s, retry_s
-        self.rate = rate or CommitRate()
+        self.rate = rate or commit_rate()
         self.stats = PublisherStats()
         self._lock = threading.Lock()
         self._wake = threading.Event()

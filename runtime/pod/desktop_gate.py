@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 
 from runtime.pod.desktop_auth import REALM, basic_password_matches
+from runtime.ratelimit import RateLimit
 
 log = logging.getLogger("runtime.pod.desktop")
 
@@ -49,47 +50,28 @@ HOP_BY_HOP = {b"connection", b"keep-alive", b"upgrade", b"te", b"transfer-encodi
 
 
 @dataclass
-class FailureBudget:
-    """Wrong passwords allowed: `burst` at once, then one every `every_s` (a leaky bucket)."""
-
-    burst: int
-    every_s: float
-    level: float = 0.0  # failures not yet forgiven, as of `at`
-    at: float = 0.0
-
-    def wait_s(self, now: float) -> float:
-        """0 when a password may be tried now; else the seconds until one may."""
-        over = self.level_at(now) - (self.burst - 1)
-        return max(0.0, over * self.every_s)
-
-    def spend(self, now: float) -> None:
-        self.level, self.at = self.level_at(now) + 1, now
-
-    def level_at(self, now: float) -> float:
-        return max(0.0, self.level - (now - self.at) / self.every_s)
-
-
-@dataclass
 class Throttle:
     """Wrong passwords slowed per address (5, then one every 3 s) and in all (20, then one a second): the
     owner's own typo costs nothing, and a guesser gets a few thousand tries an hour, not 300,000."""
 
     clock: Callable[[], float] = time.monotonic
-    total: FailureBudget = field(default_factory=lambda: FailureBudget(20, 1.0))
-    by_address: dict[str, FailureBudget] = field(default_factory=dict)
+    total: RateLimit = field(init=False)
+    by_address: dict[str, RateLimit] = field(default_factory=dict)
     unreported: Counter[str] = field(default_factory=Counter)  # wrong passwords since the last warning
     warned_at: float = -math.inf
 
+    def __post_init__(self) -> None:
+        self.total = RateLimit(20, 1.0, self.clock)
+
     def wait_s(self, address: str) -> float:
-        now = self.clock()
         own = self.by_address.get(address)
-        return max(self.total.wait_s(now), own.wait_s(now) if own else 0.0)
+        return max(self.total.wait_s(), own.wait_s() if own else 0.0)
 
     def failed(self, address: str) -> None:
         now = self.clock()
-        self.total.spend(now)
-        self.by_address.setdefault(address, FailureBudget(5, 3.0)).spend(now)
-        self.forget_forgiven(now)
+        self.total.spend()
+        self.by_address.setdefault(address, RateLimit(5, 3.0, self.clock)).spend()
+        self.forget_forgiven()
         self.unreported[address] += 1
         if now - self.warned_at >= WARN_EVERY_S:
             self.warned_at = now
@@ -102,11 +84,11 @@ class Throttle:
             )
             self.unreported.clear()
 
-    def forget_forgiven(self, now: float) -> None:
+    def forget_forgiven(self) -> None:
         """Bound the memory an address flood can take: forgiven addresses first, then the oldest."""
         if len(self.by_address) <= MAX_ADDRESSES:
             return
-        for address in [a for a, budget in self.by_address.items() if budget.level_at(now) == 0]:
+        for address in [a for a, limit in self.by_address.items() if limit.level() == 0]:
             del self.by_address[address]
         while len(self.by_address) > MAX_ADDRESSES:
             del self.by_address[next(iter(self.by_address))]

@@ -13,10 +13,11 @@ from huggingface_hub.errors import RepositoryNotFoundError
 
 from runtime.client.status import render
 from runtime.gpu import GpuError, HostGpu, decide
-from runtime.hub.commitrate import CommitRate
+from runtime.hub.commitrate import commit_rate
 from runtime.hub.logpublish import LogPublisher
 from runtime.hub.repo import HubRepo
 from runtime.logfiles import tail
+from runtime.ratelimit import RateLimit
 from runtime.redact import MARKER, Redactor
 from runtime.settings import load_settings
 from runtime.state.hublog import read_hub_log_refusal
@@ -216,7 +217,7 @@ def test_no_planted_secret_reaches_the_hub(hub_server: HubServer, pod: Pod, publ
 def test_the_commit_rate_is_bounded(hub_server: HubServer, pod: Pod, publisher: MakePublisher) -> None:
     hub_server.create_repo(REPO)
     now = [0.0]
-    rate = CommitRate(burst=3, per_hour=60, clock=lambda: now[0])
+    rate = RateLimit(burst=3, every_s=60.0, clock=lambda: now[0])  # 60 an hour
 
     steps = itertools.count()
 
@@ -242,7 +243,7 @@ def test_the_commit_rate_is_bounded(hub_server: HubServer, pod: Pod, publisher: 
 def test_the_default_commit_rate_keeps_a_pod_under_the_hubs_limit() -> None:
     """Publishing every 25 s for two hours: 25 s cadence at first, then one a 72 s; never 60 in an hour."""
     now = [0.0]
-    rate, commits = CommitRate(clock=lambda: now[0]), []
+    rate, commits = commit_rate(clock=lambda: now[0]), []
     for step in range(2 * 3600 // 25):
         now[0] = step * 25.0
         if rate.wait_s() == 0:

@@ -23,7 +23,8 @@ from websockets.datastructures import Headers
 from websockets.exceptions import InvalidStatus
 from websockets.http11 import Request, Response
 
-from runtime.pod.desktop_gate import MAX_HEAD_BYTES, FailureBudget, Gate, Throttle, closing
+from runtime.pod.desktop_gate import MAX_HEAD_BYTES, Gate, Throttle, closing
+from runtime.ratelimit import RateLimit
 
 pytestmark = pytest.mark.anyio
 
@@ -214,13 +215,17 @@ def test_wrong_passwords_are_slowed_in_all_too_from_many_addresses() -> None:
     assert throttle.wait_s("10.0.1.1") == 0
 
 
-def test_the_budget_forgives_at_its_pace() -> None:
-    budget = FailureBudget(burst=5, every_s=3.0)
+def test_the_rate_limit_forgives_at_its_pace() -> None:
+    clock = Clock()
+    limit = RateLimit(burst=5, every_s=3.0, clock=clock)
     for _ in range(5):
-        assert budget.wait_s(0.0) == 0
-        budget.spend(0.0)
-    assert budget.wait_s(0.0) == pytest.approx(3.0) and budget.wait_s(1.5) == pytest.approx(1.5)
-    assert budget.wait_s(15.0) == 0 and budget.level_at(15.0) == 0  # five forgiven in 15 s
+        assert limit.wait_s() == 0
+        limit.spend()
+    assert limit.wait_s() == pytest.approx(3.0)
+    clock.now += 1.5
+    assert limit.wait_s() == pytest.approx(1.5)
+    clock.now += 13.5
+    assert limit.wait_s() == 0 and limit.level() == 0  # five forgiven in 15 s
 
 
 def test_a_plain_answer_says_it_is_the_connections_last() -> None:
