@@ -115,7 +115,10 @@ def settings_with_file(
     reasons = problems(values, file.private)
     if reasons:
         raise FileRefused(file.where, reasons)
-    new = load_settings(environ, values)
+    try:
+        new = load_settings(environ, values)
+    except SettingsError as error:  # the file's values together (a dollar budget without a price): refused alike
+        raise FileRefused(file.where, [str(error)]) from None
     if current.api_keys and not new.api_keys:
         raise FileRefused(
             file.where,

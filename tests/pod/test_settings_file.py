@@ -110,6 +110,20 @@ def test_a_file_cannot_open_a_keyed_pod(text: str) -> None:
         settings_with_file(keyed, {}, SettingsFile(text, "o/c/pod.env", True))
 
 
+def test_values_that_do_not_go_together_refuse_the_file_in_one_line() -> None:
+    """A dollar budget on a pod without VL_COST_PER_HOUR: the file refused as any other (the start and the live reload
+    serve on), never an error escaping its judging; with the price in the pod's environment, taken."""
+    budgeted = f"VL_API_KEYS={KEY}:5usd/day\n"
+    assert judge(budgeted, private=True) == (
+        "refused o/c/pod.env: VL_COST_PER_HOUR='' is not allowed: expected the pod's price an hour while VL_API_KEYS "
+        "gives team a budget in dollars"
+    )
+    priced = settings_with_file(
+        load_settings({}), {"VL_COST_PER_HOUR": "2.5"}, SettingsFile(budgeted, "o/c/pod.env", True)
+    )
+    assert [budget.entry for key in priced.api_keys for budget in key.budgets] == ["5usd/day"]
+
+
 def test_an_open_pod_stays_open_with_a_file_without_keys() -> None:
     assert settings_with_file(load_settings({}), {}, SettingsFile("VL_API_KEYS=\n", "o/c/pod.env", True)).api_keys == ()
 
@@ -152,6 +166,16 @@ def test_check_refuses_as_the_pod_does(tmp_path: Path) -> None:
     assert result.stderr == judge(text).replace("o/c/pod.env", str(tmp_path / "pod.env")) + "\n"
     assert (
         "VL_EXTRA_ARGS='--host 0.0.0.0' is not allowed" in result.stderr and "--host is the runtime's" in result.stderr
+    )
+
+
+def test_check_refuses_values_that_do_not_go_together_without_a_traceback(tmp_path: Path) -> None:
+    (tmp_path / "pod.env").write_text(f"VL_API_KEYS={KEY}:5usd/day\n")
+    result = check(tmp_path / "pod.env")
+    assert (result.returncode, result.stdout) == (1, "")
+    assert result.stderr == (
+        f"refused {tmp_path / 'pod.env'}: VL_COST_PER_HOUR='' is not allowed: expected the pod's price an hour while "
+        "VL_API_KEYS gives team a budget in dollars\n"
     )
 
 
