@@ -15,7 +15,7 @@ import logging
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import TextIO, TypeVar
 
@@ -207,7 +207,8 @@ def entries(lines: Iterable[str]) -> Iterator[tuple[KeyUsage | None, Day]]:
 
 def parsed(line: str) -> tuple[KeyUsage | None, Day]:
     """One ledger line, or None when it is not one: a torn last line after a crash, a stranger's text, a
-    count no bridge writes (negative, not finite, beyond MAX_COUNT), a line too long or too deep."""
+    count no bridge writes (negative, not finite, beyond MAX_COUNT), a day that is no date or after today, a line
+    too long or too deep."""
     if len(line) > MAX_LINE_CHARS:
         return None, EARLIER
     try:
@@ -216,11 +217,24 @@ def parsed(line: str) -> tuple[KeyUsage | None, Day]:
         counts = {count: entry.get(count, 0) for count in COUNTS}
     except (ValueError, TypeError, AttributeError, KeyError, RecursionError):
         return None, EARLIER
-    if not (isinstance(name, str) and isinstance(since, str) and isinstance(day, str)):
+    if not (isinstance(name, str) and isinstance(since, str) and is_day(day)):
         return None, EARLIER
     if not all(is_count(value) for value in counts.values()):
         return None, EARLIER
     return KeyUsage(name, since, **counts), day
+
+
+def is_day(value: object) -> bool:
+    """A day the bridge could have written: EARLIER, or a real UTC date not after today (a line dated 9999-12-31
+    would have held its key's daily budget spent for good)."""
+    if value == EARLIER:
+        return True
+    if not (isinstance(value, str) and len(value) == 10):
+        return False
+    try:
+        return date.fromisoformat(value).isoformat() == value and value <= today()
+    except ValueError:
+        return False
 
 
 def is_count(value: object) -> bool:

@@ -223,10 +223,27 @@ def test_past_its_budget_the_oldest_days_are_folded_into_one_line_per_key() -> N
         '{"name": "eve", "since": "x", "requests": -5}',
         '{"name": "eve", "since": "x", "requests": true}',
         '{"name": "eve", "since": "x", "day": 7, "requests": 1}',
+        '{"name": "eve", "since": "x", "day": "9999-12-31", "requests": 1}',  # a daily budget blocked for good
+        '{"name": "eve", "since": "x", "day": "2026-02-30", "requests": 1}',
+        '{"name": "eve", "since": "x", "day": "2026-1-5", "requests": 1}',
+        '{"name": "eve", "since": "x", "day": "yesterday", "requests": 1}',
         "[" * 100_000 + "]" * 100_000,  # the bridge crashed at start (RecursionError), on every relaunch
         '{"name": "eve", "since": "x", "requests": 1, "pad": "' + "p" * 10**6 + '"}',
     ],
-    ids=["infinity", "overflow", "nan", "negative", "bool", "day", "deep", "long"],
+    ids=[
+        "infinity",
+        "overflow",
+        "nan",
+        "negative",
+        "bool",
+        "day",
+        "future-day",
+        "no-such-day",
+        "unpadded-day",
+        "word-day",
+        "deep",
+        "long",
+    ],
 )
 def test_a_hostile_ledger_line_is_skipped_and_said(
     hostile: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
