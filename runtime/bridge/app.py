@@ -131,7 +131,7 @@ class Api:
         """`runtime bench`'s report, kept (on the volume) for the console and `runtime status`: an admin's to send."""
         if not request.state.caller.admin:
             raise BridgeError(403, "the pod keeps a bench report sent with an admin key (name:key:admin)")
-        body = await read_body(request, BENCH_MAX_BYTES)
+        body = await read_body(request, BENCH_MAX_BYTES, f"a bench report's limit of {BENCH_MAX_BYTES // 2**10} KiB")
         refuse_deep_nesting(body)
         try:
             report = checked_report(json.loads(body))

@@ -263,11 +263,11 @@ def already_closed() -> None:
     """The `drop` of a connection that is gone: nothing left to reset."""
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The whole body, or a 413 as soon as it is known to exceed `limit` bytes, or a 408 when it stops."""
-    too_large = BridgeError(
-        413, f"the request body exceeds the bridge's limit of {limit // 2**20} MiB (VL_MAX_BODY_MB)"
-    )
+async def read_body(request: Request, limit: int, which: str = "") -> bytes:
+    """The whole body, or a 413 as soon as it is known to exceed `limit` bytes (`which` limit, when it is not
+    VL_MAX_BODY_MB: the 413 names the limit the body passed), or a 408 when it stops."""
+    which = which or f"the bridge's limit of {limit // 2**20} MiB (VL_MAX_BODY_MB)"
+    too_large = BridgeError(413, f"the request body exceeds {which}")
     length = request.headers.get("content-length", "")
     if length.isdigit() and int(length) > limit:
         raise too_large
