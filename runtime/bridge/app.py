@@ -38,6 +38,7 @@ from runtime.bridge.sessions import Asker
 from runtime.bridge.sharing import KeyShare
 from runtime.bridge.state import Bridge
 from runtime.bridge.translate import Translator
+from runtime.bridge.upstream import ROUTED_PATHS
 from runtime.logsafe import loggable
 from runtime.state.benchreport import MAX_BYTES as BENCH_MAX_BYTES
 from runtime.state.benchreport import BenchRefused, checked_report, keep_bench
@@ -92,8 +93,10 @@ class Api:
     async def relay(self, request: Request) -> Relay:
         salt = request.state.caller.cache_salt if request.url.path in SALTED_ROUTES else None
         body = await read_body(request, self.bridge.max_body)
-        body, stream = rewrite_model(body, self.bridge.catalog.upstream_name, salt)
-        return Relay(self.bridge.serving, request, body, stream)
+        generation = request.url.path in ROUTED_PATHS
+        return Relay(
+            self.bridge.serving, request, rewrite_model(body, self.bridge.catalog.upstream_name, salt, generation)
+        )
 
     async def prometheus(self, request: Request) -> Response:
         """The bridge's metrics, then each engine's (ours alone while none answers): an admin's to read, and on

@@ -22,13 +22,17 @@ from runtime.engine import tinymodel as tiny
 from runtime.settings import SettingsError, load_settings
 from tests.support.bridge import Process, pod_status, start_bridge
 from tests.support.claude_code import require_claude_code, run_claude
-from tests.support.sdk import anthropic
+from tests.support.sdk import anthropic, openai
 from tests.support.vllm_server import VllmServer
 
 TEAM = "sk-team-budget-0123456789"
 SPENDER = "sk-spender-0123456789ab"
 BROKE = "sk-broke-0123456789abcd"
-KEYS = f"team:{TEAM}, spender:{SPENDER}:1ktokens/day, broke:{BROKE}:swap:100tokens/day:0.01usd/month"
+STREAMER = "sk-streamer-0123456789a"
+KEYS = (
+    f"team:{TEAM}, spender:{SPENDER}:1ktokens/day, broke:{BROKE}:swap:100tokens/day:0.01usd/month, "
+    f"streamer:{STREAMER}:1ktokens/day"
+)
 ASK = {"model": "claude-tiny", "max_tokens": 20, "messages": [{"role": "user", "content": f"Hi {tiny.MARK_TEXT}"}]}
 UNIFIED = "anthropic-ratelimit-unified-"
 SUNDAY_NOON = datetime(2026, 12, 27, 12, 0, tzinfo=UTC)  # the last Sunday of the year: every period ends soon
@@ -42,7 +46,7 @@ def usage(name: str, day: str, input_tokens: int = 0, output_tokens: int = 0, bu
 
 
 def test_a_budget_is_written_after_a_named_key_and_its_role() -> None:
-    first, second = load_settings({"VL_API_KEYS": KEYS, "VL_COST_PER_HOUR": "2"}).api_keys[1:]
+    first, second, _ = load_settings({"VL_API_KEYS": KEYS, "VL_COST_PER_HOUR": "2"}).api_keys[1:]
     assert (first.name, first.key, first.budgets) == ("spender", SPENDER, (Budget(1000, "tokens", "day"),))
     assert (second.key, second.swap) == (BROKE, True)
     assert second.budgets == (Budget(100, "tokens", "day"), Budget(0.01, "usd", "month"))
@@ -198,6 +202,28 @@ def test_a_spent_budget_is_refused_before_any_work_and_the_sdk_does_not_retry(bu
     traced = re.findall(r"POST (\S+) (\d+) key=broke.*", budgeted.log()[len(before) :])
     assert traced == [("/v1/messages", "429"), ("/v1/chat/completions", "429"), ("/v1/messages/count_tokens", "200")]
     assert "error=billing_error" in budgeted.log()
+
+
+def test_streamed_relays_that_did_not_ask_for_their_usage_are_counted_all_the_same(budgeted: Process) -> None:
+    """vLLM sends a stream's usage only when asked: the bridge asks on the client's behalf, counts it, and keeps the
+    usage chunk from a client that did not ask (5 such streams counted 0 tokens against a budget before)."""
+    client = openai.OpenAI(base_url=f"{budgeted.url}/v1", api_key=STREAMER, max_retries=0)
+    chat = list(client.chat.completions.create(model="claude-tiny", stream=True, max_tokens=20,
+                                               messages=[{"role": "user", "content": tiny.MARK_TEXT}]))  # fmt: skip
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in chat if chunk.choices) == tiny.ANSWER
+    assert all(chunk.usage is None and chunk.choices for chunk in chat)  # as vLLM streams it unasked
+    budgeted.wait_for_log(r"POST /v1/chat/completions 200 key=streamer")
+    after_chat = pod_status(budgeted.url, STREAMER)["keys"][0]["budgets"][0]["spent"]
+    text = "".join(chunk.choices[0].text for chunk in client.completions.create(
+        model="claude-tiny", prompt="Say it", max_tokens=len(tiny.ANSWER_PIECES) + 1, stream=True))  # fmt: skip
+    assert text == tiny.ANSWER
+    budgeted.wait_for_log(r"POST /v1/completions 200 key=streamer")
+    after_both = pod_status(budgeted.url, STREAMER)["keys"][0]["budgets"][0]["spent"]
+    assert 0 < after_chat < after_both
+    asked = list(client.chat.completions.create(model="claude-tiny", stream=True, max_tokens=20,
+                                                messages=[{"role": "user", "content": "hello"}],
+                                                stream_options={"include_usage": True}))  # fmt: skip
+    assert asked[-1].usage is not None and asked[-1].usage.completion_tokens > 0  # one who asked gets it
 
 
 def test_the_console_shows_each_keys_budget_and_its_use(budgeted: Process) -> None:
