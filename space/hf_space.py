@@ -17,8 +17,8 @@ from typing import Any
 
 import jinja2
 
-from runtime.client.liveline import LiveLine
 from runtime.hubspace import SPACE_PORT
+from runtime.liveline import LiveLine
 from runtime.units import human_seconds
 from space import BuildError
 from space.context import git_blob_id

@@ -8,14 +8,15 @@ tests/support/runpod_server.py serves that description strictly, so every body h
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Mapping
 
-from runtime.client.runpod import API_URL, CUDA_VERSIONS, VOLUME_PATH, RunPodClient, RunPodError
+from runtime.runpod.api import API_URL, CUDA_VERSIONS, VOLUME_PATH, RunPodClient, RunPodError
+from runtime.runpod.payloads import ClusterBody, JsonObject, TemplateBody
+from runtime.runpod.proxy import PUBLIC_PORT, SSH_PORT
 from space import BuildError
 from space.targets import ROOT
 
-PORTS = ["8080/http", "22/tcp"]  # the bridge (RunPod's HTTPS proxy serves it) and sshd (direct TCP)
+PORTS = [f"{PUBLIC_PORT}/http", f"{SSH_PORT}/tcp"]  # the bridge (RunPod's HTTPS proxy serves it) and sshd (direct TCP)
 CONTAINER_DISK_GB = 30  # the image itself; everything that grows lives on the volume
 VOLUME_GB = 200  # model weights are tens of GB, plus vLLM's compile caches
 COST_PER_HOUR_MAX = 1000.0  # VL_COST_PER_HOUR's bound (runtime/settings.py, not imported here; a test compares)
@@ -73,7 +74,7 @@ def template_body(
     log_repo: str | None = None,
     config_repo: str | None = None,
     model: str | None = None,
-) -> dict[str, Any]:
+) -> TemplateBody:
     """The template as a CreateTemplateRequest (also a valid UpdateTemplateRequest: every field is mutable)."""
     return {
         "name": name,
@@ -92,7 +93,7 @@ def template_body(
     }
 
 
-def cluster_body(name: str, image: str, gpu_type: str, gpus_per_node: int, nodes: int) -> dict[str, Any]:
+def cluster_body(name: str, image: str, gpu_type: str, gpus_per_node: int, nodes: int) -> ClusterBody:
     """A Ray Instant Cluster as a CreateClusterRequest (`POST /v2/clusters`), for a model larger than one
     machine: the multi-node design of docs/guide/more-gpus.md, on paper (no cluster manager here). Every node runs the image;
     vLLM runs on rank 0 with tensor parallelism inside each node and pipeline parallelism across them.
@@ -137,9 +138,7 @@ def registry_name(image: str) -> str:
     return f"{host}/{path}"
 
 
-def render_template(
-    body: dict[str, Any], *, private: bool = False, saving: bool = False, registry: bool = False
-) -> str:
+def render_template(body: TemplateBody, *, private: bool = False, saving: bool = False, registry: bool = False) -> str:
     """A template body (`template_body`) for a person: the JSON for `POST /v2/templates`, the secrets to create,
     and the registry credential a `private` image needs, or a `registry` image (--registry) if it is private
     (never a value: only names and where to set them); `saving`: build.py saves them itself next."""
@@ -167,7 +166,7 @@ def render_template(
 
 
 class RunPodAPI(RunPodClient):
-    """The project's one RunPod client (runtime.client.runpod), each call ending in data or a BuildError: build.py's way."""
+    """The project's one RunPod client (runtime.runpod.api), each call ending in data or a BuildError: build.py's way."""
 
     def __init__(self, api_key: str, base_url: str | None = None, *, secrets: tuple[str, ...] = ()) -> None:
         try:
@@ -179,8 +178,8 @@ class RunPodAPI(RunPodClient):
         return self
 
     def call(
-        self, method: str, path: str, action: str, body: dict[str, Any] | None = None, expect: str | None = "id"
-    ) -> dict[str, Any]:
+        self, method: str, path: str, action: str, body: Mapping[str, object] | None = None, expect: str | None = "id"
+    ) -> JsonObject:
         try:
             return super().call(method, path, action, body, expect)
         except RunPodError as error:
@@ -222,7 +221,7 @@ def ensure_registry(api: RunPodAPI, image: str, username: str, password: str) ->
     return str(created["id"])
 
 
-def ensure_template(api: RunPodAPI, body: dict[str, Any], owned: Iterable[str] = ()) -> str:
+def ensure_template(api: RunPodAPI, body: TemplateBody, owned: Iterable[str] = ()) -> str:
     """Creates the template, or updates the one with the same name: its env keeps what the console set (added
     variables, changed values) but for the `owned` variables, those the command line chose this time."""
     name = body["name"]
@@ -253,7 +252,7 @@ def ensure_template(api: RunPodAPI, body: dict[str, Any], owned: Iterable[str] =
 
 
 def save_template(
-    body: dict[str, Any],
+    body: TemplateBody,
     api_key: str,
     registry_auth: tuple[str, str] | None,
     base_url: str | None = None,

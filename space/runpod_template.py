@@ -10,12 +10,14 @@ import dataclasses
 import os
 from typing import Any
 
+from runtime.runpod import proxy
+from runtime.runpod.payloads import TemplateBody
 from space import BuildError, hf_space, runpod
 from space.publish import Published, Say
 from space.targets import Target
 
 DEFAULT_LOG_REPO = "datasets/{user}/vllm-pod-logs"  # a private dataset: the pods' boot logs (VL_LOG_REPO)
-DESKTOP_PORT = "6080/http"  # the browser desktop (runtime/pod/desktop.py's port) through RunPod's HTTPS proxy
+DESKTOP_PORT = f"{proxy.DESKTOP_PORT}/http"  # the browser desktop (runtime/pod/desktop.py) through RunPod's HTTPS proxy
 DESKTOP_SECRET = "VL_DESKTOP_PASSWORD"  # a RunPod secret of the same name, like HF_TOKEN and VL_API_KEYS
 REPO_TYPES = {"datasets": "dataset", "spaces": "space"}
 
@@ -81,17 +83,19 @@ def show_template(target: Target, published: Published, choice: TemplateChoice, 
     if choice.desktop:
         print(
             f"Create the secret {DESKTOP_SECRET} too: the browser desktop's password (8 to 128 visible ASCII "
-            "characters), asked at https://POD_ID-6080.proxy.runpod.net/"
+            f"characters), asked at {proxy.proxy_url('POD_ID', proxy.DESKTOP_PORT, environ={})}/"
         )
     if credential is not None:
         runpod.save_template(body, *credential, owned=choice.owned(), find_registry=not published.space)
 
 
-def with_desktop(body: dict[str, Any]) -> dict[str, Any]:
+def with_desktop(body: TemplateBody) -> TemplateBody:
     """The template with the browser desktop on: VL_DESKTOP=on, its password a RunPod secret (by reference: the
     value never passes through here), and port 6080."""
     env = {**body["env"], "VL_DESKTOP": "on", DESKTOP_SECRET: runpod.secret_reference(DESKTOP_SECRET)}
-    return {**body, "env": env, "ports": desktop_ports(body["ports"], env)}
+    desktop = body.copy()
+    desktop["env"], desktop["ports"] = env, desktop_ports(body["ports"], env)
+    return desktop
 
 
 def desktop_ports(ports: list[str], env: dict[str, str]) -> list[str]:

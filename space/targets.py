@@ -19,6 +19,7 @@ from typing import Any
 import jinja2
 
 from runtime.packages import ImagePackages, PackagesError, image_packages
+from runtime.runpod.proxy import PUBLIC_PORT, SSH_PORT
 from space import BuildError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,7 +27,6 @@ DOCKER_DIR = ROOT / "docker"
 TEMPLATE = "Dockerfile.j2"
 KINDS = ("gpu", "cpu")
 TARGET_KEYS = {"aliases", "kind", "description", "cuda-arch", "dockerfile", "committed", "desktop"}
-BRIDGE_PORT, SSH_PORT = 8080, 22
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"  # Debian's and Ubuntu's, with docker/certs/ added
 TINY_RECIPE = ROOT / "runtime" / "engine" / "recipes" / "tiny.toml"  # its `repo` is where the cpu image bakes the model
 
@@ -222,7 +222,7 @@ def template_values(target: Target, versions: dict[str, Any]) -> dict[str, Any]:
         "runtime_packages": runtime,
         "baked_models": baked_models(target),
         "pins": [*torch, *engine, *runtime],
-        "ports": [BRIDGE_PORT, SSH_PORT],
+        "ports": [PUBLIC_PORT, SSH_PORT],
     }
 
 

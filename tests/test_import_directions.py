@@ -24,16 +24,15 @@ OURS = ("runtime", "space")
 # the user's machine are imported by the pod only for what it runs on itself: its self-check (VL_SELFCHECK, through
 # its own public port as `runtime check` does) and the RunPod client it stops itself with (VL_IDLE_STOP_MIN).
 POD, CLIENT, STATE = "runtime.pod", "runtime.client", "runtime.state"
-POD_MAY = ("runtime.client.check", "runtime.client.checkimages", "runtime.client.connect", "runtime.client.identity",
-           "runtime.client.runpod")  # fmt: skip
+POD_MAY = ("runtime.client.check", "runtime.client.checkimages", "runtime.client.connect", "runtime.client.identity")
 BRIDGE_NEVER = ("runtime.engine", "runtime.hub", POD, CLIENT)
 # What the build side (build.py, space/, docker/) may take from the runtime: standard-library-only leaves.
 BUILD_MAY = (
     "runtime.packages",
     "runtime.units",
-    "runtime.client.liveline",
-    "runtime.client.runpod",
-    "runtime.client.identity",
+    "runtime.liveline",
+    "runtime.runpod",
+    "runtime.headers",
     "runtime.tokenshapes",
     "runtime.hubspace",
 )  # httpx at most
@@ -126,7 +125,7 @@ def test_the_parse_sees_the_imports_it_checks() -> None:
     standalone package, all seen; and STANDALONE names modules that are there."""
     seen = {(i.source, i.target, i.in_function, i.for_types) for i in IMPORTS}
     assert ("runtime/pod/start.py", "runtime.pod.supervisor", False, False) in seen
-    assert ("runtime/pod/start.py", "runtime.hub", False, True) in seen
+    assert ("runtime/pod/hubside.py", "runtime.hub", False, True) in seen
     assert any(source == "runtime/pod/start.py" and function for source, _, function, _ in seen)
     assert ("runtime/engine/tinymodel/checkpoint.py", "runtime.engine.tinymodel.script", False, False) in seen
     assert all(map(is_module, STANDALONE))

@@ -28,8 +28,9 @@ import httpx
 
 from runtime.client.check import DEFAULT_URL, REQUEST_S, CheckFailed, Pod
 from runtime.client.connect import EndpointError, check_endpoint
-from runtime.client.identity import KEY_DEFAULT, api_headers, pod_key, pod_url
+from runtime.client.identity import pod_key, pod_url
 from runtime.engine.tinymodel.script import MARK_LONG
+from runtime.headers import KEY_DEFAULT, api_headers
 
 CONTEXTS = (3_000, 32_000, 114_000, 282_000, 1_000_000)  # the notes' solo columns (Ornith NVFP4 on an Ada)
 SESSIONS = (1, 2, 4, 8, 16)  # the notes' aggregate columns

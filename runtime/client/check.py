@@ -23,8 +23,9 @@ import httpx
 
 from runtime.client.checkimages import pictures_to_show
 from runtime.client.connect import EndpointError, check_endpoint
-from runtime.client.identity import KEY_DEFAULT, api_headers, pod_key, pod_url
+from runtime.client.identity import pod_key, pod_url
 from runtime.engine.tinymodel.script import MARK_TOOL
+from runtime.headers import KEY_DEFAULT, api_headers
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 REQUEST_S = 900.0  # one near-full-window prefill on a slow card; a hung engine is a failure past it

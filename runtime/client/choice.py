@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from runtime.client.cards import CARDS, OURS, Card, card_of
 from runtime.client.plan import Offer, PlanError, model_of_recipe, named_offer, offer_of, sizing_settings
-from runtime.client.runpod import RunPodError
 from runtime.client.sizing import SESSIONS, Model, fit
 from runtime.engine.recipes import RecipeError, load_recipe
+from runtime.runpod.api import RunPodError
+from runtime.runpod.payloads import GpuType
 from runtime.settings import SettingsError
 
 STOCK_ORDER = {"HIGH": 0, "MEDIUM": 1, "LOW": 2}  # NONE: not tried
@@ -38,7 +38,7 @@ def template_model(env: Mapping[str, str]) -> Model | None:
 
 
 def choices(
-    catalogue: Sequence[Mapping[str, Any]],
+    catalogue: Sequence[GpuType],
     target: str | None,
     asked: Sequence[str],
     model: Model | None,
@@ -71,7 +71,7 @@ def choices(
     return kept
 
 
-def offer_for(gpu: str, entries: Mapping[str, Mapping[str, Any]], cloud: str) -> Offer:
+def offer_for(gpu: str, entries: Mapping[str, GpuType], cloud: str) -> Offer:
     """The offer `gpu` names, by RunPod's id or the card's name ("RTX 4090", as `plan` shows it): the catalogue's,
     else the built-in table's, unpriced; else a card of unknown memory that its architecture's check refuses."""
     if gpu in entries:
@@ -79,10 +79,10 @@ def offer_for(gpu: str, entries: Mapping[str, Mapping[str, Any]], cloud: str) ->
     return named_offer(gpu, [offer_of(entry, cloud) for entry in entries.values()]) or Offer(card_of(gpu))
 
 
-def centres(entry: Mapping[str, Any] | None) -> tuple[str, ...]:
+def centres(entry: GpuType | None) -> tuple[str, ...]:
     """The data centres RunPod lists stock in for a GPU type, most first (the notes: naming dataCenterIds is
     usually enough to be placed)."""
-    listed = [c for c in (entry or {}).get("dataCenters") or [] if c.get("availability") in STOCK_ORDER]
+    listed = [c for c in (entry or GpuType(id="")).get("dataCenters") or [] if c["availability"] in STOCK_ORDER]
     return tuple(c["id"] for c in sorted(listed, key=lambda c: STOCK_ORDER[c["availability"]]))
 
 

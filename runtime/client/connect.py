@@ -17,7 +17,8 @@ from typing import Any
 
 import httpx
 
-from runtime.client.identity import KEY_DEFAULT, KEY_RULE, api_headers, pod_key
+from runtime.client.identity import pod_key
+from runtime.headers import KEY_DEFAULT, KEY_RULE, api_headers
 from runtime.health import serves_model
 
 

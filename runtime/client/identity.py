@@ -1,4 +1,5 @@
-"""What the commands run on the user's machine share: who they say they are, which pod they ask, and with which key.
+"""What the commands run on the user's machine share: which pod they ask, and with which key (who they say they are,
+and the rule's words, are runtime/headers.py's: the pod's self-check and the RunPod client say them too).
 
 One rule for every command that asks a pod (`connect`, `launch`, `check`, `bench`, `status`, `pod`'s last check):
 the key is `--key`, else $ANTHROPIC_AUTH_TOKEN, else $ANTHROPIC_API_KEY (never an Anthropic key: it is the paid
@@ -14,22 +15,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-# RunPod's proxy answers 403 to Python's default user agents (the field notes): every request says ours.
-USER_AGENT = "vllm-pod/1 (+python -m runtime)"
-# Claude Code's own variables, in its order: the token it sends as a bearer, then the API key.
-KEY_VARIABLES = ("ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_API_KEY")
-ANTHROPIC_VERSION = "2023-06-01"
+from runtime.headers import KEY_VARIABLES
+
 LAST_POD = "last-pod.json"  # {"url": …, "key": …}: what `pod up` brought up last, in the user's config folder
-KEY_DEFAULT = "$ANTHROPIC_AUTH_TOKEN, else $ANTHROPIC_API_KEY, else the key kept with that pod by `pod up`"
-KEY_RULE = f"--key, else {KEY_DEFAULT}"
 ANTHROPIC_KEY = "sk-ant-"  # how the paid API's keys start (sk-ant-api03-…, sk-ant-oat01-…): never sent to a pod
-
-
-def api_headers(key: str | None) -> dict[str, str]:
-    """What every request of ours to a pod carries: the API version, who we are, and the key when there is one (an
-    open pod takes none; an empty `Bearer ` is no header at all)."""
-    headers = {"anthropic-version": ANTHROPIC_VERSION, "user-agent": USER_AGENT}
-    return headers | ({"authorization": f"Bearer {key}"} if key else {})
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,8 @@ import shutil
 import sys
 
 from runtime.client.connect import EndpointError, check_endpoint, claude_environment, print_environment
-from runtime.client.identity import KEY_DEFAULT, pod_key, pod_url
+from runtime.client.identity import pod_key, pod_url
+from runtime.headers import KEY_DEFAULT
 
 PASSES_ON = True  # runtime.cli hands what follows `--` over as `passed_on`: Claude Code's own arguments
 

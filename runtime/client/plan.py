@@ -13,10 +13,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from runtime.client.cards import CARDS, GIB, OURS, Card, card_of
-from runtime.client.runpod import KEY_VARIABLE, RunPodClient, RunPodError
 from runtime.client.sizing import SESSIONS, Fit, Model, fit
 from runtime.engine.command import VLLM_DEFAULT_UTIL, tuned_options
 from runtime.engine.recipes import Recipe, RecipeError, load_recipe
+from runtime.runpod.api import KEY_VARIABLE, RunPodClient, RunPodError
+from runtime.runpod.payloads import GpuType
 from runtime.settings import Parser, Settings, SettingsError, integer, load_settings, quoted, recipe_names
 
 BYTES = {"auto": 2, "bfloat16": 2, "float16": 2, "half": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
@@ -245,9 +246,10 @@ def asked_offer(asked: str, found: Sequence[Offer], catalogue: bool) -> Offer:
     return offer
 
 
-def offer_of(entry: Mapping[str, Any], cloud: str = "secure") -> Offer:
+def offer_of(entry: GpuType, cloud: str = "secure") -> Offer:
     """An entry of RunPod's `GET /v2/catalog/gpus` (its schema GpuType), priced in `cloud`."""
-    price = (entry.get("price") or {}).get(cloud)
+    prices = entry.get("price") or {}
+    price = prices.get("community") if cloud == "community" else prices.get("secure")
     card = card_of(str(entry["id"]), float(entry.get("memory") or 0), str(entry.get("name") or ""))
     return Offer(card, float(price) if price else None, entry.get("availability"))
 

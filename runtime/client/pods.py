@@ -20,30 +20,23 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import httpx
 
 from runtime.client.cards import CARDS, card_of
 from runtime.client.choice import Choice, choices, template_model
 from runtime.client.connect import EndpointError, check_endpoint, print_environment
-from runtime.client.identity import KEY_DEFAULT, USER_AGENT, pod_key, remember_pod
-from runtime.client.liveline import LiveLine
+from runtime.client.identity import pod_key, remember_pod
 from runtime.client.plan import print_columns
-from runtime.client.runpod import (
-    CUDA_VERSIONS,
-    KEY_VARIABLE,
-    PROXY_URL,
-    PROXY_URL_VARIABLE,
-    VOLUME_PATH,
-    RunPodClient,
-    RunPodError,
-)
+from runtime.headers import KEY_DEFAULT, USER_AGENT
 from runtime.health import health_answer, serves_model
+from runtime.liveline import LiveLine
 from runtime.redact import Redactor, redacted_output
+from runtime.runpod.api import CUDA_VERSIONS, KEY_VARIABLE, VOLUME_PATH, RunPodClient, RunPodError
+from runtime.runpod.payloads import GpuType, NetworkVolume, Pod, PodBody, Template
+from runtime.runpod.proxy import proxy_url
 from runtime.units import human_seconds
 
-BRIDGE_PORT = 8080
 # A target's GPUs, the best buy first (the field notes: the RTX 6000 Ada's 48 GB hold the 30B recipes).
 DEFAULT_GPUS = {
     "sm80": ["NVIDIA A100 80GB PCIe", "NVIDIA A100-SXM4-80GB"],
@@ -211,16 +204,16 @@ class Pods:
         self.api.secrets += (secret,)
         self.redactor.add([secret])
 
-    def get(self, pod_id: str) -> dict[str, Any]:
+    def get(self, pod_id: str) -> Pod:
         return self.api.pod(pod_id)
 
-    def all(self) -> list[dict[str, Any]]:
+    def all(self) -> list[Pod]:
         return self.api.pods()
 
     def act(self, pod_id: str, action: str) -> None:
         self.api.act(pod_id, action)
 
-    def template(self, name_or_id: str) -> dict[str, Any]:
+    def template(self, name_or_id: str) -> Template:
         templates = self.api.templates()
         found = [t for t in templates if name_or_id in (t["id"], t["name"])]
         if len(found) != 1:
@@ -231,16 +224,16 @@ class Pods:
             )
         return found[0]
 
-    def catalogue(self) -> list[dict[str, Any]]:
+    def catalogue(self) -> list[GpuType]:
         """RunPod's GPU types (memory, prices, stock by data centre); the targets' usual cards, unpriced, when
         RunPod cannot say."""
         try:
             return self.api.gpu_types()
         except RunPodError as error:
             print(f"pod: RunPod's GPU catalogue: {error}; choosing from the usual cards", file=sys.stderr)
-            return [{"id": gpu} for listed in DEFAULT_GPUS.values() for gpu in listed]
+            return [GpuType(id=gpu) for listed in DEFAULT_GPUS.values() for gpu in listed]
 
-    def volume(self, name: str) -> dict[str, Any]:
+    def volume(self, name: str) -> NetworkVolume:
         volumes = self.api.network_volumes()
         found = [v for v in volumes if name in (v["id"], v["name"])]
         if len(found) != 1:
@@ -260,17 +253,13 @@ def up(pods: Pods, request: PodRequest, watching: Watching) -> int:
     model = template_model(template.get("env") or {})
     gpus = choices(pods.catalogue(), target, request.gpus, model, request.max_price, request.cloud, say=warn)
     cuda = template.get("allowedCudaVersions") or CUDA_VERSIONS
-    body: dict[str, Any] = {
-        "name": request.name or f"vllm-pod-{target or 'pod'}",
-        "templateId": template["id"],
-        "cloud": request.cloud.upper(),
-    }
+    body = PodBody(
+        name=request.name or f"vllm-pod-{target or 'pod'}", templateId=template["id"], cloud=request.cloud.upper()
+    )
     if request.volume:
         volume = pods.volume(request.volume)  # a network volume lives in one data centre: the pod must too
-        body |= {
-            "mounts": {"network": [{"volumeId": volume["id"], "path": VOLUME_PATH}]},
-            "dataCenterIds": [volume["dataCenter"]],
-        }
+        body["mounts"] = {"network": [{"volumeId": volume["id"], "path": VOLUME_PATH}]}
+        body["dataCenterIds"] = [volume["dataCenter"]]
     elif request.volume_gb:
         body["mounts"] = {"persistent": {"size": request.volume_gb, "path": VOLUME_PATH}}
     env = template.get("env") or {}
@@ -284,7 +273,7 @@ def up_team(
     pods: Pods,
     request: PodRequest,
     watching: Watching,
-    body: dict[str, Any],
+    body: PodBody,
     gpus: list[Choice],
     cuda: list[str],
     env: Mapping[str, str],
@@ -293,26 +282,29 @@ def up_team(
     of the team's own between them; watched until the gateway serves, which is what Claude Code is given."""
     key = secrets.token_urlsafe(32)  # in the team's pods' environment at RunPod, printed nowhere
     pods.hold(key)
-    workers: list[dict[str, Any]] = []
+    workers: list[Pod] = []
     try:
         for index in range(request.workers or 0):
-            worker = body | {"name": f"{body['name']}-worker-{index}", "env": {"VL_WORKER_KEY": key}}
+            worker = body.copy()
+            worker["name"], worker["env"] = f"{body['name']}-worker-{index}", {"VL_WORKER_KEY": key}
             workers.append(place(pods, worker, gpus, cuda))
     except RunPodError as error:
         raise RunPodError(f"{error}{still_running(workers)}") from None
     team_cost = sum(worker["cost"] for worker in workers)
-    gateway_body = {
-        "name": f"{body['name']}-gateway",
-        "templateId": body["templateId"],
-        "cloud": body["cloud"],
-        "cpu": {"id": request.gateway_cpu, "vcpuCount": GATEWAY_VCPUS},  # no volume: a gateway keeps no weights
-        "env": {
-            "VL_ROLE": "gateway",
-            "VL_WORKERS": ",".join(proxy_url(worker["id"]) for worker in workers),
-            "VL_WORKER_KEY": key,
-            "VL_COST_PER_HOUR": f"{team_cost:g}",
-        },  # the console counts the team's GPUs
-    }
+    gateway_body = PodBody(
+        {
+            "name": f"{body['name']}-gateway",
+            "templateId": body["templateId"],
+            "cloud": body["cloud"],
+            "cpu": {"id": request.gateway_cpu, "vcpuCount": GATEWAY_VCPUS},  # no volume: a gateway keeps no weights
+            "env": {
+                "VL_ROLE": "gateway",
+                "VL_WORKERS": ",".join(proxy_url(worker["id"]) for worker in workers),
+                "VL_WORKER_KEY": key,
+                "VL_COST_PER_HOUR": f"{team_cost:g}",
+            },  # the console counts the team's GPUs
+        }
+    )
     try:
         gateway = pods.api.create_pod(gateway_body, f"the gateway on {request.gateway_cpu}")
     except RunPodError as error:
@@ -336,7 +328,7 @@ def up_team(
     return 0
 
 
-def still_running(pods: list[dict[str, Any]]) -> str:
+def still_running(pods: list[Pod]) -> str:
     """What a failed team leaves behind, and how to remove it."""
     if not pods:
         return ""
@@ -344,7 +336,7 @@ def still_running(pods: list[dict[str, Any]]) -> str:
     return f"; created already, and billing: {ids} (python -m runtime pod down {ids} --yes)"
 
 
-def place(pods: Pods, body: dict[str, Any], gpus: list[Choice], cuda: list[str]) -> dict[str, Any]:
+def place(pods: Pods, body: PodBody, gpus: list[Choice], cuda: list[str]) -> Pod:
     """The pod created on the first GPU type RunPod can place it on, in the first of its data centres that takes
     it (a volume's data centre only, when a network volume pins it), said in a line; else one line listing what
     was tried."""
@@ -353,12 +345,12 @@ def place(pods: Pods, body: dict[str, Any], gpus: list[Choice], cuda: list[str])
         gpu, pod = choice.gpu, None
         wheres = [[]] if "dataCenterIds" in body or not choice.centres else [[c] for c in choice.centres]
         for index, where in enumerate(wheres):
+            on = body.copy()
+            on["gpu"] = {"id": gpu, "count": 1, "allowedCudaVersions": cuda}
+            if where:
+                on["dataCenterIds"] = where
             try:
-                pod = pods.api.create_pod(
-                    {**body, "gpu": {"id": gpu, "count": 1, "allowedCudaVersions": cuda}}
-                    | ({"dataCenterIds": where} if where else {}),
-                    f"a pod on {gpu}",
-                )
+                pod = pods.api.create_pod(on, f"a pod on {gpu}")
                 break
             except RunPodError as error:
                 if error.status not in (400, 403):  # 400: no capacity (or a rule), 403: not this pool; else stop
@@ -402,7 +394,7 @@ def start(pods: Pods, pod_id: str, watching: Watching) -> int:
     return watch_boot(pods, pod_id, watching, pod.get("env") or {})
 
 
-def restart_advice(pod: Mapping[str, Any]) -> str:
+def restart_advice(pod: Pod) -> str:
     """What to do with a stopped pod whose host's GPUs are rented again."""
     if (pod.get("mounts") or {}).get("network"):
         return (
@@ -419,25 +411,27 @@ def replace(pods: Pods, pod_id: str, gpus_asked: Sequence[str], yes: bool, watch
     """The pod made again from its template on the first host RunPod places it on (its network volume kept), the
     old one deleted once the new one exists, then watched as `up` watches: a sick host's way out."""
     old = pods.get(pod_id)
-    if not old.get("gpu") or not old.get("template"):
+    made_from, gpu = old.get("template"), old.get("gpu")
+    if not gpu or not made_from:
         raise RunPodError(f"{pod_id} is no GPU pod made from a template (a team's gateway: pod up --workers again)")
-    template = pods.template(old["template"])
+    template = pods.template(made_from)
     mounts = old.get("mounts") or {}
-    body: dict[str, Any] = {
-        "name": old["name"],
-        "templateId": template["id"],
-        "cloud": old["cloud"],
-        "env": {k: v for k, v in (old.get("env") or {}).items() if (template.get("env") or {}).get(k) != v},
-    }
-    if mounts.get("network"):
-        body |= {"mounts": {"network": mounts["network"]}, "dataCenterIds": [old["dataCenterId"]]}
+    body = PodBody(
+        name=old["name"],
+        templateId=template["id"],
+        cloud=old.get("cloud", ""),
+        env={k: v for k, v in (old.get("env") or {}).items() if (template.get("env") or {}).get(k) != v},
+    )
+    if network := mounts.get("network"):
+        body["mounts"] = {"network": network}
+        body["dataCenterIds"] = [old.get("dataCenterId") or ""]
     else:
         if mounts.get("persistent"):
             body["mounts"] = {"persistent": mounts["persistent"]}  # a new one, empty, on the new host
         confirm(f"replacing {going(old)}; a new volume starts empty (the weights download again)", yes)
     target = next((t for t in DEFAULT_GPUS if f"-{t}" in old["name"] or f" {t} " in f" {template['name']} "), "")
-    asked = list(dict.fromkeys(gpus_asked or [old["gpu"]["id"], *DEFAULT_GPUS.get(target, [])]))
-    gpus = choices(pods.catalogue(), target or None, asked, None, None, old["cloud"].lower(), say=warn)
+    asked = list(dict.fromkeys(gpus_asked or [gpu["id"], *DEFAULT_GPUS.get(target, [])]))
+    gpus = choices(pods.catalogue(), target or None, asked, None, None, body["cloud"].lower(), say=warn)
     new = place(pods, body, gpus, template.get("allowedCudaVersions") or CUDA_VERSIONS)
     pods.api.delete_pod(pod_id)
     print(f"deleted {going(old)}: replaced by {new['id']}", flush=True)
@@ -454,12 +448,12 @@ def gpus(pods: Pods | None) -> int:
     if pods is None:
         print(f"(the built-in table of common cards: prices and stock need {KEY_VARIABLE})")
     # The table's cards as catalogue entries: card_of finds each by its id; "memory" only orders them.
-    catalogue = pods.api.gpu_types() if pods else [{"id": card.id, "memory": card.memory_gib} for card in CARDS]
+    catalogue = pods.api.gpu_types() if pods else [GpuType(id=card.id, memory=card.memory_gib) for card in CARDS]
     rows = [("id", "GiB", "arch", "image", "secure $/h", "community $/h", "stock")]
     for entry in sorted(catalogue, key=lambda e: (e.get("memory") or 0, str(e["id"]))):
         card = card_of(str(entry["id"]), float(entry.get("memory") or 0), str(entry.get("name") or ""))
         price = entry.get("price") or {}
-        secure, community = (f"{price[c]:.2f}" if price.get(c) else "-" for c in ("secure", "community"))
+        secure, community = (f"{cost:.2f}" if (cost := price.get(c)) else "-" for c in ("secure", "community"))
         stock = str(entry.get("availability") or "-")
         rows.append((card.id, f"{card.memory_gib:.1f}", card.arch, card.image or "-", secure, community, stock))
     print_columns(rows)
@@ -475,10 +469,6 @@ def confirm(what: str, yes: bool) -> None:
         raise RunPodError(f"{what}: pass --yes to confirm (no terminal to ask)")
     if input(f"{what}. Go on? [y/N] ").strip().lower() not in ("y", "yes"):
         raise RunPodError("kept: nothing was changed")
-
-
-def proxy_url(pod_id: str, port: int = BRIDGE_PORT) -> str:
-    return (os.environ.get(PROXY_URL_VARIABLE) or PROXY_URL).format(pod_id=pod_id, port=port).rstrip("/")
 
 
 def watch_boot(pods: Pods, pod_id: str, watching: Watching, env: Mapping[str, str]) -> int:
@@ -638,7 +628,7 @@ def status(pods: Pods, pod_id: str | None) -> int:
     return 0
 
 
-def is_ours(pod: Mapping[str, Any]) -> bool:
+def is_ours(pod: Pod) -> bool:
     """A pod of this project: its environment holds our settings (a template of build.py's sets VL_MODEL)."""
     return any(name.startswith("VL_") for name in pod.get("env") or {})
 
@@ -668,15 +658,15 @@ def down(pods: Pods, pod_ids: Sequence[str], yes: bool) -> int:
     return 0
 
 
-def going(pod: Mapping[str, Any]) -> str:
+def going(pod: Pod) -> str:
     """A pod, and what goes with it when it is deleted."""
     network = bool((pod.get("mounts") or {}).get("network"))
     goes = "its container disk goes; its network volume stays" if network else "its container disk and its volume go"
     return f"pod {pod['id']} ({pod['name']}, {machine(pod)}, {pod['status']}): {goes}"
 
 
-def machine(pod: Mapping[str, Any]) -> str:
+def machine(pod: Pod) -> str:
     """What the pod runs on: its GPU type, or its CPU flavour."""
-    if pod.get("gpu"):
-        return str(pod["gpu"]["id"])
-    return f"{pod['cpu']['id']} ({pod['cpu']['vcpuCount']} vCPU)" if pod.get("cpu") else "-"
+    if gpu := pod.get("gpu"):
+        return gpu["id"]
+    return f"{cpu['id']} ({cpu['vcpuCount']} vCPU)" if (cpu := pod.get("cpu")) else "-"

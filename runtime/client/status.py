@@ -17,7 +17,8 @@ from typing import Any
 
 import httpx
 
-from runtime.client.identity import KEY_DEFAULT, api_headers, pod_key, pod_url
+from runtime.client.identity import pod_key, pod_url
+from runtime.headers import KEY_DEFAULT, api_headers
 from runtime.logsafe import strip_controls
 from runtime.state.benchreport import summary
 from runtime.state.selfcheck import checked

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import httpx
 import pytest
 
-import runtime.client.runpod as runpod_client
+import runtime.runpod.api as runpod_client
 from runtime.settings import SettingsError, load_settings, recipe_names
 from space import BuildError, runpod
 from tests.support.net import free_port
@@ -207,7 +207,8 @@ def test_the_stand_in_refuses_an_unknown_field(runpod_server: RunPodServer, api_
 def test_the_stand_in_refuses_a_bad_value_and_an_unknown_id(runpod_server: RunPodServer, api_url: str) -> None:
     with runpod.RunPodAPI(runpod_server.api_key) as api:
         with pytest.raises(BuildError, match=r"\$\.env\.VL_TP"):
-            api.create_template({**runpod.template_body(NAME, PUBLIC_IMAGE), "env": {"VL_TP": 2}})
+            wrong = {**runpod.template_body(NAME, PUBLIC_IMAGE), "env": {"VL_TP": 2}}  # what no TemplateBody holds
+            api.call("POST", "/v2/templates", f"create the template {NAME!r}", wrong)
         with pytest.raises(BuildError, match="HTTP 404"):
             api.update_template("nosuchid", runpod.template_body(NAME, PUBLIC_IMAGE))
     assert [r.status for r in runpod_server.received] == [422, 404]

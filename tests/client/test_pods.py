@@ -26,7 +26,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from runtime.client.identity import USER_AGENT, LastPod, last_pod
+from runtime.client.identity import LastPod, last_pod
+from runtime.headers import USER_AGENT
 from tests.support.claude_code import stand_in_claude
 from tests.support.environ import outer_environ
 from tests.support.hub_server import HubServer

@@ -1,25 +1,36 @@
-"""RunPod's REST API v2, as the project's client-side commands speak it: one request at a time, each
-ending in a JSON object or a `RunPodError` whose text is one line with the fix, never the key.
+"""RunPod's REST API v2, as the project speaks it (the commands, build.py's side, the pod stopping itself): one
+request at a time, each answer read into its shape (`payloads`) or a `RunPodError` whose text is one line with the
+fix, never the key.
 
 The API is described by RunPod's published OpenAPI file (runpod/docs, `api-reference-v2/openapi.json`);
 tests/support/runpod_server.py serves that description strictly. `RUNPOD_API_URL` points the client
-elsewhere (the tests' stand-in). Standard library and httpx only: build.py's side uses it too.
+elsewhere (the tests' stand-in). Standard library, httpx and the runtime's leaves only.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import cast
 
 import httpx
 
-from runtime.client.identity import USER_AGENT
+from runtime.headers import USER_AGENT
+from runtime.runpod.payloads import (
+    GpuType,
+    JsonObject,
+    NetworkVolume,
+    Pod,
+    PodBody,
+    Registry,
+    Template,
+    TemplateBody,
+)
 
 API_URL = "https://api.runpod.io"  # the `servers` entry of RunPod's OpenAPI description of REST API v2
 API_URL_VARIABLE = "RUNPOD_API_URL"  # points the client elsewhere (the tests' stand-in)
 KEY_VARIABLE = "RUNPOD_API_KEY"
-PROXY_URL_VARIABLE = "RUNPOD_PROXY_URL"
-PROXY_URL = "https://{pod_id}-{port}.proxy.runpod.net"  # RunPod's HTTPS proxy in front of a pod's `N/http` port
 VOLUME_PATH = "/workspace"  # RunPod's convention, and VL_VOLUME's default: the one path that survives a stop
 CUDA_VERSIONS = ["13.0"]  # the images are built on CUDA 13.0 and refuse an older driver at start
 TIMEOUT = httpx.Timeout(30.0, connect=10.0)  # every call: a hung API must end in one line, not a hung command
@@ -51,8 +62,8 @@ class RunPodClient:
         self.client.close()
 
     def call(
-        self, method: str, path: str, action: str, body: dict[str, Any] | None = None, expect: str | None = "id"
-    ) -> dict[str, Any]:
+        self, method: str, path: str, action: str, body: Mapping[str, object] | None = None, expect: str | None = "id"
+    ) -> JsonObject:
         """One request, answered by a JSON object holding `expect` (None: an empty answer will do); `action`
         says what it was for in an error line (e.g. "create the template 'x'")."""
         try:
@@ -72,13 +83,12 @@ class RunPodClient:
                 f"trying to {action}): check the network, or {API_URL_VARIABLE} if you set it"
             ) from None
         if response.is_error:
-            problem = problem_of(response)
-            detail = self.scrub(str(problem.get("detail", "")))  # RunPod's 400 can quote the request back
+            detail = self.scrub(problem_of(response).detail)  # RunPod's 400 can quote the request back
             raise RunPodError(self.scrub(refusal(response, action)), response.status_code, detail)
         if expect is None and not response.content:
             return {}
         try:
-            answer = response.json()
+            answer: object = response.json()
         except ValueError:
             answer = None
         if not isinstance(answer, dict) or (expect is not None and expect not in answer):
@@ -86,51 +96,61 @@ class RunPodClient:
                 f"RunPod answered {method} {path} with an unexpected body (HTTP {response.status_code}, "
                 f"trying to {action}): check {API_URL_VARIABLE} if you set it"
             )
-        return answer
+        return cast(JsonObject, answer)
 
-    # --- the calls both sides make: build.py's templates and registry credentials, `runtime pod`'s pods ---
+    # --- the calls every side makes: build.py's templates and registry credentials, `runtime pod`'s pods, the pod's
+    # own stop. Each answer is read into its shape here, once: `call` checked the key its shape is known by.
 
-    def templates(self) -> list[dict[str, Any]]:
-        return list_of(self.call("GET", "/v2/templates", "list your templates", expect="templates")["templates"])
+    def templates(self) -> list[Template]:
+        answer = self.call("GET", "/v2/templates", "list your templates", expect="templates")
+        return cast(list[Template], list_of(answer["templates"]))
 
-    def create_template(self, body: dict[str, Any]) -> dict[str, Any]:
-        return self.call("POST", "/v2/templates", f"create the template {body['name']!r}", body)
+    def create_template(self, body: TemplateBody) -> Template:
+        return cast(Template, self.call("POST", "/v2/templates", f"create the template {body['name']!r}", body))
 
-    def update_template(self, template_id: str, body: dict[str, Any]) -> dict[str, Any]:
-        return self.call("PATCH", f"/v2/templates/{template_id}", f"update the template {body['name']!r}", body)
+    def update_template(self, template_id: str, body: TemplateBody) -> Template:
+        action = f"update the template {body['name']!r}"
+        return cast(Template, self.call("PATCH", f"/v2/templates/{template_id}", action, body))
 
-    def registries(self) -> list[dict[str, Any]]:
+    def registries(self) -> list[Registry]:
         action = "list your container registry credentials"
-        return list_of(self.call("GET", "/v2/registries", action, expect="registries")["registries"])
+        return cast(
+            list[Registry], list_of(self.call("GET", "/v2/registries", action, expect="registries")["registries"])
+        )
 
-    def create_registry(self, name: str, username: str, password: str) -> dict[str, Any]:
+    def create_registry(self, name: str, username: str, password: str) -> Registry:
         body = {"name": name, "username": username, "password": password}
-        return self.call("POST", "/v2/registries", f"create the registry credential {name!r}", body)
+        return cast(Registry, self.call("POST", "/v2/registries", f"create the registry credential {name!r}", body))
 
-    def pod(self, pod_id: str) -> dict[str, Any]:
-        return self.call("GET", f"/v2/pods/{pod_id}", f"read the pod {pod_id}")
+    def pod(self, pod_id: str) -> Pod:
+        return cast(Pod, self.call("GET", f"/v2/pods/{pod_id}", f"read the pod {pod_id}"))
 
-    def pods(self) -> list[dict[str, Any]]:
-        return list_of(self.call("GET", "/v2/pods", "list your pods", expect="pods")["pods"])
+    def pods(self) -> list[Pod]:
+        return cast(list[Pod], list_of(self.call("GET", "/v2/pods", "list your pods", expect="pods")["pods"]))
 
-    def create_pod(self, body: dict[str, Any], on: str) -> dict[str, Any]:
-        return self.call("POST", "/v2/pods", f"create {on}", body)
+    def create_pod(self, body: PodBody, on: str) -> Pod:
+        return cast(Pod, self.call("POST", "/v2/pods", f"create {on}", body))
 
     def act(self, pod_id: str, action: str) -> None:
         self.call("POST", f"/v2/pods/{pod_id}/action", f"{action} the pod {pod_id}", {"action": action}, None)
 
+    def stop_pod(self, pod_id: str) -> None:
+        """The pod stopped (RunPod then sends it SIGTERM); what a pod calls on itself, with its own id."""
+        self.call("POST", f"/v2/pods/{pod_id}/action", "stop this pod", {"action": "stop"}, None)
+
     def delete_pod(self, pod_id: str) -> None:
         self.call("DELETE", f"/v2/pods/{pod_id}", f"delete the pod {pod_id}", expect=None)
 
-    def gpu_types(self) -> list[dict[str, Any]]:
+    def gpu_types(self) -> list[GpuType]:
         """RunPod's GPU catalogue (`GET /v2/catalog/gpus`, its schema GpuType): ids, memory, prices, and each
         type's stock for pods."""
         path = "/v2/catalog/gpus?include=AVAILABILITY&product=POD"
-        return list_of(self.call("GET", path, "list the GPU types", expect="gpus")["gpus"])
+        return cast(list[GpuType], list_of(self.call("GET", path, "list the GPU types", expect="gpus")["gpus"]))
 
-    def network_volumes(self) -> list[dict[str, Any]]:
+    def network_volumes(self) -> list[NetworkVolume]:
         action = "list your network volumes"
-        return list_of(self.call("GET", "/v2/network-volumes", action, expect="networkVolumes")["networkVolumes"])
+        answer = self.call("GET", "/v2/network-volumes", action, expect="networkVolumes")
+        return cast(list[NetworkVolume], list_of(answer["networkVolumes"]))
 
     def scrub(self, line: str) -> str:
         for secret in self.secrets:
@@ -151,7 +171,7 @@ def usable_key(api_key: str) -> str:
 def refusal(response: httpx.Response, action: str) -> str:
     """One line for an error answer: the key's refusal, else the problem+json title/detail/errors."""
     problem = problem_of(response)
-    reason = "; ".join(p for p in (problem.get("title"), problem.get("detail"), *problem.get("errors", [])) if p)
+    reason = "; ".join(p for p in (problem.title, problem.detail, *problem.errors) if p)
     reason = " ".join((reason or f"HTTP {response.status_code}").split())  # one line, whatever the server sent
     if response.status_code in (401, 403):
         return (
@@ -161,22 +181,30 @@ def refusal(response: httpx.Response, action: str) -> str:
     return f"RunPod refused to {action}: HTTP {response.status_code}: {reason}"
 
 
-def problem_of(response: httpx.Response) -> dict[str, Any]:
-    """The RFC 9457 problem object of an error answer (ErrorResponse), or {} when it is not one."""
+@dataclass(frozen=True)
+class Problem:
+    """The RFC 9457 problem object of an error answer (ErrorResponse); empty when it is not one."""
+
+    title: str = ""
+    detail: str = ""
+    errors: tuple[str, ...] = ()
+
+
+def problem_of(response: httpx.Response) -> Problem:
     try:
-        problem = response.json()
+        problem: object = response.json()
     except ValueError:
-        return {}
+        return Problem()
     if not isinstance(problem, dict):
-        return {}
+        return Problem()
     errors = problem.get("errors")
-    return {
-        "title": str(problem.get("title") or ""),
-        "detail": str(problem.get("detail") or ""),
-        "errors": [str(e) for e in errors] if isinstance(errors, list) else [],
-    }
+    return Problem(
+        str(problem.get("title") or ""),
+        str(problem.get("detail") or ""),
+        tuple(str(e) for e in errors) if isinstance(errors, list) else (),
+    )
 
 
-def list_of(items: Any) -> list[dict[str, Any]]:
-    """A list RunPod answered, its objects only (`call` checked the key holding it)."""
-    return [item for item in items if isinstance(item, dict)] if isinstance(items, list) else []
+def list_of(items: object) -> list[JsonObject]:
+    """A list RunPod answered, its objects that hold an id only (`call` checked the key holding the list)."""
+    return [item for item in items if isinstance(item, dict) and "id" in item] if isinstance(items, list) else []
