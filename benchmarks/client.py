@@ -25,8 +25,8 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from benchmarks.bridge import BRIDGE_ENV, LISTENING, UPSTREAM_ARGV, bridge_command, process  # noqa: E402
+from runtime.checks.asking import Pod  # noqa: E402
 from runtime.client.bench import stream  # noqa: E402
-from runtime.client.check import Pod  # noqa: E402
 from runtime.engine.tinymodel import write_tiny_model  # noqa: E402
 
 MODEL = "claude-fake"  # the stand-in's

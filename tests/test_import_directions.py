@@ -21,10 +21,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 OURS = ("runtime", "space")
 # The wings (runtime/__init__.py). The pod's process is the top: nothing outside it imports it. The commands on
-# the user's machine are imported by the pod only for what it runs on itself: its self-check (VL_SELFCHECK, through
-# its own public port as `runtime check` does) and the RunPod client it stops itself with (VL_IDLE_STOP_MIN).
+# the user's machine never reach it: what it runs on itself (VL_SELFCHECK) is runtime/checks', the RunPod client it
+# stops itself with (VL_IDLE_STOP_MIN) runtime/runpod's.
 POD, CLIENT, STATE = "runtime.pod", "runtime.client", "runtime.state"
-POD_MAY = ("runtime.client.check", "runtime.client.checkimages", "runtime.client.connect", "runtime.client.identity")
 BRIDGE_NEVER = ("runtime.engine", "runtime.hub", POD, CLIENT)
 # What the build side (build.py, space/, docker/) may take from the runtime: standard-library-only leaves.
 BUILD_MAY = (
@@ -150,27 +149,22 @@ def test_nothing_outside_the_pod_imports_the_pod() -> None:
     assert not offending, broken("only runtime/pod/ imports runtime.pod", offending)
 
 
-def test_the_pod_never_imports_the_client_side_but_the_checks_it_runs_on_itself() -> None:
-    """The pod imports from runtime/client/ only POD_MAY, and those import nothing else of it: `pod`, `launch`,
-    `status`, `bench` and the live line never reach a pod's process."""
-    from_pod = [i for i in IMPORTS if i.source.startswith("runtime/pod/") and within(i.target, (CLIENT,))]
-    offending = [i for i in from_pod if not within(i.target, POD_MAY)]
-    assert from_pod and not offending, broken(f"the pod imports from {CLIENT} only {', '.join(POD_MAY)}", offending)
-    allowed = [i for i in IMPORTS if module_name(ROOT / i.source) in POD_MAY]
-    offending = [i for i in allowed if within(i.target, (CLIENT,)) and not within(i.target, POD_MAY)]
-    assert not offending, broken(f"{', '.join(POD_MAY)} import nothing else of {CLIENT}", offending)
+def test_the_pod_never_imports_the_client_side() -> None:
+    """The commands on the user's machine never reach a pod's process: its self-check is runtime/checks'."""
+    offending = [i for i in IMPORTS if i.source.startswith("runtime/pod/") and within(i.target, (CLIENT,))]
+    assert not offending, broken(f"runtime/pod/ imports nothing of {CLIENT}", offending)
 
 
 def test_the_client_side_is_imported_by_no_other_wing() -> None:
     """The commands on the user's machine are theirs: the bridge, the engine, the Hub side, the state files and the
-    shared leaves never import them (the pod and the build side by their lists above)."""
+    shared leaves never import them (the pod and the build side neither, above)."""
     others = [
         i
         for i in IMPORTS
         if i.source.startswith("runtime/") and not i.source.startswith(("runtime/pod/", "runtime/client/"))
     ]
     offending = [i for i in others if within(i.target, (CLIENT,))]
-    assert not offending, broken(f"only runtime/pod/ (POD_MAY) and runtime/client/ import {CLIENT}", offending)
+    assert not offending, broken(f"only runtime/client/ imports {CLIENT}", offending)
 
 
 def test_the_state_files_import_nothing_of_ours_but_each_other() -> None:

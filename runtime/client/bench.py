@@ -26,8 +26,8 @@ from typing import Any
 
 import httpx
 
-from runtime.client.check import DEFAULT_URL, REQUEST_S, CheckFailed, Pod
-from runtime.client.connect import EndpointError, check_endpoint
+from runtime.checks.asking import DEFAULT_URL, REQUEST_S, CheckFailed, Pod
+from runtime.checks.endpoint import EndpointError, check_endpoint
 from runtime.client.identity import pod_key, pod_url
 from runtime.engine.tinymodel.script import MARK_LONG
 from runtime.headers import KEY_DEFAULT, api_headers

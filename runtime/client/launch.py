@@ -11,7 +11,8 @@ import os
 import shutil
 import sys
 
-from runtime.client.connect import EndpointError, check_endpoint, claude_environment, print_environment
+from runtime.checks.endpoint import EndpointError, check_endpoint
+from runtime.client.connect import claude_environment, print_environment
 from runtime.client.identity import pod_key, pod_url
 from runtime.headers import KEY_DEFAULT
 

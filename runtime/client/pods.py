@@ -23,9 +23,10 @@ from dataclasses import dataclass
 
 import httpx
 
+from runtime.checks.endpoint import EndpointError, check_endpoint
 from runtime.client.cards import CARDS, card_of
 from runtime.client.choice import Choice, choices, template_model
-from runtime.client.connect import EndpointError, check_endpoint, print_environment
+from runtime.client.connect import print_environment
 from runtime.client.identity import pod_key, remember_pod
 from runtime.client.plan import print_columns
 from runtime.headers import KEY_DEFAULT, USER_AGENT

@@ -12,7 +12,7 @@ import sys
 import zlib
 from pathlib import Path
 
-from runtime.client.checkimages import SIZE, pictures_to_show
+from runtime.checks.images import SIZE, pictures_to_show
 from tests.support.bridge import Process
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from runtime.client.connect import Endpoint, claude_environment
+from runtime.checks.endpoint import Endpoint
+from runtime.client.connect import claude_environment
 from tests.support.bridge import ROOT, Process
 from tests.support.vllm_server import MAX_MODEL_LEN
 
