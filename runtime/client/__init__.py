@@ -1,5 +1,4 @@
-"""The commands run on the user's machine: `pod` (RunPod), `connect`, `launch`, `status`, `check`, `bench`, with
-the RunPod client, who the commands say they are (`identity`) and the terminal's live line.
-
-The pod imports from here only the checks it runs on itself (VL_SELFCHECK) and the RunPod client it stops itself
-with; tests/test_import_directions.py holds that list."""
+"""The commands run on the user's machine: `pod` (RunPod), `plan`, `connect`, `launch`, `status`, `check`, `bench`, one
+module (or package: `pods`) each, and what they share: which pod they ask and with which key (`identity`), Claude
+Code's environment (`environment`), the tables' layout (`columns`). No command imports another; no other wing imports
+this one (tests/test_import_directions.py): the libraries they call are runtime/runpod, runtime/checks, runtime/sizing."""

@@ -12,7 +12,7 @@ import shutil
 import sys
 
 from runtime.checks.endpoint import EndpointError, check_endpoint
-from runtime.client.connect import claude_environment, print_environment
+from runtime.client.environment import claude_environment, print_environment
 from runtime.client.identity import pod_key, pod_url
 from runtime.headers import KEY_DEFAULT
 

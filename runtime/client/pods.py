@@ -24,11 +24,9 @@ from dataclasses import dataclass
 import httpx
 
 from runtime.checks.endpoint import EndpointError, check_endpoint
-from runtime.client.cards import CARDS, card_of
-from runtime.client.choice import Choice, choices, template_model
-from runtime.client.connect import print_environment
+from runtime.client.columns import print_columns
+from runtime.client.environment import print_environment
 from runtime.client.identity import pod_key, remember_pod
-from runtime.client.plan import print_columns
 from runtime.headers import KEY_DEFAULT, USER_AGENT
 from runtime.health import health_answer, serves_model
 from runtime.liveline import LiveLine
@@ -36,17 +34,10 @@ from runtime.redact import Redactor, redacted_output
 from runtime.runpod.api import CUDA_VERSIONS, KEY_VARIABLE, VOLUME_PATH, RunPodClient, RunPodError
 from runtime.runpod.payloads import GpuType, NetworkVolume, Pod, PodBody, Template
 from runtime.runpod.proxy import proxy_url
+from runtime.sizing.cards import CARDS, DEFAULT_GPUS, card_of
+from runtime.sizing.choice import Choice, choices, template_model
 from runtime.units import human_seconds
 
-# A target's GPUs, the best buy first (the field notes: the RTX 6000 Ada's 48 GB hold the 30B recipes).
-DEFAULT_GPUS = {
-    "sm80": ["NVIDIA A100 80GB PCIe", "NVIDIA A100-SXM4-80GB"],
-    "sm86": ["NVIDIA RTX A6000", "NVIDIA A40", "NVIDIA GeForce RTX 3090"],
-    "sm89": ["NVIDIA RTX 6000 Ada Generation", "NVIDIA L40S", "NVIDIA L40", "NVIDIA GeForce RTX 4090"],
-    "sm90": ["NVIDIA H100 80GB HBM3", "NVIDIA H100 NVL", "NVIDIA H200"],
-    "sm100": ["NVIDIA B200"],
-    "sm120": ["NVIDIA RTX PRO 6000 Blackwell Server Edition", "NVIDIA GeForce RTX 5090"],
-}
 POLL_S = 5.0
 LOG_LINE_CHARS = 300
 HEALTH_TIMEOUT_S = 10.0

@@ -17,8 +17,8 @@ import pytest
 
 from runtime.cli import main
 from runtime.client import pods
-from runtime.client.choice import choices, template_model
-from runtime.client.plan import named_offer, offer_of
+from runtime.sizing.choice import choices, template_model
+from runtime.sizing.offers import named_offer, offer_of
 from tests.support.net import free_port
 
 ROOT = Path(__file__).resolve().parents[2]

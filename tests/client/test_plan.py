@@ -15,12 +15,12 @@ import sys
 import pytest
 
 from runtime.cli import main
-from runtime.client.cards import BY_ID, CARDS, GIB, IMAGES
-from runtime.client.choice import template_model
-from runtime.client.plan import kv_bytes, model_of_recipe, sizing_settings
-from runtime.client.pods import DEFAULT_GPUS
-from runtime.client.sizing import fit
 from runtime.engine.recipes import load_recipe
+from runtime.sizing.cards import BY_ID, CARDS, DEFAULT_GPUS, GIB, IMAGES
+from runtime.sizing.choice import template_model
+from runtime.sizing.fit import fit
+from runtime.sizing.model import model_of_recipe, sizing_settings
+from runtime.sizing.repo import kv_bytes
 from space.targets import load_targets, unique_targets
 from tests.support.hub_server import HubServer
 from tests.support.repo_copy import ROOT

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from runtime.checks.endpoint import Endpoint
-from runtime.client.connect import claude_environment
+from runtime.client.environment import claude_environment
 from tests.support.bridge import ROOT, Process
 from tests.support.vllm_server import MAX_MODEL_LEN
 

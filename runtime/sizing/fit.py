@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from runtime.client.cards import GIB, Card
+from runtime.sizing.cards import GIB, Card
 
 # What vLLM holds inside its budget besides weights and KV (activations, CUDA graphs, buffers): Ornith NVFP4 on an
 # RTX 6000 Ada (21.94 GiB of weights, 2,103,356 fp8 tokens at 0.93, 10,240 bytes each) left 2.6 GiB; vLLM's own

@@ -52,6 +52,15 @@ CARDS = (
     Card("NVIDIA B200", "B200", 183_359, "sm100"),
 )
 BY_ID = {card.id: card for card in CARDS}
+# A target's GPUs, the best buy first (the field notes: the RTX 6000 Ada's 48 GB hold the 30B recipes).
+DEFAULT_GPUS = {
+    "sm80": ["NVIDIA A100 80GB PCIe", "NVIDIA A100-SXM4-80GB"],
+    "sm86": ["NVIDIA RTX A6000", "NVIDIA A40", "NVIDIA GeForce RTX 3090"],
+    "sm89": ["NVIDIA RTX 6000 Ada Generation", "NVIDIA L40S", "NVIDIA L40", "NVIDIA GeForce RTX 4090"],
+    "sm90": ["NVIDIA H100 80GB HBM3", "NVIDIA H100 NVL", "NVIDIA H200"],
+    "sm100": ["NVIDIA B200"],
+    "sm120": ["NVIDIA RTX PRO 6000 Blackwell Server Edition", "NVIDIA GeForce RTX 5090"],
+}
 # A card RunPod lists that the table lacks: its architecture from its name, its memory from the catalogue's GB.
 FAMILIES = (
     ("RTX PRO", "sm120"),

@@ -7,13 +7,15 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from runtime.client.cards import CARDS, OURS, Card, card_of
-from runtime.client.plan import Offer, PlanError, model_of_recipe, named_offer, offer_of, sizing_settings
-from runtime.client.sizing import SESSIONS, Model, fit
 from runtime.engine.recipes import RecipeError, load_recipe
 from runtime.runpod.api import RunPodError
 from runtime.runpod.payloads import GpuType
 from runtime.settings import SettingsError
+from runtime.sizing.cards import CARDS, OURS, Card, card_of
+from runtime.sizing.errors import PlanError
+from runtime.sizing.fit import SESSIONS, Model, fit
+from runtime.sizing.model import model_of_recipe, sizing_settings
+from runtime.sizing.offers import Offer, named_offer, offer_of
 
 STOCK_ORDER = {"HIGH": 0, "MEDIUM": 1, "LOW": 2}  # NONE: not tried
 

@@ -1,0 +1,71 @@
+"""Every card's verdict for a model (`Row`: the fit, and whether an image of ours serves the card), the usable ones
+first, and the one line that says which card to rent, or why none will do."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from runtime.sizing.cards import OURS
+from runtime.sizing.fit import Fit, Model, fit
+from runtime.sizing.offers import Offer
+
+
+@dataclass(frozen=True)
+class Row:
+    offer: Offer
+    fit: Fit
+
+    @property
+    def usable(self) -> bool:
+        """Fits, and an image of ours serves its architecture."""
+        return self.fit.fits and self.offer.card.image is not None
+
+    def as_json(self, model: Model) -> dict[str, Any]:
+        card = self.offer.card
+        return {
+            "gpu": card.id,
+            "memory_gb": round(card.memory_gib, 2),
+            "architecture": card.arch,
+            "fits": self.fit.fits,
+            "why": self.why(),
+            "max_context": self.fit.max_context,
+            "kv_tokens": self.fit.kv_tokens,
+            "concurrency": self.fit.concurrency,
+            "kv_offload_gib": self.fit.offload_gib,
+            "price_per_hour": self.offer.price_per_hour,
+            "stock": self.offer.stock,
+            "image": card.image,
+            "measured": dict(model.speeds).get(card.id),
+        }
+
+    def why(self) -> str:
+        if self.fit.fits and self.offer.card.image is None:
+            return f"{self.fit.why}; no image of ours serves {self.offer.card.arch} (ours: {OURS})"
+        return self.fit.why
+
+
+def rows_for(model: Model, found: Iterable[Offer], sessions: int) -> list[Row]:
+    """Every card's verdict, the usable ones first (cheapest, or smallest when prices are unknown)."""
+    rows = [Row(offer, fit(model, offer.card, sessions)) for offer in found]
+    return sorted(rows, key=lambda r: (not r.usable, r.offer.price_per_hour or 0.0, r.offer.card.memory_mib))
+
+
+def verdict(model: Model, rows: Sequence[Row], sessions: int) -> str:
+    """The first line: the card to rent, or why none will do."""
+    head = f"{model.name} at {model.context:,} tokens for {sessions} session{'s' * (sessions > 1)}"
+    if model.kv_bytes_per_token is None:
+        return f"{head}: cannot say: a token's KV size is unknown (neither measured nor read from the Hub)"
+    usable = [row for row in rows if row.usable]
+    host = f"; the host needs {model.host_ram_gib:g} GB of RAM besides" if model.host_ram_gib else ""
+    if usable:
+        best = usable[0]
+        price = f" at ${best.offer.price_per_hour:.2f}/h" if best.offer.price_per_hour else ""
+        which = "cheapest" if best.offer.price_per_hour else "smallest"
+        name = f"{model.gpus} x {best.offer.card.name}" if model.gpus > 1 else best.offer.card.name
+        return f"{head}: {which} card that fits: {name}{price} (image {best.offer.card.image}){host}"
+    fitting = [row.offer.card.name for row in rows if row.fit.fits]
+    if fitting:
+        return f"{head}: fits {', '.join(fitting)}, but no image of ours serves them (ours: {OURS})"
+    return f"{head}: fits none of these cards"
