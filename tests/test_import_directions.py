@@ -1,9 +1,10 @@
 """The import directions the design promises (DESIGN §3: settings → engine/bridge → supervisor) and the wings'
-rules (runtime/__init__.py), read from the source with `ast`, nothing imported: the bridge never imports the pod,
-the client side, the engine or the Hub code; nothing outside the pod imports it; the pod takes from the client side
-only the checks it runs on itself; the state files import only each other; the build side imports nothing of the
-runtime but its standard-library leaves; the engine's helpers that run in vLLM's venv or at image build import
-nothing of ours but themselves, nor do the packages that enclose them; no cycles.
+rules (runtime/__init__.py), read from the source with `ast`, nothing imported: which wing may import which
+(DIRECTIONS: the pod and the commands at the top, the libraries they call below them, the state files at the
+bottom); nothing outside the pod imports it, nothing outside the commands imports them, and no command imports
+another; the build side imports of the runtime only RunPod's wing and the root's leaves (modules that import nothing
+of ours but other such leaves, found from the imports); the engine's helpers that run in vLLM's venv or at image
+build import nothing of ours but themselves, nor do the packages that enclose them; no cycles.
 
 Every import counts, those inside functions and those `if TYPE_CHECKING:` too (a type is a dependency,
 and an import deferred into a function is a circle all the same), in the cycle check as in the rest.
@@ -20,21 +21,29 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 OURS = ("runtime", "space")
-# The wings (runtime/__init__.py). The pod's process is the top: nothing outside it imports it. The commands on
-# the user's machine never reach it: what it runs on itself (VL_SELFCHECK) is runtime/checks', the RunPod client it
-# stops itself with (VL_IDLE_STOP_MIN) runtime/runpod's.
-POD, CLIENT, STATE = "runtime.pod", "runtime.client", "runtime.state"
-BRIDGE_NEVER = ("runtime.engine", "runtime.hub", POD, CLIENT)
-# What the build side (build.py, space/, docker/) may take from the runtime: standard-library-only leaves.
-BUILD_MAY = (
-    "runtime.packages",
-    "runtime.units",
-    "runtime.liveline",
-    "runtime.runpod",
-    "runtime.headers",
-    "runtime.tokenshapes",
-    "runtime.hubspace",
-)  # httpx at most
+# The wings (runtime/__init__.py) and, for each, the wings it may import besides itself and the runtime's root
+# modules: the directions, from the top (the pod's process, the commands on the user's machine) down to the state
+# files. The pod runs its self-check with runtime/checks and stops itself with runtime/runpod, never a command.
+POD, CLIENT, STATE, RUNPOD = "runtime.pod", "runtime.client", "runtime.state", "runtime.runpod"
+BRIDGE, ENGINE, HUB, CHECKS, SIZING = (
+    "runtime.bridge",
+    "runtime.engine",
+    "runtime.hub",
+    "runtime.checks",
+    "runtime.sizing",
+)
+DIRECTIONS: dict[str, frozenset[str]] = {
+    POD: frozenset({BRIDGE, CHECKS, RUNPOD, ENGINE, HUB, STATE}),
+    CLIENT: frozenset({CHECKS, SIZING, RUNPOD, ENGINE, HUB, STATE}),
+    CHECKS: frozenset({RUNPOD, ENGINE}),
+    SIZING: frozenset({RUNPOD, ENGINE, HUB}),
+    BRIDGE: frozenset({STATE}),
+    ENGINE: frozenset({STATE}),
+    HUB: frozenset({STATE}),
+    RUNPOD: frozenset(),
+    STATE: frozenset(),
+}
+BUILD_SIDE = ("build.py", "space/", "docker/")
 # They run in vLLM's venv (vllm_cli) or at image build (tinymodel), where the runtime may not be installed:
 # each imports nothing of ours but itself (a package's modules import each other).
 STANDALONE = ("runtime.engine.vllm_cli", "runtime.engine.tinymodel")
@@ -130,17 +139,24 @@ def test_the_parse_sees_the_imports_it_checks() -> None:
     assert all(map(is_module, STANDALONE))
 
 
-def test_the_bridge_never_imports_the_pod_the_client_side_the_engine_or_the_hub() -> None:
-    offending = [i for i in IMPORTS if i.source.startswith("runtime/bridge/") and within(i.target, BRIDGE_NEVER)]
-    assert not offending, broken(f"the bridge imports nothing of {', '.join(BRIDGE_NEVER)}", offending)
+def wing_of(module: str) -> str | None:
+    """The wing a module of ours belongs to (a package under runtime/ that DIRECTIONS names), None for the rest."""
+    return next((wing for wing in DIRECTIONS if within(module, (wing,))), None)
 
 
-def test_the_build_side_imports_nothing_of_the_runtime_but_the_package_table() -> None:
-    build_side = [i for i in IMPORTS if not i.source.startswith("runtime/")]
-    offending = [i for i in build_side if within(i.target, ("runtime",)) and not within(i.target, BUILD_MAY)]
-    assert not offending, broken(
-        f"build.py, space/ and docker/ import only {', '.join(BUILD_MAY)} from runtime/", offending
-    )
+def test_every_wing_is_in_the_directions() -> None:
+    """A new package under runtime/ is placed in DIRECTIONS before any rule can hold for it."""
+    packages = {f"runtime.{path.parent.name}" for path in ROOT.glob("runtime/*/__init__.py")}
+    assert packages == set(DIRECTIONS), f"runtime/'s packages are not DIRECTIONS' wings: {packages ^ set(DIRECTIONS)}"
+
+
+def test_each_wing_imports_only_the_wings_below_it() -> None:
+    offending = []
+    for i in IMPORTS:
+        importer, target = wing_of(module_name(ROOT / i.source)), wing_of(i.target)
+        if importer and target and target != importer and target not in DIRECTIONS[importer]:
+            offending.append(i)
+    assert not offending, broken("a wing imports only itself, the root's modules and its DIRECTIONS", offending)
 
 
 def test_nothing_outside_the_pod_imports_the_pod() -> None:
@@ -149,22 +165,58 @@ def test_nothing_outside_the_pod_imports_the_pod() -> None:
     assert not offending, broken("only runtime/pod/ imports runtime.pod", offending)
 
 
-def test_the_pod_never_imports_the_client_side() -> None:
-    """The commands on the user's machine never reach a pod's process: its self-check is runtime/checks'."""
-    offending = [i for i in IMPORTS if i.source.startswith("runtime/pod/") and within(i.target, (CLIENT,))]
-    assert not offending, broken(f"runtime/pod/ imports nothing of {CLIENT}", offending)
-
-
-def test_the_client_side_is_imported_by_no_other_wing() -> None:
-    """The commands on the user's machine are theirs: the bridge, the engine, the Hub side, the state files and the
-    shared leaves never import them (the pod and the build side neither, above)."""
-    others = [
-        i
-        for i in IMPORTS
-        if i.source.startswith("runtime/") and not i.source.startswith(("runtime/pod/", "runtime/client/"))
-    ]
-    offending = [i for i in others if within(i.target, (CLIENT,))]
+def test_nothing_outside_the_commands_imports_them() -> None:
+    """The commands on the user's machine are the other top: the pod, the libraries, the root's modules and the build
+    side never import them (runtime/cli.py names them in strings)."""
+    offending = [i for i in IMPORTS if not i.source.startswith("runtime/client/") and within(i.target, (CLIENT,))]
     assert not offending, broken(f"only runtime/client/ imports {CLIENT}", offending)
+
+
+def commands() -> list[str]:
+    """The command modules of runtime/client/, as runtime/cli.py's table names them."""
+    table = parsed(ROOT / "runtime" / "cli.py")
+    named = (node.value for node in ast.walk(table) if isinstance(node, ast.Constant) and isinstance(node.value, str))
+    return sorted({name for name in named if within(name, (CLIENT,)) and is_module(name)})
+
+
+def test_no_command_imports_another() -> None:
+    """What two commands share is a library (runtime/checks, runtime/sizing, runtime/runpod) or a shared module of the
+    commands' wing (identity, environment, columns), never one command's module (or package) in another's."""
+    own = commands()
+    assert {"runtime.client.pods", "runtime.client.plan", "runtime.client.check"} <= set(own)
+    offending = []
+    for i in IMPORTS:
+        importer = next((c for c in own if within(module_name(ROOT / i.source), (c,))), None)
+        imported = next((c for c in own if within(i.target, (c,))), None)
+        if importer and imported and importer != imported:
+            offending.append(i)
+    assert not offending, broken("a command imports no other command", offending)
+
+
+def root_leaves() -> set[str]:
+    """The runtime's root modules that import nothing of ours but other such leaves: all of them at first, then,
+    until none is left to drop, those that import anything else are dropped."""
+    leaves = {module_name(path) for path in ROOT.glob("runtime/*.py") if path.name != "__init__.py"}
+    while dropped := {
+        m for m in leaves for i in IMPORTS if module_name(ROOT / i.source) == m and i.target not in leaves
+    }:
+        leaves -= dropped
+    return leaves
+
+
+def test_the_build_side_imports_of_the_runtime_only_runpod_and_the_root_leaves() -> None:
+    """build.py, space/ and docker/ take from the runtime RunPod's wing, and the root's leaves, which RunPod's wing
+    imports alone of ours besides itself: nothing that pulls the pod, a command or the engine into the build."""
+    leaves = root_leaves()
+    assert {"runtime.units", "runtime.headers", "runtime.liveline"} <= leaves and "runtime.health" not in leaves
+    build_side = [i for i in IMPORTS if i.source.startswith(BUILD_SIDE) and within(i.target, ("runtime",))]
+    offending = [i for i in build_side if not within(i.target, (RUNPOD,)) and i.target not in leaves]
+    assert build_side and not offending, broken(
+        f"the build side imports only {RUNPOD} and the root's leaves", offending
+    )
+    from_runpod = [i for i in IMPORTS if i.source.startswith("runtime/runpod/") and not within(i.target, (RUNPOD,))]
+    offending = [i for i in from_runpod if i.target not in leaves]
+    assert not offending, broken(f"{RUNPOD} imports nothing of ours but itself and the root's leaves", offending)
 
 
 def test_the_state_files_import_nothing_of_ours_but_each_other() -> None:
