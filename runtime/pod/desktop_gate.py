@@ -1,25 +1,33 @@
 """The desktop's public door (port 6080): the password, checked before anything runs for a client, under
-limits of time, number and rate.
+limits of time, number and rate that never keep out the one who has it.
 
 websockify forks a process per connection and then waits for its head for ever: on the public port, 200
 silent connections held 200 processes (479 MB) before any password was checked, and guesses ran at 82 a
-second. The gate reads each head itself (a bounded time and size), keeps the number of connections (in all,
-and per address) under a cap, checks the password, and slows repeated wrong ones, per address and in all.
-Only then does it hand the request on to websockify, which listens on a loopback port and takes, in place
-of the user's password, a token drawn at each start: websockify never sees the password, and nothing in
-the pod reaches it without the gate.
+second. The gate reads each head itself (a bounded time and size; the connections still sending theirs are
+capped apart, the one waiting longest closed for a newcomer), checks the password, answers repeated wrong
+ones 429, per client and in all, and caps the connections it lets in (in all, and per client). Only then does
+it hand the request on to websockify, which listens on a loopback port and takes, in place of the user's
+password, a token drawn at each start: websockify never sees the password, and nothing in the pod reaches
+it without the gate.
+
+Behind RunPod's proxy every client has the proxy's address, so nothing a stranger does may refuse the right
+password: it is checked first, whatever the wrong ones before it, and strangers' slow heads take no room
+from the connections let in. A client is the address the proxy says (X-Forwarded-For's last entry) only
+when the peer is the proxy (a private network); anyone else could write any address there.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import ipaddress
 import logging
 import math
 import re
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http import HTTPStatus
 
@@ -31,8 +39,14 @@ log = logging.getLogger("runtime.pod.desktop")
 MAX_HEAD_BYTES = 16 * 2**10  # request line and headers: a browser sends ~1 KiB here (no cookie of ours)
 MAX_HEADERS = 64
 HEAD_TIMEOUT_S = 10.0  # for the whole head: a browser sends it at once
-MAX_CONNECTIONS = 32  # each one past the gate is a websockify process (~2.4 MB); a browser opens 6 at a time
-MAX_PER_ADDRESS = 12  # RunPod's proxy is one address for every user: the cap in all is what protects there
+MAX_HEADS = 64  # connections still sending their head (~32 KiB each at most): the oldest closed for a newcomer
+MAX_SESSIONS = 32  # each one past the gate is a websockify process (~2.4 MB); a browser opens 6 at a time
+MAX_PER_ADDRESS = 12  # sessions per client: behind RunPod's proxy, unless it says whose, one address for all
+# Where RunPod's proxy reaches a pod from (its own network, never the internet, never the pod itself): a peer
+# there may say whose request it carries. Loopback is left out: a process in the pod must not pick its address.
+PROXY_NETWORKS = tuple(
+    ipaddress.ip_network(net) for net in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "fc00::/7")
+)
 BUSY_RETRY_S = 5
 CHUNK = 64 * 2**10
 LINGER_S = 2.0  # after an answer of its own, for it to reach a client still sending (closing sooner resets it)
@@ -51,8 +65,8 @@ HOP_BY_HOP = {b"connection", b"keep-alive", b"upgrade", b"te", b"transfer-encodi
 
 @dataclass
 class Throttle:
-    """Wrong passwords slowed per address (5, then one every 3 s) and in all (20, then one a second): the
-    owner's own typo costs nothing, and a guesser gets a few thousand tries an hour, not 300,000."""
+    """Wrong passwords answered 429 past 5 per client (then one every 3 s) and 20 in all (then one a second),
+    and told in the log. The right password is never slowed, so a 429 tells a guesser it guessed wrong."""
 
     clock: Callable[[], float] = time.monotonic
     total: RateLimit = field(init=False)
@@ -67,12 +81,23 @@ class Throttle:
         own = self.by_address.get(address)
         return max(self.total.wait_s(), own.wait_s() if own else 0.0)
 
-    def failed(self, address: str) -> None:
+    def failed(self, address: str) -> float:
+        """Counts a wrong password from `address` unless it came while slowed (so a flood's wait stays ~3 s),
+        and tells of it in the log; returns the seconds it had to wait (0: it was answered 401)."""
+        wait = self.wait_s(address)
+        if not wait:
+            self.total.spend()
+            self.by_address.setdefault(address, RateLimit(5, 3.0, self.clock)).spend()
+            self.forget_forgiven()
+        self.told(address)
+        return wait
+
+    def told(self, address: str) -> None:
+        """One line a minute at most, naming the worst addresses: guesses must not flood the log (nor its
+        count the memory: past MAX_ADDRESSES, new ones are counted together)."""
         now = self.clock()
-        self.total.spend()
-        self.by_address.setdefault(address, RateLimit(5, 3.0, self.clock)).spend()
-        self.forget_forgiven()
-        self.unreported[address] += 1
+        known = address in self.unreported or len(self.unreported) < MAX_ADDRESSES
+        self.unreported[address if known else "other addresses"] += 1
         if now - self.warned_at >= WARN_EVERY_S:
             self.warned_at = now
             worst = ", ".join(f"{count} from {where}" for where, count in self.unreported.most_common(3))
@@ -170,6 +195,74 @@ def closing(answer_head: bytes) -> bytes:
     return b"\r\n".join([lines[0], *kept, b"Connection: close"]) + b"\r\n\r\n"
 
 
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def peer_address(writer: asyncio.StreamWriter) -> str:
+    """The connection's other end, an IPv4 client of a dual-stack socket as IPv4 (`::ffff:10.0.0.1` is 10.0.0.1)."""
+    peer = writer.get_extra_info("peername")
+    if not isinstance(peer, tuple):
+        return "local"
+    address = ipaddress.ip_address(str(peer[0]).partition("%")[0])
+    mapped = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
+    return str(mapped or address)
+
+
+def client_address(peer: str, head: Head, proxies: Iterable[Network]) -> str:
+    """Whose request it is: the last X-Forwarded-For entry (the one the proxy wrote; a client writes those
+    before it) when the peer is a proxy, else the peer itself."""
+    if peer == "local" or not any(ipaddress.ip_address(peer) in net for net in proxies):
+        return peer
+    said = (head.get(b"x-forwarded-for") or b"").split(b",")[-1].strip().decode("latin-1")
+    try:
+        return str(ipaddress.ip_address(said))
+    except ValueError:
+        return peer
+
+
+@dataclass
+class Heads:
+    """The connections not let in (yet): their head on its way, or the gate's own answer. At most `cap`; a
+    newcomer past it closes the one here longest, so slow heads never keep out a browser that sends its own."""
+
+    cap: int = MAX_HEADS
+    waiting: dict[asyncio.StreamWriter, None] = field(default_factory=dict)  # the oldest first
+
+    def enter(self, writer: asyncio.StreamWriter) -> None:
+        while len(self.waiting) >= self.cap:
+            oldest = next(iter(self.waiting))
+            del self.waiting[oldest]
+            oldest.transport.abort()  # its reader ends: the head it waits for never comes
+        self.waiting[writer] = None
+
+    def leave(self, writer: asyncio.StreamWriter) -> None:
+        self.waiting.pop(writer, None)
+
+
+@dataclass
+class Sessions:
+    """The connections let in, each a websockify process: at most `cap` in all and `per_client` per client;
+    past either, 503 at once (only to someone with the password: strangers never get this far)."""
+
+    cap: int = MAX_SESSIONS
+    per_client: int = MAX_PER_ADDRESS
+    open: Counter[str] = field(default_factory=Counter)
+
+    @contextmanager
+    def held(self, client: str) -> Iterator[None]:
+        if self.open.total() >= self.cap or self.open[client] >= self.per_client:
+            raise Refusal(
+                503, "too many connections to the desktop; try again shortly", [("Retry-After", str(BUSY_RETRY_S))]
+            )
+        self.open[client] += 1
+        try:
+            yield
+        finally:
+            self.open[client] -= 1
+            if not self.open[client]:
+                del self.open[client]
+
+
 @dataclass
 class Gate:
     """The door: `serve_client` is asyncio.start_server's callback for port 6080."""
@@ -179,53 +272,49 @@ class Gate:
     token: str  # what websockify takes instead of the password
     throttle: Throttle = field(default_factory=Throttle)
     head_timeout_s: float = HEAD_TIMEOUT_S
-    max_connections: int = MAX_CONNECTIONS
-    max_per_address: int = MAX_PER_ADDRESS
-    open: Counter[str] = field(default_factory=Counter)
+    heads: Heads = field(default_factory=Heads)
+    sessions: Sessions = field(default_factory=Sessions)
+    proxies: tuple[Network, ...] = PROXY_NETWORKS  # peers whose X-Forwarded-For names the client
 
     async def serve_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        peer = writer.get_extra_info("peername")
-        address = str(peer[0]) if isinstance(peer, tuple) else "local"
+        self.heads.enter(writer)
         try:
-            if self.open.total() >= self.max_connections or self.open[address] >= self.max_per_address:
-                raise Refusal(
-                    503, "too many connections to the desktop; try again shortly", [("Retry-After", str(BUSY_RETRY_S))]
-                )
-            self.open[address] += 1
-            try:
-                await self.let_in(address, reader, writer)
-            finally:
-                self.open[address] -= 1
-                if not self.open[address]:
-                    del self.open[address]
+            head, client = await self.admitted(peer_address(writer), reader)
+            with self.sessions.held(client):
+                self.heads.leave(writer)
+                await self.hand_on(head, reader, writer)
         except Refusal as refusal:
             await answer(reader, writer, refusal)
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError):
             pass  # the client left, sent no head in time, or websockify gave no answer: nothing to answer
         finally:
+            self.heads.leave(writer)
             writer.close()
 
-    async def let_in(self, address: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def admitted(self, peer: str, reader: asyncio.StreamReader) -> tuple[Head, str]:
+        """The head, once it came in time, is one the desktop serves and carries the password; and whose it is."""
         try:
             raw = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self.head_timeout_s)
         except asyncio.LimitOverrunError:
             raise Refusal(431, f"the request's head exceeds {MAX_HEAD_BYTES // 2**10} KiB") from None
         head = parse_head(raw)
         checked(head)
-        self.authenticate(address, head.get(b"authorization"))
-        await self.hand_on(head, reader, writer)
+        client = client_address(peer, head, self.proxies)
+        self.authenticate(client, head.get(b"authorization"))
+        return head, client
 
-    def authenticate(self, address: str, header: bytes | None) -> None:
+    def authenticate(self, client: str, header: bytes | None) -> None:
+        """The right password first, in constant time, and never slowed; wrong ones get 401, or 429 while slowed."""
         challenge = [("WWW-Authenticate", f'Basic realm="{REALM}", charset="UTF-8"')]
         if header is None:  # a browser's first request: it asks its user, then sends the password
             raise Refusal(401, "the desktop's password is needed", challenge)
-        if wait := self.throttle.wait_s(address):  # refused before checking: a guess learns nothing
+        if basic_password_matches(header.decode("latin-1"), self.password.encode()):
+            return  # whatever others sent from the same address (behind RunPod's proxy: everyone)
+        if wait := self.throttle.failed(client):
             raise Refusal(
                 429, "too many wrong passwords: wait before trying again", [("Retry-After", str(math.ceil(wait)))]
             )
-        if not basic_password_matches(header.decode("latin-1"), self.password.encode()):
-            self.throttle.failed(address)
-            raise Refusal(401, "wrong password", challenge)
+        raise Refusal(401, "wrong password", challenge)
 
     async def hand_on(self, head: Head, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:

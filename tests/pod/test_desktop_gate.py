@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import ipaddress
 import logging
 from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 
 import anyio
@@ -88,17 +90,30 @@ async def door() -> AsyncIterator[Door]:
         upstream.server = server
         clock = Clock()
         gate = Gate(PASSWORD, ("127.0.0.1", upstream.port), TOKEN, Throttle(clock), head_timeout_s=60)
-        gate.max_connections, gate.max_per_address = 4, 3
+        gate.heads.cap, gate.sessions.cap, gate.sessions.per_client = 4, 4, 3
         public = await asyncio.start_server(gate.serve_client, "127.0.0.1", 0, limit=MAX_HEAD_BYTES)
         async with public:
             port = public.sockets[0].getsockname()[1]
             yield Door(gate, upstream, f"http://127.0.0.1:{port}", clock)
 
 
-async def get(door: Door, password: str | None = None, path: str = "/vnc.html") -> httpx.Response:
+async def get(
+    door: Door, password: str | None = None, path: str = "/vnc.html", source: str = "127.0.0.1", forwarded: str = ""
+) -> httpx.Response:
+    """A request as a browser sends it, from the loopback address `source`, through a proxy that says `forwarded`."""
     headers = {"Authorization": basic(password)} if password is not None else {}
-    async with httpx.AsyncClient(trust_env=False) as client:
+    headers |= {"X-Forwarded-For": forwarded} if forwarded else {}
+    transport = httpx.AsyncHTTPTransport(local_address=source)
+    async with httpx.AsyncClient(trust_env=False, transport=transport) as client:
         return await client.get(door.url + path, headers=headers)
+
+
+async def sessions(door: Door, held: AsyncExitStack, *sources: str) -> None:
+    """A desktop's WebSocket from each loopback address of `sources`, let in and held open until `held` closes."""
+    target = door.url.replace("http://", "ws://") + "/websockify"
+    for source in sources:
+        vnc = connect(target, additional_headers={"Authorization": basic(PASSWORD)}, proxy=None, local_addr=(source, 0))
+        await held.enter_async_context(vnc)
 
 
 async def test_the_password_comes_before_anything_reaches_websockify(door: Door) -> None:
@@ -135,7 +150,7 @@ async def test_a_head_that_does_not_come_in_time_is_closed_and_never_handed_on(d
         with anyio.fail_after(30):  # a deadline for the test, far past the gate's 0.5 s
             with pytest.raises(anyio.EndOfStream):
                 await silent.receive()
-    assert door.upstream.heads == [] and door.gate.open.total() == 0
+    assert door.upstream.heads == [] and not door.gate.heads.waiting
 
 
 @pytest.mark.parametrize(
@@ -159,47 +174,75 @@ async def test_what_the_desktop_does_not_serve_is_refused_at_the_gate(door: Door
     assert answer.startswith(b"HTTP/1.1 %d " % status) and door.upstream.heads == []
 
 
-async def test_connections_past_the_caps_are_answered_at_once_and_never_handed_on(door: Door) -> None:
-    """Three silent connections from one address fill its share (4 in all): the next gets a 503 at once."""
+async def test_slow_heads_never_keep_the_owner_out_and_stay_under_their_cap(door: Door) -> None:
+    """Behind RunPod's proxy every client has its address: 12 slow heads gave the owner 503. Those waiting
+    longest are closed for newcomers (4 here), and a browser that sends its head at once gets in."""
     port = int(door.url.rsplit(":", 1)[1])
-    silent = [await anyio.connect_tcp("127.0.0.1", port) for _ in range(3)]
+    silent = [await anyio.connect_tcp("127.0.0.1", port) for _ in range(6)]  # the gate takes them in this order
     try:
-        with anyio.fail_after(30):
-            while door.gate.open.total() < 3:  # until the gate has accepted them all
-                await anyio.sleep(0.01)
-        busy = await get(door, PASSWORD)
-        assert busy.status_code == 503 and busy.headers["retry-after"] == "5"
-        assert door.upstream.heads == []
+        assert (await get(door, PASSWORD)).status_code == 200
+        for closed in silent[:3]:  # two made room for the last two, and one for the owner
+            with anyio.fail_after(30), pytest.raises((anyio.EndOfStream, anyio.BrokenResourceError)):
+                await closed.receive()
+        assert len(door.gate.heads.waiting) == 3 and len(door.upstream.heads) == 1
     finally:
         for connection in silent:
             await connection.aclose()
-    with anyio.fail_after(30):
-        while door.gate.open.total():
-            await anyio.sleep(0.01)
-    assert (await get(door, PASSWORD)).status_code == 200  # room again
 
 
-async def test_repeated_wrong_passwords_are_slowed_and_then_even_the_right_one_waits(
+async def test_sessions_past_the_cap_in_all_are_answered_503_at_once_and_never_handed_on(door: Door) -> None:
+    """Each session let in is a websockify process: 4 in all here, from clients under their own share (3)."""
+    async with AsyncExitStack() as held:
+        await sessions(door, held, "127.0.0.2", "127.0.0.2", "127.0.0.3", "127.0.0.3")
+        busy = await get(door, PASSWORD, source="127.0.0.4")
+        assert busy.status_code == 503 and busy.headers["retry-after"] == "5"
+        assert len(door.upstream.heads) == 4
+    assert (await get(door, PASSWORD, source="127.0.0.4")).status_code == 200  # room again, once they closed
+
+
+async def test_sessions_past_a_clients_share_are_answered_503_and_others_still_get_in(door: Door) -> None:
+    """One client's sessions (3 here) leave the others theirs."""
+    async with AsyncExitStack() as held:
+        await sessions(door, held, "127.0.0.2", "127.0.0.2", "127.0.0.2")
+        assert (await get(door, PASSWORD, source="127.0.0.2")).status_code == 503
+        assert (await get(door, PASSWORD, source="127.0.0.3")).status_code == 200
+
+
+async def test_the_right_password_is_never_slowed_by_wrong_ones_from_the_same_address(
     door: Door, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Five wrong guesses from an address, then one every 3 s: while it waits, the password is not checked
-    at all (a guess learns nothing), and one line in the log tells of them all."""
+    """Behind RunPod's proxy every client has its address: 8 wrong guesses made the right password 429 too.
+    Five wrong ones, then one every 3 s (429 meanwhile, a wait of 3 s at most); the right one at any time;
+    one line in the log tells of them all."""
     with caplog.at_level(logging.WARNING, logger="runtime.pod.desktop"):
         for _ in range(5):
             assert (await get(door, "guess")).status_code == 401
-        slowed = await get(door, PASSWORD)
-        assert slowed.status_code == 429 and slowed.headers["retry-after"] == "3"
+        for _ in range(20):
+            slowed = await get(door, "guess")
+            assert slowed.status_code == 429 and slowed.headers["retry-after"] == "3"
+        assert (await get(door, PASSWORD)).status_code == 200
         door.clock.now += 3
         assert (await get(door, "guess")).status_code == 401  # one more guess, 3 s later
-        assert (await get(door, PASSWORD)).status_code == 429
-        door.clock.now += 3
         assert (await get(door, PASSWORD)).status_code == 200
     lines = [record.getMessage() for record in caplog.records]
     assert lines == [
         "desktop: 1 wrong password(s) since the last such line (1 from 127.0.0.1); repeated ones are slowed "
         "(this line at most once a minute)"
     ]
-    assert len(door.upstream.heads) == 1
+    assert len(door.upstream.heads) == 2
+
+
+async def test_the_client_is_the_address_the_proxy_says_only_when_the_peer_is_the_proxy(door: Door) -> None:
+    """A peer in the proxies' networks names the client: X-Forwarded-For's last entry (what a client writes
+    there comes before it). Anyone else's X-Forwarded-For is ignored, or a guesser would pick fresh addresses."""
+    for n in range(5):
+        assert (await get(door, "guess", forwarded=f"198.51.100.{n}")).status_code == 401
+    assert (await get(door, "guess", forwarded="203.0.113.7")).status_code == 429  # the peer's share, spent
+    door.gate.proxies = (ipaddress.ip_network("127.0.0.0/8"),)
+    for n in range(5):
+        assert (await get(door, "guess", forwarded=f"198.51.100.{n}, 203.0.113.7")).status_code == 401
+    assert (await get(door, "guess", forwarded="198.51.100.9, 203.0.113.7")).status_code == 429
+    assert (await get(door, "guess", forwarded="203.0.113.7, 198.51.100.1")).status_code == 401  # its own share
 
 
 def test_wrong_passwords_are_slowed_in_all_too_from_many_addresses() -> None:
