@@ -16,10 +16,11 @@ from runtime.checks.endpoint import EndpointError, check_endpoint
 from runtime.client.environment import print_environment
 from runtime.client.identity import pod_key
 from runtime.headers import KEY_DEFAULT
+from runtime.runpod.proxy import proxy_url
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("url", help="the pod's public endpoint, e.g. https://<pod>-8080.proxy.runpod.net")
+    parser.add_argument("url", help=f"the pod's public endpoint, e.g. {proxy_url('<pod>', environ={})}")
     parser.add_argument("--key", help=f"one of the pod's VL_API_KEYS (default: {KEY_DEFAULT}; any text if open)")
     parser.add_argument("--model", help="the model id to use (default: the served model's bare name)")
     parser.add_argument("--shell", choices=("bash", "powershell", "both"), default="both")

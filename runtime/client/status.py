@@ -20,6 +20,7 @@ import httpx
 from runtime.client.identity import pod_key, pod_url
 from runtime.headers import KEY_DEFAULT, api_headers
 from runtime.logsafe import strip_controls
+from runtime.runpod.proxy import proxy_url
 from runtime.state.benchreport import summary
 from runtime.state.selfcheck import checked
 
@@ -36,7 +37,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "url",
         nargs="?",
-        help="the bridge, e.g. https://<pod>-8080.proxy.runpod.net (default: the pod `pod up` last brought up)",
+        help=f"the bridge, e.g. {proxy_url('<pod>', environ={})} (default: the pod `pod up` last brought up)",
     )
     parser.add_argument("--key", help=f"an API key of VL_API_KEYS (default: {KEY_DEFAULT})")
     parser.add_argument("--watch", action="store_true", help=f"redraw every {WATCH_EVERY_S:g} s until Ctrl-C")

@@ -26,6 +26,7 @@ from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from runtime.engine.tinymodel import write_tiny_model
+from runtime.runpod.proxy import PUBLIC_PORT
 from tests.support import signals
 from tests.support.environ import outer_environ
 from tests.support.hub_server import HubServer
@@ -34,7 +35,7 @@ from tests.support.runpod_server import RunPodServer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 SECRET = re.compile(r"\{\{ RUNPOD_SECRET_(\w+) \}\}")  # space/runpod.py's secret_reference
-BRIDGE_PORT = "8080"
+BRIDGE_PORT = str(PUBLIC_PORT)  # the bridge behind the proxy: the template's `8080/http`
 METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 HOP_BY_HOP = {"host", "connection", "keep-alive", "transfer-encoding", "content-length", "te", "upgrade"}
 # RunPod's proxy answers 403 to Python's default User-Agent (seeds, 22/08): httpx's, urllib's and requests' own.
