@@ -221,7 +221,9 @@ def create_app(bridge: Bridge) -> Starlette:
     )
     # Without a cap (one key or none), no KeyShare: it would only pass every request on.
     sharing = [Middleware(KeyShare, cap=bridge.key_concurrency)] if bridge.key_concurrency is not None else []
-    budgets = [Middleware(BudgetGate, budgets=bridge.budgets)] if bridge.budgets else []  # refused before sharing
+    budgets = (
+        [Middleware(BudgetGate, budgets=bridge.budgets, max_body=bridge.max_body)] if bridge.budgets else []
+    )  # refused before sharing
     return Starlette(
         routes=routes,
         middleware=[accounting, Middleware(RequireKey, keys=bridge.keys, hosts=bridge.hosts), *budgets, *sharing],

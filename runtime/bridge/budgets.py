@@ -2,17 +2,21 @@
 the `anthropic-ratelimit-unified-*` headers of its gateway contract, and past it a `429 billing_error` before any work.
 
 The spend per key and UTC day comes from the ledger at start (a restart forgets nothing) and from each finished
-request after; a request begun within the budget is answered whole, so a key may pass it by its last answers.
+request after; a request begun within the budget is answered whole. Requests in flight hold their worst case in
+tokens (the prompt's estimate and `max_tokens`) until they are settled: a key whose token budget is held whole waits
+(429, retried soon), so N requests at once end within the budget and one request's worth.
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import msgspec
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from runtime.bridge.accounting import GENERATIONS
@@ -27,6 +31,9 @@ HEADER = "anthropic-ratelimit-unified-"
 # Once past each, a client signed in to a gateway says "You've used NN% of your usage credits".
 THRESHOLDS = (0.95, 0.75)
 DISABLED_REASON = "org_spend_cap_reached"  # the contract's word for a cap its gateway sets per user
+BYTES_PER_TOKEN = 4  # a prompt's tokens, estimated from its body's size (code and English: ~4 bytes a token)
+UNSTATED_MAX_TOKENS = 32_768  # a relayed request without max_tokens may generate up to the window: held as this
+HELD_RETRY_S = 2  # a key whose budget is held by its requests in flight asks again once one of them is settled
 
 
 @dataclass(frozen=True)
@@ -110,6 +117,38 @@ def refusal(key: str, standing: Standing, now: datetime) -> tuple[BridgeError, d
     return BridgeError(429, message, wait_s, kind=BILLING_ERROR), headers
 
 
+class Asked(msgspec.Struct):
+    """The part of a generation's body that bounds its output (Anthropic's and OpenAI's names)."""
+
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+
+
+def worst_case(body: bytes) -> int:
+    """The tokens a request may cost at most: its prompt's estimate (none of it read from the cache) and all it
+    may generate; a body that is no request is held for its prompt alone (it is refused before any work)."""
+    try:
+        asked = msgspec.json.decode(body, type=Asked)
+    except msgspec.MsgspecError:
+        return len(body) // BYTES_PER_TOKEN
+    output = asked.max_tokens or asked.max_completion_tokens or UNSTATED_MAX_TOKENS
+    return len(body) // BYTES_PER_TOKEN + max(0, output)
+
+
+def held_whole(key: str, standings: Sequence[Standing], held: int) -> BridgeError | None:
+    """The 429 for a key whose token budget its requests in flight hold whole (their worst case), or None."""
+    for standing in standings:
+        if standing.budget.unit == "tokens" and held and standing.spent + held >= standing.budget.limit:
+            return BridgeError(
+                429,
+                f"{key}'s budget of {standing.budget} is held by its requests in flight (their worst case, "
+                f"{held:,} tokens, over the {standing.budget.limit - standing.spent:,.0f} left): "
+                "asked again once one is done",
+                HELD_RETRY_S,
+            )
+    return None
+
+
 class Budgets:
     """The keys' budgets, and each budgeted key's spend per UTC day of the longest period it has (the ledger's
     days at start, `record`'s after)."""
@@ -125,6 +164,7 @@ class Budgets:
         self.cost_per_hour = cost_per_hour  # the settings refuse a dollar budget without a price
         self.clock = clock
         self.days: dict[str, dict[Day, KeyUsage]] = {name: {} for name in self.budgets}
+        self.held: Counter[str] = Counter()  # tokens each key's requests in flight may still cost at most
         for (name, day), usage in (days or {}).items():
             if name in self.days:
                 merge(self.days[name], day, usage)
@@ -179,9 +219,10 @@ class BudgetGate:
     """ASGI middleware after the key is known: a key past a budget gets the 429 before any work; each successful
     Messages answer to a budgeted key carries its standing. Without budgets the app has no BudgetGate at all."""
 
-    def __init__(self, app: ASGIApp, budgets: Budgets) -> None:
+    def __init__(self, app: ASGIApp, budgets: Budgets, max_body: int) -> None:
         self.app = app
         self.budgets = budgets
+        self.max_body = max_body  # a body past it is read no further here: the route answers its 413
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] not in GENERATIONS or scope["method"] != "POST":
@@ -199,14 +240,50 @@ class BudgetGate:
             scope["state"]["trace"].error_type = error.type
             await error.response(headers)(scope, receive, send)
             return
-        if scope["path"] != "/v1/messages":  # the contract's headers are for Claude Code's route
-            await self.app(scope, receive, send)
+        body, receive = await buffered(receive, self.max_body)
+        worst = worst_case(body) if body is not None else 0
+        held = held_whole(key, standings, self.budgets.held[key])
+        if held is not None:
+            scope["state"]["trace"].error_type = held.type
+            await held.response()(scope, receive, send)
             return
-        told = allowed_headers(standing)
+        if scope["path"] == "/v1/messages":  # the contract's headers are for Claude Code's route
+            send = telling(send, allowed_headers(standing))
+        self.budgets.held[key] += worst
+        try:
+            await self.app(scope, receive, send)
+        finally:  # settled: the spend is recorded as this returns (the accounting's, with no await between)
+            self.budgets.held[key] -= worst
 
-        def telling(message: Message) -> Any:
-            if message["type"] == "http.response.start" and message["status"] == 200:
-                message = {**message, "headers": [*message.get("headers", ()), *told]}
-            return send(message)
 
-        await self.app(scope, receive, telling)
+def telling(send: Send, told: list[tuple[bytes, bytes]]) -> Send:
+    """`send` with the budget's headers added to a successful answer's head."""
+
+    def sending(message: Message) -> Any:
+        if message["type"] == "http.response.start" and message["status"] == 200:
+            message = {**message, "headers": [*message.get("headers", ()), *told]}
+        return send(message)
+
+    return sending
+
+
+async def buffered(receive: Receive, limit: int) -> tuple[bytes | None, Receive]:
+    """The request's body (None past `limit` bytes, or when the client left), and a `receive` that gives the app
+    every message read here again, then the rest."""
+    read: list[Message] = []
+    size, more = 0, True
+    while more and size <= limit:
+        message = await receive()
+        read.append(message)
+        if message["type"] != "http.request":
+            break
+        size += len(message.get("body", b""))
+        more = message.get("more_body", False)
+    whole = not more and size <= limit and read[-1]["type"] == "http.request"
+    body = b"".join(message.get("body", b"") for message in read) if whole else None
+    pending = iter(read)
+
+    async def replaying() -> Message:
+        return next(pending, None) or await receive()
+
+    return body, replaying

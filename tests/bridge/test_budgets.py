@@ -5,23 +5,39 @@ work, whose message the CLI prints as it is; the spend is the ledger's, so a res
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
-from collections.abc import Iterator
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
 import pytest
+from starlette.types import Receive, Scope, Send
 
-from runtime.bridge.budgets import Budgets, allowed_headers, described, refusal
+from runtime.bridge.budgets import (
+    BYTES_PER_TOKEN,
+    HELD_RETRY_S,
+    BudgetGate,
+    Budgets,
+    allowed_headers,
+    described,
+    refusal,
+    worst_case,
+)
 from runtime.bridge.ledger import Buckets
+from runtime.bridge.trace import Trace
 from runtime.bridge.usage import KeyUsage
 from runtime.budget import Budget, budget
 from runtime.engine import tinymodel as tiny
-from runtime.settings import SettingsError, load_settings
+from runtime.settings import ApiKey, SettingsError, load_settings
 from tests.support.bridge import Process, pod_status, start_bridge
 from tests.support.claude_code import require_claude_code, run_claude
+from tests.support.polling import wait_until
 from tests.support.sdk import anthropic, openai
 from tests.support.vllm_server import VllmServer
 
@@ -29,9 +45,10 @@ TEAM = "sk-team-budget-0123456789"
 SPENDER = "sk-spender-0123456789ab"
 BROKE = "sk-broke-0123456789abcd"
 STREAMER = "sk-streamer-0123456789a"
+BURST = "sk-burst-0123456789abcd"
 KEYS = (
     f"team:{TEAM}, spender:{SPENDER}:1ktokens/day, broke:{BROKE}:swap:100tokens/day:0.01usd/month, "
-    f"streamer:{STREAMER}:1ktokens/day"
+    f"streamer:{STREAMER}:1ktokens/day, burst:{BURST}:300tokens/day"
 )
 ASK = {"model": "claude-tiny", "max_tokens": 20, "messages": [{"role": "user", "content": f"Hi {tiny.MARK_TEXT}"}]}
 UNIFIED = "anthropic-ratelimit-unified-"
@@ -46,7 +63,7 @@ def usage(name: str, day: str, input_tokens: int = 0, output_tokens: int = 0, bu
 
 
 def test_a_budget_is_written_after_a_named_key_and_its_role() -> None:
-    first, second, _ = load_settings({"VL_API_KEYS": KEYS, "VL_COST_PER_HOUR": "2"}).api_keys[1:]
+    first, second, *_ = load_settings({"VL_API_KEYS": KEYS, "VL_COST_PER_HOUR": "2"}).api_keys[1:]
     assert (first.name, first.key, first.budgets) == ("spender", SPENDER, (Budget(1000, "tokens", "day"),))
     assert (second.key, second.swap) == (BROKE, True)
     assert second.budgets == (Budget(100, "tokens", "day"), Budget(0.01, "usd", "month"))
@@ -224,6 +241,83 @@ def test_streamed_relays_that_did_not_ask_for_their_usage_are_counted_all_the_sa
                                                 messages=[{"role": "user", "content": "hello"}],
                                                 stream_options={"include_usage": True}))  # fmt: skip
     assert asked[-1].usage is not None and asked[-1].usage.completion_tokens > 0  # one who asked gets it
+
+
+def test_requests_at_once_hold_their_worst_case_so_a_burst_ends_within_the_budget_and_one_request(
+    budgeted: Process,
+) -> None:
+    """20 requests at once against 300 tokens a day: each admitted one holds its prompt's estimate and max_tokens
+    until it is settled; the others wait (429, retried soon, not the spent budget's billing error). The spend ends
+    within the budget and one request's worst case (20 answered at once spent 20 requests' worth before)."""
+    ask = {**ASK, "max_tokens": 20}
+    worst = len(json.dumps(ask)) // BYTES_PER_TOKEN + 20
+    barrier = threading.Barrier(20)
+
+    def one(_: int) -> httpx.Response:
+        with httpx.Client(timeout=120) as client:
+            barrier.wait()
+            return client.post(f"{budgeted.url}/v1/messages", json=ask, headers={"x-api-key": BURST})
+
+    with ThreadPoolExecutor(20) as pool:
+        answers = list(pool.map(one, range(20)))
+    statuses = Counter(answer.status_code for answer in answers)
+    waited = {answer.json()["error"]["type"] for answer in answers if answer.status_code == 429}
+    assert statuses[200] >= 1 and statuses[200] + statuses[429] == 20, statuses
+    assert waited <= {"rate_limit_error", "billing_error"}  # held by the others in flight, or spent once settled
+    answered = statuses[200]  # each settled once its trace line is written (after its last byte)
+    wait_until(lambda: budgeted.log().count("POST /v1/messages 200 key=burst") == answered, "the burst settled")
+    [standing] = pod_status(budgeted.url, BURST)["keys"][0]["budgets"]
+    assert 0 < standing["spent"] <= 300 + worst
+
+
+@pytest.mark.anyio
+async def test_each_admitted_request_holds_its_worst_case_until_it_is_settled() -> None:
+    """The gate alone, its requests held in flight until the test lets them end: against 300 tokens, requests of
+    ~100 tokens' worst case are admitted while the budget is not held whole, the next waits (429, retried soon);
+    once they are settled (their real spend recorded, smaller) the budget has room again."""
+    budgets = Budgets([ApiKey("burst", BURST, budgets=(Budget(300, "tokens", "day"),))], None)
+    release = asyncio.Event()
+
+    async def generation(scope: Scope, receive: Receive, send: Send) -> None:
+        await receive()
+        await release.wait()
+        budgets.record("burst", "2026-12-01T00:00:00Z", KeyUsage("burst", "", 1, 10, 0, 5))
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    gate = BudgetGate(generation, budgets, max_body=2**20)
+
+    async def identified(scope: Scope, receive: Receive, send: Send) -> None:
+        scope.setdefault("state", {}).update(key="burst", trace=Trace())
+        await gate(scope, receive, send)
+
+    body = json.dumps({"max_tokens": 60, "messages": [{"role": "user", "content": "x" * 150}]}).encode()
+    worst = worst_case(body)
+    assert worst == len(body) // BYTES_PER_TOKEN + 60  # ~50 + 60 tokens
+    transport = httpx.ASGITransport(identified)
+    async with httpx.AsyncClient(transport=transport, base_url="http://pod") as client:
+        first = [asyncio.create_task(client.post("/v1/messages", content=body)) for _ in range(3)]
+        await wait_for(lambda: budgets.held["burst"] == 3 * worst)  # 2 of them left room: the third was admitted
+        held = await client.post("/v1/chat/completions", content=body)
+        assert (held.status_code, held.json()["error"]["type"], held.headers["retry-after"]) == (
+            429, "rate_limit_error", str(HELD_RETRY_S)
+        )  # fmt: skip
+        assert "burst's budget of 300 tokens a day is held by its requests in flight" in held.json()["error"]["message"]
+        release.set()
+        assert [answer.status_code for answer in await asyncio.gather(*first)] == [200, 200, 200]
+        assert budgets.held["burst"] == 0 and budgets.standings("burst")[0].spent == 45
+        release.clear()
+        again = asyncio.create_task(client.post("/v1/messages", content=body))
+        await wait_for(lambda: budgets.held["burst"] > 0)
+        release.set()
+        assert (await again).status_code == 200
+
+
+async def wait_for(condition: Callable[[], bool]) -> None:
+    """Until `condition` holds (the gate's own state, changed by the tasks the test started); a failure past 30 s."""
+    async with asyncio.timeout(30):
+        while not condition():
+            await asyncio.sleep(0)
 
 
 def test_the_console_shows_each_keys_budget_and_its_use(budgeted: Process) -> None:
