@@ -45,12 +45,13 @@ from pathlib import Path
 
 from runtime.pod.desktop_gate import MAX_HEAD_BYTES, Gate
 from runtime.pod.supervisor import exit_description
+from runtime.runpod.proxy import DESKTOP_PORT, proxy_url
 from runtime.settings import Settings, SettingsError, load_settings
 from runtime.state.statefile import write_private
 
 log = logging.getLogger("runtime.pod.desktop")
 
-PORT = 6080  # RunPod's template exposes it as 6080/http (space/runpod_template.py; a test compares)
+PORT = DESKTOP_PORT  # RunPod's template exposes it as 6080/http (space/runpod_template.py)
 PASSWORD_VARIABLE = "VL_DESKTOP_PASSWORD"
 GATE_TOKEN_VARIABLE = "VL_DESKTOP_GATE_TOKEN"  # websockify's secret: drawn at each start, never the password
 NOVNC_DIR = Path("/usr/share/novnc")  # where the image unpacks noVNC's page (space/targets.py; a test compares)
@@ -228,7 +229,7 @@ def desktop_url(environ: Mapping[str, str], listen: str) -> str:
     """Where a user opens the desktop: RunPod's proxy URL on a pod, this machine's address elsewhere."""
     pod = environ.get("RUNPOD_POD_ID", "").strip()
     if pod:
-        return f"https://{pod}-{PORT}.proxy.runpod.net/{URL_QUERY}"
+        return f"{proxy_url(pod, PORT, environ)}/{URL_QUERY}"
     host = "127.0.0.1" if listen in ("0.0.0.0", "::") else listen
     return f"http://{f'[{host}]' if ':' in host else host}:{PORT}/{URL_QUERY}"
 

@@ -83,7 +83,7 @@ class SelfStop:
         from runtime.runpod.api import RunPodClient  # httpx: not on the light path to vLLM's launch
 
         with RunPodClient(self.api_key) as api:
-            api.call("POST", f"/v2/pods/{self.pod_id}/action", "stop this pod", {"action": "stop"}, expect=None)
+            api.stop_pod(self.pod_id)
 
 
 class SelfStopping:
