@@ -5,8 +5,8 @@ A model sometimes rewrites a whole file with a placeholder where code was ("# ..
 unchanged"): the tool writes exactly that, and the rest of the user's file is gone without a word. The
 field notes' first guard also looked at edits and at a bare `[...]`, `# ...` or `...`, and blocked sound
 writes in real sessions (a markdown quote, a comment, Python's Ellipsis); the form they kept, this one,
-looks at whole-file writes only (`Write`, `write_file`, `create_file` and the like; an edit is partial by
-nature) and only for explicit elision markers (`ELISION_MARKERS`).
+looks at whole-file writes only (`Write`, `write_file`, `create_file` and the like, and the `create` command of
+Anthropic's own text editor, `str_replace_based_edit_tool`; an edit is partial by nature) and only for explicit elision markers (`ELISION_MARKERS`).
 
 A blocked call becomes a text block at its place, which says which write was blocked, the marker found,
 and what to do instead (the whole content, or an edit tool): text, because it is the one block that both
@@ -41,7 +41,11 @@ WHOLE_FILE_WRITES = {
     "writefile": "write_file",  # the MCP filesystem server's and many agents', {path, content}
     "createfile": "create_file",  # {path, content}, or {path, file_text}
     "writetofile": "write_to_file",  # Cline's and Roo Code's, {path, content}
+    "strreplacebasededittool": "str_replace_based_edit_tool",  # Anthropic's text editor: its `create` only
+    "strreplaceeditor": "str_replace_editor",  # the same tool's earlier name
 }
+# Tools that write a whole file only for one command (`{command: create, path, file_text}`); their edits pass.
+BY_COMMAND = {"str_replace_based_edit_tool": "create", "str_replace_editor": "create"}
 PATH_KEYS = ("file_path", "path", "filename", "file", "target_file")  # every other string is content
 DOTS = r"(?:(?<!\.)\.{3,}+|…)"  # three dots or more, or the ellipsis character, as models write them
 # An elision marker is a phrase that says what was left out, framed as models frame it and ending there:
@@ -63,13 +67,13 @@ COMMENT = rf"{LEADER}[ \t]*+(?:{OPENING}[ \t]*+)?"  # a comment alone: the phras
 NOUN = (
     r"(?:code|files?|functions?|class(?:es)?|methods?|implementations?|components?|modules?|scripts?|quer(?:y|ies)"
     r"|documents?|pages?|html|markup|css|styles?|tests?|(?:test\s+)?cases?|contents?|body|config(?:uration)?"
-    r"|logic|imports?|programs?|source|lines?|handlers?|routes?|endpoints?|fields?|propert(?:y|ies)|helpers?"
+    r"|jsx|tsx|xml|svg|logic|imports?|programs?|source|lines?|handlers?|routes?|endpoints?|fields?|propert(?:y|ies)|helpers?"
     r"|definitions?|sections?|rules?|exports?|declarations?|dependenc(?:y|ies)|steps?|columns?|options|settings"
     r"|parameters|arguments|examples?|elements?|blocks?|entries|items|keys|values|types|interfaces|structs?"
     r"|variables|constants|hooks|views?|models?|schemas?|migrations?|tasks?|targets?|stuff)"
 )
 WHAT_IS_MISSING = (
-    rf"(?:(?:keep|keeping|leave)\s+)?(?:(?:all\s+)?the\s+|this\s+|your\s+)?"
+    rf"(?:(?:keep|keeping|leave)\s+)?(?:all\s+(?:the\s+)?|the\s+|this\s+|your\s+)?"
     rf"(?:(?:rest|remainder)\s+of\s+(?:the\s+|this\s+|your\s+)?(?:\w+\s+)?{NOUN}"
     rf"|(?:other|existing|remaining|previous|original|unchanged|same|more|additional|earlier|old|current|prior)"
     rf"\s+(?:\w+\s+)?{NOUN}|\d+\s+(?:more\s+|other\s+|unchanged\s+)?lines?"
@@ -86,7 +90,7 @@ WHAT_IS_MISSING = (
     r"|나머지\s*(?:코드|부분)|기존\s*코드)"  # Korean
 )
 WHAT_BECAME_OF_IT = (
-    r"\s*+(?:(?:is|are|remains?|stays?|kept|left|goes|go|as)\s+){0,2}"
+    r"\s*+(?:(?:is|are|remains?|stays?|kept|left|goes|go|continues?|as)\s+){0,2}"
     r"(?:unchanged|the\s+same|same|as\s+(?:is|before|it\s+was|above)|untouched|identical|omitted|elided|not\s+shown"
     r"|truncated|skipped|here|below|above|follows?|not\s+changed)(?:\s+for\s+(?:brevity|clarity|space|readability))?"
     r"|\s*+(?:(?:reste|demeure|est|sont|queda|se\s+mantiene|permanece|fica|resta|rimane|bleibt|ist|остается)\s+)?"
@@ -94,7 +98,7 @@ WHAT_BECAME_OF_IT = (
     r"|invariat[oa]|uguale|unver[äa]ndert|gleich|без\s+изменений|не\s+изменяется|прежним|(?:保持)?不变|同上|省略"
     r"|は?変更なし|は?同じ|[은는]?\s*(?:변경\s*없음|동일)|생략)"
 )
-BARE = r"(?:(?:keep|leave)\s+)?(?:the\s+)?(?:code|rest|remainder|implementation|content|body)"
+BARE = r"(?:(?:keep|leave)\s+)?(?:the\s+)?(?:code|rest|remainder|implementation|content|body|imports)"
 BREVITY = r"(?:[\w-]+[ \t]+){0,3}?(?:omitted|elided|truncated|skipped|shortened|abbreviated)\s+for\s+(?:brevity|clarity|space|readability)"
 SAME_AS = r"same\s+as\s+(?:before|above|(?:the\s+)?original|previous(?:ly)?)"
 LEFT_OUT = (  # a bracket that holds only what became of it: `(unchanged)`, `<inchangé>`, `[snip]`
@@ -108,6 +112,9 @@ ELISION_MARKERS = (
     re.compile(rf"{STARTS}{COMMENT}(?:{WHAT_IS_MISSING}|{BARE})(?:{WHAT_BECAME_OF_IT}){CLOSED}", re.I),
     # `# ... (code unchanged)`, `... rest as is ...`, `// ... same as before ...`, `// ... 省略 ...`
     re.compile(rf"{STARTS}{FRAMED}(?:{BARE}(?:{WHAT_BECAME_OF_IT})|{SAME_AS}|省略|생략){CLOSED}", re.I),
+    # `// 생략`, `# 省略`, and `# same as above` on a line of its own (after code, a comment says what it does)
+    re.compile(rf"{STARTS}{COMMENT}(?:省略|생략){CLOSED}", re.I),
+    re.compile(rf"(?:^|(?<=\n))[ \t]*+{COMMENT}{SAME_AS}{CLOSED}", re.I),
     # `// Implementation omitted for brevity`, `# ... (details omitted for brevity)`
     re.compile(rf"{STARTS}(?:{FRAMED}|{COMMENT}){BREVITY}{CLOSED}", re.I),
     # `<unchanged>`, `(inchangé)`, `[snip]`, `[... previous ...]`, `[... code précédent ...]`
@@ -172,6 +179,8 @@ def truncated_write(name: str, arguments: str) -> BlockedWrite | None:
     if label is None:
         return None
     values = arguments_object(arguments)
+    if label in BY_COMMAND and values.get("command") != BY_COMMAND[label]:
+        return None
     path = next((value for key in PATH_KEYS if isinstance(value := values.get(key), str)), "")
     for key, content in values.items():
         if key not in PATH_KEYS and isinstance(content, str) and (marker := elision(content)):

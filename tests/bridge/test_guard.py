@@ -80,6 +80,27 @@ CASES: list[tuple[str, dict[str, Any], bool]] = [
         {"command": "str_replace", "path": "/repo/a.py", "old_str": "a", "new_str": "# ... rest of file"},
         False,
     ),
+    # Anthropic's own text editor writes a whole file with `create`: guarded like Write; its edits are not
+    (
+        "str_replace_based_edit_tool",
+        {"command": "create", "path": "/repo/a.py", "file_text": python_with("# ... rest of file unchanged")},
+        True,
+    ),
+    (
+        "str_replace_editor",
+        {"command": "create", "path": "/repo/a.js", "file_text": "const a = 1;\n// ... existing code ...\n"},
+        True,
+    ),
+    (
+        "str_replace_based_edit_tool",
+        {"command": "create", "path": "/repo/ok.py", "file_text": python_with("pass")},
+        False,
+    ),
+    (
+        "str_replace_based_edit_tool",
+        {"command": "insert", "path": "/repo/a.py", "insert_line": 3, "new_str": "# ... rest of file unchanged"},
+        False,
+    ),
 ]
 
 
@@ -133,6 +154,13 @@ MODELS_WRITE = [
     ("app.js", "// ... 省略 ..."),
     ("app.js", "// ... 残りのコードは変更なし"),
     ("app.js", "// ... 나머지 코드는 동일"),
+    # the six that an earlier guard let through (issue 46)
+    ("test_app.py", "# ... all other tests remain the same ..."),
+    ("app.js", "// ... (imports unchanged)"),
+    ("app.py", "# Code continues as before..."),
+    ("app.py", "# same as above"),
+    ("App.jsx", "      {/* ... rest of JSX ... */}"),
+    ("app.js", "// 생략"),
 ]
 # What real files hold that looks alike: written.
 REAL_CODE = [
@@ -154,6 +182,7 @@ REAL_CODE = [
     ("README.md", "(see the other methods)"),
     ("app.py", "# ... more to come"),
     ("app.py", "# ... other code paths handle this"),
+    ("app.py", "x = y  # same as above"),
 ]
 
 
