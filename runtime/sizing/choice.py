@@ -49,8 +49,9 @@ def choices(
     say: Callable[[str], None] = print,
 ) -> list[Choice]:
     """The GPU types to try: `asked` in the user's order, else every catalogue type of the target's architecture,
-    cheapest first; each one an image of ours serves here, on which the model fits, within `max_price`. RunPodError
-    in one line when none is left, naming the smallest card that would do."""
+    cheapest first; each one an image of ours serves here, on which the model fits, within `max_price` (a card
+    without a price is not: RunPod's catalogue could not be read). RunPodError in one line when none is left, naming
+    the smallest card that would do."""
     entries = {str(entry["id"]): entry for entry in catalogue}
     if asked:
         candidates = [offer_for(gpu, entries, cloud) for gpu in asked]
@@ -64,6 +65,8 @@ def choices(
     for offer in candidates:
         if model is not None and not (verdict := fit(model, offer.card)).fits:
             say(f"pod: {offer.card.id}: skipped: {verdict.why}")
+        elif max_price is not None and offer.price_per_hour is None:  # a cap passes no card it cannot check
+            say(f"pod: {offer.card.id}: skipped: RunPod gave no price for it, so --max-price {max_price:g} cannot hold")
         elif max_price is not None and offer.price_per_hour is not None and offer.price_per_hour > max_price:
             say(f"pod: {offer.card.id}: skipped: ${offer.price_per_hour:.2f}/h is over --max-price {max_price:g}")
         else:
