@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from typing import Any, TextIO
 
 from runtime.settings import is_secret, key_entries
-from runtime.tokenshapes import TOKEN_SHAPES
+from runtime.tokenshapes import PLACES, SECRET_FIELD, TOKEN_SHAPES, URL_PASSWORD
 
 MARKER = "[redacted]"
 
@@ -28,11 +28,7 @@ HARMLESS_VALUES = frozenset({"true", "false", "none", "null", "yes", "no", "on",
 
 # Not a value to mask again (a rule further down meets earlier markers), nor an unset one (`api_key=None`).
 NOT_A_SECRET_YET = rf"(?!{re.escape(MARKER)}|(?:none|null)\b)"
-# Names of fields and URL parameters that hold secrets, with any prefix (`client_secret`, `hf_token`).
-SECRET_FIELD = (
-    r"(?:[A-Za-z0-9]+[_.-])*(?:access_token|refresh_token|token|password|passwd|passphrase|secret"
-    r"|api[_-]?key|apikey|access_key|private_key|credentials?|key[_-]data)"  # key-data: a kubeconfig's client key
-)
+# Names of URL parameters that hold secrets, with any prefix (fields': tokenshapes.SECRET_FIELD).
 SECRET_PARAMETER = (
     r"(?:[A-Za-z0-9]+[_.-])*(?:token|api[_-]?key|apikey|key|secret|password|passwd|sig|signature"
     r"|credential|auth)"
@@ -52,23 +48,15 @@ def quoted_field(quote: str) -> tuple[re.Pattern[str], str]:
 
 SECRET_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     *((shape, MARKER) for _, shape in TOKEN_SHAPES),  # tokens recognised by their own shape: masked whole
-    # Credentials inside a URL: the user may be empty and the password hold `/` or `@` (the first `@`
-    # followed by a host ends it; at most 256 characters: linear on any text); `host:443/…` is a port.
-    (
-        re.compile(r"(?<=://)[^\s/:@]*:(?!\d+(?:[/?#\s]|\Z))\S{0,256}?@(?=[A-Za-z0-9.-]+(?::\d+)?(?:[/?#\s\"'<>]|\Z))"),
-        f"{MARKER}@",
-    ),
+    (URL_PASSWORD, f"{MARKER}@"),  # credentials inside a URL (`user:password@host`)
     after(rf"[?&]{SECRET_PARAMETER}=", r"[^&#\s\"'<>]+"),  # `?token=…`, `&api_key=…`, `X-Amz-Signature=…`
     after(rf"(?:^|(?<=[\s;]))(?i:{SECRET_FIELD})=", r"[^&#\s\"'<>]{6,}"),  # a form body's first `password=…`
-    after(r"(?<![A-Za-z0-9])_auth(?:Token)?\s*=\s*", r"[^\s\"']+"),  # `.npmrc`'s `//registry/:_authToken=…`
-    after(r"\"(?:auth|identitytoken)\"\s*:\s*\"", r"[^\"]+"),  # a Docker config's `"auth": "<user:password in base64>"`
+    *(after(head, value) for _, head, value in PLACES),  # .npmrc, Docker's config, YAML and INI fields, variables
     after(r"\b(?:mysql|mysqldump|mysqladmin|mariadb)\b[^\n]{0,200}?\s-p", r"[^\s\"']+"),  # `mysql -pPASSWORD`
     (re.compile(r"(?<=://)[A-Za-z0-9_-]{20,}@"), f"{MARKER}@"),  # a key as a URL's user (a Sentry DSN's)
     after(r"hooks\.slack\.com/(?:services|workflows|triggers)/", r"[A-Za-z0-9/_-]+"),  # a webhook's path is its key
     after(r"discord(?:app)?\.com/api/webhooks/", r"[A-Za-z0-9/_-]+"),
     after(r"\b(?:Account|SharedAccess)Key=", r"[^;\s\"']+"),  # Azure connection strings
-    # A secret field as a line of YAML (`password: …`) or of an INI file (`aws_secret_access_key = …`).
-    after(rf"(?m:^)[ \t-]*{SECRET_FIELD}[ \t]*(?::[ \t]+|=[ \t]*)[\"']?", r"[^\s\"']{6,}"),  # not `=1`
     after(r"(?:^|(?<=\s))(?:-u|--user)[ \t]+[^\s:]+:", r"\S+"),  # `curl -u user:password`
     after(r"--(?:password|passwd|token|secret)(?:[ \t]+|=)"),  # `--password …` on a command line
     quoted_field('"'),

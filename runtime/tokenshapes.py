@@ -63,12 +63,56 @@ TOKEN_SHAPES: tuple[tuple[str, re.Pattern[str]], ...] = (
     shape("a Terraform Cloud token", rf"{START}[A-Za-z0-9]{{14}}\.atlasv1\.[A-Za-z0-9_-]{{60,}}"),
     shape("a GitLab token", rf"{START}gl(?:ptt|dt|rt|cbt|soat|ffct|imt|agent|oas)-[A-Za-z0-9_-]{{20,}}"),
     shape("a Bitbucket app password", rf"{START}ATBB[A-Za-z0-9]{{32}}"),
+    shape("a base64'd Hugging Face token", rf"{START}aGZf[A-Za-z0-9+/]{{26,}}"),  # `hf_` in base64 starts `aGZf`
 )
+
+# Where a secret sits, whatever it looks like: (what, the head kept, the value). The redactor masks the value;
+# the build context refuses a file where such a value is written out (not `${VAR}`, `<token>`, a marker).
+SECRET_FIELD = (
+    r"(?:[A-Za-z0-9]+[_.-])*(?:access_token|refresh_token|token|password|passwd|passphrase|secret"
+    r"|api[_-]?key|apikey|access_key|private_key|credentials?|key[_-]data)"  # key-data: a kubeconfig's client key
+)
+# The words that make a variable's name secret, as the last word (`DB_PASSWORD`, `GIT_PAT`, `AWS_CREDS`).
+SECRET_NAME = (
+    r"[A-Z][A-Z0-9_]*?_?(?:PASSWORD|PASSWD|PWD|PASS|SECRET|TOKEN|API_?KEY|ACCESS_KEY|PRIVATE_KEY|PAT|CREDS"
+    r"|CREDENTIALS?)"
+)
+# A URL's `user:password@`: the user may be empty, the password hold `/` or `@` (the first `@` followed by a host
+# ends it; at most 256 characters: linear on any text); `host:443/…` is a port.
+URL_PASSWORD = re.compile(
+    r"(?<=://)[^\s/:@]*:(?!\d+(?:[/?#\s]|\Z))\S{0,256}?@(?=[A-Za-z0-9.-]+(?::\d+)?(?:[/?#\s\"'<>]|\Z))"
+)
+PLACES: tuple[tuple[str, str, str], ...] = (
+    ("an npm auth token", r"(?<![A-Za-z0-9])_auth(?:Token)?\s*=\s*", r"[^\s\"']+"),  # .npmrc
+    ("a Docker registry auth", r"\"(?:auth|identitytoken)\"\s*:\s*\"", r"[^\"]+"),  # ~/.docker/config.json
+    # A secret field as a line of YAML (`password: …`, a kubeconfig's `token: …`) or of an INI file (.pypirc).
+    ("a secret field", rf"(?m:^)[ \t-]*{SECRET_FIELD}[ \t]*(?::[ \t]+|=[ \t]*)[\"']?", r"[^\s\"']{6,}"),
+    ("a secret variable", rf"(?:^|(?<=[\s;]))(?:export[ \t]+)?{SECRET_NAME}=[\"']?", r"[^\s\"']{6,}"),
+)
+# A value that stands for a secret rather than holds one: a reference, a placeholder, a marker.
+# Nor code that computes it (`os.environ[…]`, `settings.password`, `secret: bytes,`): a value must end its line.
+PLACEHOLDER = re.compile(r"[$<{%\[*…]|(?i:(?:none|null|true|false|changeme|example|xxx+|\.\.\.)$)|.*[(\[`]|.*[,)]$")
+CODE = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+")  # a dotted name: an attribute, not a password
+LINE_END = re.compile(r"[\"']?[ \t]*(?:[#;].*)?$", re.M)
+PLACE_SHAPES = tuple((what, re.compile(f"(?i:{head})({value})")) for what, head, value in PLACES)
+
+
+def written_out(pattern: re.Pattern[str], text: str) -> re.Match[str] | None:
+    """The first match of a place's `pattern` whose value is written out (not a reference nor a placeholder)."""
+    for match in pattern.finditer(text):
+        value = match.group(1)
+        if not PLACEHOLDER.match(value) and not CODE.fullmatch(value) and LINE_END.match(text, match.end()):
+            return match
+    return None
 
 
 def first_credential(text: str) -> tuple[str, int] | None:
-    """(what, line number) of the first credential-shaped value in `text`; None when it holds none."""
+    """(what, line number) of the first credential in `text`, by its shape or by where it sits (a password in
+    a URL, a secret field or variable written out); None when it holds none."""
     found = [(match.start(), what) for what, pattern in TOKEN_SHAPES if (match := pattern.search(text))]
+    found += [(match.start(), what) for what, pattern in PLACE_SHAPES if (match := written_out(pattern, text))]
+    if match := URL_PASSWORD.search(text):
+        found.append((match.start(), "a password in a URL"))
     if not found:
         return None
     start, what = min(found)

@@ -4,8 +4,9 @@ What git tracks (or, outside a git checkout, the files under the tree), filtered
 (docker/certs/, docker/image_facts.py, runtime/), plus the rendered Dockerfile, the CA certificates
 docker/certs/*.crt (ignored by git, public) and `--ca-cert`'s. Nothing is read through a link that leaves the
 tree or enters `.git`, nor through a hard link; no nested `.git` or editor litter goes in; and a file whose name
-looks secret (`.env*`, `id_*`, `*.key`, `.netrc`…, in any case) or whose content holds a credential's shape (a
-private key, a token of the services we talk to) stops the upload with one line naming it: a Space's files
+looks secret (`.env*`, `id_*`, `*.key`, `.netrc`, `.npmrc`, `token`, `.docker/config.json`…, in any case) or whose
+content holds a credential (a private key, a token of the services we talk to, a URL's password, a secret field
+or variable written out: runtime.tokenshapes, the redactor's table too) stops the upload with one line naming it: a Space's files
 and its image may be public. Both builders get one tar made the
 same way, so a layer built here and the same layer built from a Space's files share the builder's cache.
 """
@@ -48,7 +49,15 @@ SECRET_NAMES = (
     "*.jks",
     "*.kdbx",
     "*.ppk",
+    ".npmrc",  # a registry's auth token
+    ".pypirc",  # PyPI's password or token
+    "token",
+    "*.token",
+    "kubeconfig",
+    ".dockercfg",
 )
+# Paths that hold credentials whatever their name says: a registry's logins, a cluster's token.
+SECRET_PATHS = (".docker/config.json", "*/.docker/config.json", ".kube/config", "*/.kube/config")
 CERTIFICATES = "docker/certs/*.crt"  # public CA certificates: what that folder is for
 LITTER = (".DS_Store", "Thumbs.db", "*.swp", "*.swo", "*~", ".#*")  # an OS's or an editor's, never the project's
 
@@ -64,15 +73,12 @@ def context_files(
         warn(f"{path} is not tracked by git: left out of the image (`git add` it if the image needs it)")
     files = {}
     for path in filter(copied, project_files(root)):
-        name = PurePosixPath(path).name.lower()
-        if any(fnmatch.fnmatchcase(name, pattern) for pattern in SECRET_NAMES) and not fnmatch.fnmatch(
-            path, CERTIFICATES
-        ):
+        content = read_inside(root, path)  # a link out of the tree is said first, whatever its name
+        if secret_name(path):
             raise BuildError(
                 f"{path} looks like a secret (its name): it is not uploaded; move it out of the tree, "
                 "or rename it if it holds nothing secret"
             )
-        content = read_inside(root, path)
         if content is not None:
             files[path] = refuse_credentials(path, content)
     files.update(certificates_to_trust(root))
@@ -80,6 +86,15 @@ def context_files(
     if ca_cert:
         files[EXTRA_CA_IN_CONTEXT] = ca_cert.read_bytes()
     return files
+
+
+def secret_name(path: str) -> bool:
+    """Whether `path` names a credential (SECRET_NAMES, SECRET_PATHS, in any case); a CA certificate never does."""
+    name, lowered = PurePosixPath(path).name.lower(), path.lower()
+    return not fnmatch.fnmatch(path, CERTIFICATES) and (
+        any(fnmatch.fnmatchcase(name, pattern) for pattern in SECRET_NAMES)
+        or any(fnmatch.fnmatchcase(lowered, pattern) for pattern in SECRET_PATHS)
+    )
 
 
 def certificates_to_trust(root: Path) -> dict[str, bytes]:

@@ -7,6 +7,7 @@ real build of what was uploaded, by a real builder into a real registry, is in t
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -425,6 +426,56 @@ def test_credentials_are_refused_by_their_name_in_any_case_and_by_their_content(
     with pytest.raises(BuildError, match=refusal) as refused:
         context_files("FROM scratch", root=repo, warn=lambda line: None)
     assert "planted" not in str(refused.value)  # the file is named, never what it holds
+
+
+# The 17 credential files an attacker tracked under runtime/ (issue 46): each is refused, by its name or what it holds.
+SECRET_VALUE = "planted0secret0value"
+B64_TOKEN = base64.b64encode(FAKE_TOKEN.encode()).decode()
+CREDENTIAL_FILES = [
+    (".env", f"HF_TOKEN={SECRET_VALUE}\n"),
+    ("id_rsa", "planted\n"),
+    ("server.key", "planted\n"),
+    ("secrets.yaml", "planted: 1\n"),
+    (".netrc", f"machine github.com login me password {SECRET_VALUE}\n"),
+    (".git-credentials", f"https://me:{SECRET_VALUE}@github.com\n"),
+    ("Credentials", f"[default]\n{SECRET_VALUE}\n"),
+    ("notes.py", f"HF = {FAKE_TOKEN!r}\n"),
+    (".npmrc", f"//registry.npmjs.org/:_authToken={SECRET_VALUE}\n"),
+    (".pypirc", f"[pypi]\nusername = me\npassword = {SECRET_VALUE}\n"),
+    ("token", f"{SECRET_VALUE}\n"),
+    ("kubeconfig", f"users:\n- name: me\n  user:\n    token: {SECRET_VALUE}\n"),
+    (".docker/config.json", f'{{"auths": {{"r.example": {{"auth": "{SECRET_VALUE}"}}}}}}\n'),
+    ("db.env.sh", f"export DB_PASSWORD={SECRET_VALUE}\n"),
+    ("service.yaml", f"service:\n  api_key: {SECRET_VALUE}\n"),
+    ("database.py", f'URL = "postgres://app:{SECRET_VALUE}@db.example:5432/app"\n'),
+    ("hub.txt", f"{B64_TOKEN}\n"),
+]
+# What a credential's place holds when it stands for one: uploaded (a reference, a placeholder, code).
+NOT_CREDENTIALS = [
+    (".npmrc.example", "//registry.npmjs.org/:_authToken=${NPM_TOKEN}\n"),
+    ("settings.yaml", "password: <your password>\napi_key: ${API_KEY}\n"),
+    ("auth.py", "password = settings.password\ntoken = secrets.token_urlsafe(32)\nsecret: bytes,\n"),
+    ("run.sh", 'export DB_PASSWORD="$DB_PASSWORD"\ncurl https://example.test:443/x\n'),
+]
+
+
+@pytest.mark.parametrize(("name", "content"), CREDENTIAL_FILES, ids=[name for name, _ in CREDENTIAL_FILES])
+def test_each_tracked_credential_file_is_refused(tmp_path: Path, name: str, content: str) -> None:
+    repo = git_checkout(tmp_path / "clone")
+    tracked(repo, f"runtime/{name}", content)
+    with pytest.raises(
+        BuildError, match=rf"^runtime/{re.escape(name)} (?:looks like a secret|holds what looks)"
+    ) as refused:
+        context_files("FROM scratch", root=repo, warn=lambda line: None)
+    assert SECRET_VALUE not in str(refused.value) and FAKE_TOKEN not in str(refused.value)
+
+
+def test_a_credential_s_place_that_holds_a_reference_or_code_is_uploaded(tmp_path: Path) -> None:
+    repo = git_checkout(tmp_path / "clone")
+    for name, content in NOT_CREDENTIALS:
+        tracked(repo, f"runtime/{name}", content)
+    files = context_files("FROM scratch", root=repo, warn=lambda line: None)
+    assert {f"runtime/{name}" for name, _ in NOT_CREDENTIALS} <= set(files)
 
 
 def test_no_link_into_git_s_files_nor_a_hard_link_goes_in(tmp_path: Path) -> None:
