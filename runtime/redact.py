@@ -9,12 +9,14 @@ JWTs, …), then the places a secret sits in (`Authorization:`, `?token=`, `"pas
 from __future__ import annotations
 
 import base64
+import json
 import re
 import sys
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, TextIO
+from urllib.parse import quote, quote_plus
 
 from runtime.settings import is_secret, key_entries
 from runtime.tokenshapes import PLACES, SECRET_FIELD, TOKEN_SHAPES, URL_PASSWORD
@@ -63,6 +65,12 @@ SECRET_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     quoted_field("'"),
     after(r"\b(?:set-)?cookie[\"']?\s*[:=]\s*[\"']?", r"[^\r\n\"']+"),  # every cookie of the header
     after(r"\bbearer\s+", r"[A-Za-z0-9._~+/=-]{8,}"),  # `Bearer …` anywhere, if token-long (not `a bearer of news`)
+    # A header as a Python tuple (`('x-api-key', '…')`, `(b'authorization', b'Bearer …')`), however short.
+    after(
+        r"\(\s*b?[\"'](?:proxy-)?(?:authorization|(?:x-)?api-key|x-goog-api-key|x-(?:auth|access)-token|cookie"
+        r"|set-cookie)[\"']\s*,\s*b?[\"'](?:[A-Za-z]+\s+)?+",
+        r"[^\"']+",
+    ),
     after(r"\bx-(?:auth|access)-token[\"']?\s*[:=]\s*[\"']?"),  # `X-Auth-Token: …`, however short
     # Any `Authorization:` header value (Basic, Token, …), however short; a scheme, once read, stays one.
     after(r"\bauthorization[\"']?\s*[:=]\s*[\"']?(?:[A-Za-z]+\s+)?+"),
@@ -107,6 +115,12 @@ def base64_forms(secret: str) -> set[str]:
     return forms
 
 
+def written_forms(secret: str) -> set[str]:
+    """`secret` as a URL, a form or a JSON string write it (`%2F`, `+`, `\\"`): a known value must not leave the
+    pod merely escaped."""
+    return {quote(secret, safe=""), quote(secret), quote_plus(secret, safe=""), json.dumps(secret)[1:-1]}
+
+
 def mask_secret_assignment(match: re.Match[str]) -> str:
     name, quote, value = match.groups()
     return f"{name}={quote}{MARKER}" if is_secret(name) and value_looks_secret(value) else match.group(0)
@@ -134,6 +148,7 @@ class Redactor:
             known = {s for s in secrets if s.strip()}  # a blank value is no secret: masking it masks spaces
             self._secrets.update(known)
             self._secrets.update(encoded for secret in known for encoded in base64_forms(secret))
+            self._secrets.update(written for secret in known for written in written_forms(secret))
             # Longest first, so that a secret containing another one is masked whole.
             ordered = sorted(self._secrets, key=len, reverse=True)
             self._pattern = re.compile("|".join(map(re.escape, ordered))) if ordered else None

@@ -69,13 +69,15 @@ TOKEN_SHAPES: tuple[tuple[str, re.Pattern[str]], ...] = (
 # Where a secret sits, whatever it looks like: (what, the head kept, the value). The redactor masks the value;
 # the build context refuses a file where such a value is written out (not `${VAR}`, `<token>`, a marker).
 SECRET_FIELD = (
-    r"(?:[A-Za-z0-9]+[_.-])*(?:access_token|refresh_token|token|password|passwd|passphrase|secret"
-    r"|api[_-]?key|apikey|access_key|private_key|credentials?|key[_-]data)"  # key-data: a kubeconfig's client key
+    r"(?:(?:[A-Za-z0-9]+[_.-])*(?:access_token|refresh_token|token|password|passwd|passphrase|secret"
+    r"|api[_-]?key|apikey|access_key|private_key|credentials?|creds|key[_-]data)"  # key-data: a kubeconfig's client key
+    r"|(?:[A-Za-z0-9]+[_.-])+pwd)"  # `db_pwd`, never `PWD` alone (the shell's folder)
 )
 # The words that make a variable's name secret, as the last word (`DB_PASSWORD`, `GIT_PAT`, `AWS_CREDS`).
+# Short words only after another (`PWD` alone is the shell's folder, `COMPAT` no token).
 SECRET_NAME = (
-    r"[A-Z][A-Z0-9_]*?_?(?:PASSWORD|PASSWD|PWD|PASS|SECRET|TOKEN|API_?KEY|ACCESS_KEY|PRIVATE_KEY|PAT|CREDS"
-    r"|CREDENTIALS?)"
+    r"(?:(?:[A-Z][A-Z0-9]*_)+(?:PWD|PAT|PASS)"
+    r"|[A-Z0-9_]*(?:PASSWORD|PASSWD|SECRET|TOKEN|API_?KEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIALS?|CREDS))"
 )
 # A URL's `user:password@`: the user may be empty, the password hold `/` or `@` (the first `@` followed by a host
 # ends it; at most 256 characters: linear on any text); `host:443/…` is a port.

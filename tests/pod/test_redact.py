@@ -302,3 +302,44 @@ def test_secret_shapes_are_masked_and_the_rest_stays(text: str, expected: str) -
 @pytest.mark.parametrize("text", [t for _, t in NOT_SECRETS], ids=[c for c, _ in NOT_SECRETS])
 def test_what_is_not_a_secret_stays_readable(text: str) -> None:
     assert Redactor.from_environ(ENV)(text) == text
+
+
+# The fifth round's corpus (issue 46): what the earlier corpora's leaks had in common, each with the part that
+# must go. Header tuples as Python prints them, short values after an auth header's name, a known value
+# URL-encoded or JSON-escaped, and the names `*_PWD`, `*_PAT`, `CREDS` hold secrets under.
+KNOWN = {"VL_API_KEYS": "team/key+one two", "HF_TOKEN": 'hf"quoted\\key'}
+FIFTH_ROUND = [
+    ("header tuple", "headers=[('x-api-key', 'k-42'), ('accept', '*/*')]", "k-42"),
+    ("header tuple, bytes", "raw=[(b'authorization', b'Bearer t0k')]", "t0k"),
+    ("header tuple, Authorization", "[('Authorization', 'Basic dTpw')]", "dTpw"),
+    ("header tuple, double quotes", '[("X-Auth-Token", "t0k3")]', "t0k3"),
+    ("header tuple, api-key", "(('api-key', 'az-1'),)", "az-1"),
+    ("short Bearer after the header's name", "authorization: bearer ab1", "ab1"),
+    ("short sk- after x-api-key", "x-api-key=sk-1", "sk-1"),
+    ("short sk- after the header, JSON", '{"x-api-key": "sk-ab"}', "sk-ab"),
+    ("short Bearer, JSON", '{"Authorization": "Bearer zz9"}', "zz9"),
+    ("a known value, URL-encoded", "GET /x?k=team%2Fkey%2Bone%20two 401", "team%2Fkey%2Bone%20two"),
+    ("a known value, form-encoded", "body: k=team%2Fkey%2Bone+two", "team%2Fkey%2Bone+two"),
+    ("a known value, JSON-escaped", '{"prompt": "use hf\\"quoted\\\\key"}', 'hf\\"quoted\\\\key'),
+    ("*_PWD", "env: DB_PWD=FAKE0pwd0value LANG=C", "FAKE0pwd0value"),
+    ("*_PAT", "env: GIT_PAT=FAKE0pat0value LANG=C", "FAKE0pat0value"),
+    ("CREDS", "env: CREDS=FAKE0creds0value LANG=C", "FAKE0creds0value"),
+    ("*_CREDS", "env: AWS_CREDS=FAKE0creds0value", "FAKE0creds0value"),
+    ("*_PWD in YAML", "db:\n  db_pwd: FAKE0pwd0value\n", "FAKE0pwd0value"),
+]
+FIFTH_ROUND_LOOK_ALIKES = [
+    "PWD=/home/alice COMPAT=legacy0mode PATH=/usr/bin",
+    "headers=[('accept', '*/*'), ('content-type', 'application/json')]",
+    '{"prompt": "a team key of one"}',
+]
+
+
+@pytest.mark.parametrize(("text", "secret"), [(t, s) for _, t, s in FIFTH_ROUND], ids=[c for c, _, _ in FIFTH_ROUND])
+def test_the_fifth_round_s_corpus_leaves_nothing(text: str, secret: str) -> None:
+    redacted = Redactor.from_environ(KNOWN)(text)
+    assert secret not in redacted and MARKER in redacted, redacted
+
+
+@pytest.mark.parametrize("text", FIFTH_ROUND_LOOK_ALIKES)
+def test_the_fifth_round_s_rules_leave_look_alikes_readable(text: str) -> None:
+    assert Redactor.from_environ(KNOWN)(text) == text
