@@ -151,6 +151,11 @@ class Session:
         return found
 
 
+def generated(spent: Spent) -> bool:
+    """Whether a request reached generation: it has a first token or tokens; a refusal (400, 401, 429) has neither."""
+    return spent.ttft_s is not None or spent.input_tokens + spent.cached_tokens + spent.output_tokens > 0
+
+
 class Sessions:
     """The last MAX_SESSIONS sessions, each agent's usage in them; a key past its share forgets its own least
     recently seen, and when all are taken the key holding the most does."""
@@ -166,7 +171,9 @@ class Sessions:
         self.sessions: OrderedDict[tuple[str, str], Session] = OrderedDict()
 
     def count(self, asker: Asker, spent: Spent) -> None:
-        if asker.session is None:
+        """One request of a session; one refused before generation (no token, no first token) touches none, so
+        a key's refused requests never push anyone's sessions, its own included, off the console."""
+        if asker.session is None or not generated(spent):
             return
         now, known = self.clock(), (asker.key, asker.session)
         session = self.sessions.pop(known, None) or Session(asker.session, asker.key, now)

@@ -118,17 +118,28 @@ def test_one_key_fills_only_its_own_share_of_the_console_s_sessions() -> None:
         for n in range(3):
             sessions.count(Asker(name, session=f"{name}-{n}"), Spent(output_tokens=1))
     for n in range(200):
-        sessions.count(Asker("mallory", session=f"flood-{n}"), Spent())
+        sessions.count(Asker("mallory", session=f"flood-{n}"), Spent(output_tokens=1))
     assert [s["id"] for s in sessions.recent(10, None, key="alice")] == ["alice-2", "alice-1", "alice-0"]
     assert len(sessions.recent(100, None, key="bob")) == 3
     flood = [s["id"] for s in sessions.recent(100, None, key="mallory")]
     assert flood == [f"flood-{n}" for n in range(199, 199 - MAX_KEY_SESSIONS, -1)]  # its own, the latest
 
 
+def test_a_request_refused_before_generation_creates_no_session() -> None:
+    """200 refusals (400) from one key once pushed every session off the console, the admin's own included."""
+    sessions = Sessions()
+    sessions.count(Asker("admin", session="mine"), Spent(input_tokens=10, output_tokens=2, ttft_s=0.1))
+    for n in range(200):
+        sessions.count(Asker("mallory", session=f"refused-{n}"), Spent())
+    sessions.count(Asker("admin", session="mine"), Spent())  # refused too: the session's usage is unchanged
+    assert [s["id"] for s in sessions.recent(8, None)] == ["mine"]
+    assert sessions.recent(8, None)[0]["agents"][0]["requests"] == 1
+
+
 def test_when_every_session_is_taken_the_key_holding_the_most_gives_one_up() -> None:
     sessions = Sessions(max_sessions=4, per_key=3)
     for key, session in [("a", "a1"), ("a", "a2"), ("a", "a3"), ("b", "b1"), ("c", "c1")]:
-        sessions.count(Asker(key, session=session), Spent())
+        sessions.count(Asker(key, session=session), Spent(output_tokens=1))
     assert {s["id"] for s in sessions.recent(10, None)} == {"a2", "a3", "b1", "c1"}
 
 
