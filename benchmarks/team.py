@@ -30,6 +30,7 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from runtime.health import serves_model  # noqa: E402
 from tests.support.net import free_port  # noqa: E402
 
 KEY = "sk-bench-team-0123456789abcdef"
@@ -87,8 +88,8 @@ def pod_environment(root: Path, settings: dict[str, str]) -> dict[str, str]:
 def ready(url: str, env: dict[str, str], engines: int) -> bool:
     """The bridge serves the model and, behind a router, the router routes to every engine."""
     try:
-        health = httpx.get(f"{url}/health", timeout=5).json()
-        if not health.get("model") or health.get("status") != "ok":
+        answer = httpx.get(f"{url}/health", headers={"x-api-key": KEY}, timeout=5)  # it names the model to a key
+        if not serves_model(answer.status_code, answer.content):
             return False
         if engines < 2:
             return True

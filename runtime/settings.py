@@ -631,7 +631,7 @@ VARIABLES: tuple[Variable, ...] = (
          "(NCCL init never returned on RunPod A40 pairs)."),
     _var("VL_DP", "1", integer(1, 8), E,
          "vLLM's own data parallelism (one API server, one replica per GPU): +15% at 32 sessions, loses solo "
-         "speed and half the KV; no affinity (see VL_REPLICAS)."),
+         "speed and half the KV; the bridge pins each conversation to one rank (`X-data-parallel-rank`)."),
     _var("VL_MM_IMAGES", "4", integer(0, 64), E,
          "Images per prompt for vision models; 0 makes vLLM refuse every screenshot with a 400."),
     _var("VL_ASYNC", "", optional(switch), E,

@@ -1,4 +1,5 @@
-"""Which conversation a request belongs to: the key the router pins to one engine (VL_REPLICAS > 1).
+"""Which conversation a request belongs to: the key the router pins to one engine (VL_REPLICAS > 1), and the
+data-parallel rank vLLM pins it to within one engine of several replicas (VL_DP > 1).
 
 An agent's turns share a growing prefix, and only the engine that served its last turn holds it (a
 Claude Code turn: 1.14 s in cache, 21 s without). Claude Code names the conversation in
@@ -17,6 +18,8 @@ import re
 from collections.abc import Mapping
 
 ROUTING_KEY = "x-smg-routing-key"  # what the router's sticky (`manual`) policy pins by: its name in smg
+# vLLM's own: which of its data-parallel engines serves the request; its balancer spreads by load, not by prefix.
+DP_RANK = "x-data-parallel-rank"
 SESSION_HEADER = "x-claude-code-session-id"
 AGENT_HEADER = "x-claude-code-agent-id"
 # Claude Code's `metadata.user_id`: `user_<hash>_account_<uuid>_session_<uuid>`, or the same as JSON.
@@ -50,6 +53,16 @@ def session_of(user_id: str) -> str | None:
         return session if isinstance(session, str) and session else None
     found = SESSION_IN_USER_ID.search(user_id)
     return found.group(1) if found else None
+
+
+def routing_headers(
+    headers: Mapping[str, str], user_id: str | None, key_label: str, data_parallel: int = 1
+) -> dict[str, str]:
+    """What pins the request's conversation: the router's key, and with VL_DP its data-parallel rank (the same
+    digest, so an agent's turns keep the engine that holds its prefix)."""
+    key = routing_key(headers, user_id, key_label)
+    rank = {DP_RANK: str(int(key, 16) % data_parallel)} if data_parallel > 1 else {}
+    return {ROUTING_KEY: key, **rank}
 
 
 def routing_key(headers: Mapping[str, str], user_id: str | None, key_label: str) -> str:

@@ -45,6 +45,7 @@ class Serving:
     prompts: Prompts = field(default_factory=Prompts)  # the fingerprints behind `diagnostics.cache_miss_reason`
     guard: bool = True
     count_blocked_write: Callable[[str], None] = lambda label: None
+    data_parallel: int = 1  # VL_DP: each conversation pinned to one of vLLM's data-parallel engines
 
 
 class Outbox:

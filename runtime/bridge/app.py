@@ -21,7 +21,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from runtime.bridge.accounting import Accounting
-from runtime.bridge.affinity import ROUTING_KEY, routing_key
+from runtime.bridge.affinity import routing_headers
 from runtime.bridge.auth import UNGUARDED_CALLER, RequireKey
 from runtime.bridge.budgets import BudgetGate
 from runtime.bridge.connection import read_body
@@ -62,7 +62,7 @@ class Api:
         body = await read_body(request, self.bridge.max_body)
         parsed = decode(body, MessagesRequest)
         user_id = parsed.metadata.user_id if parsed.metadata else None
-        routing = {ROUTING_KEY: routing_key(request.headers, user_id, request.state.key)}
+        routing = routing_headers(request.headers, user_id, request.state.key, self.bridge.serving.data_parallel)
         caller = request.state.caller
         asker = Asker.of(request.headers, request.state.key)
         return MessagesExchange(

@@ -16,7 +16,7 @@ import aiohttp
 import msgspec
 from starlette.requests import Request
 
-from runtime.bridge.affinity import ROUTING_KEY, routing_key
+from runtime.bridge.affinity import routing_headers
 from runtime.bridge.answer import Answer, Outbox, Serving
 from runtime.bridge.errors import BridgeError
 from runtime.bridge.nesting import refuse_deep_nesting
@@ -85,7 +85,7 @@ class Relay(Answer):
         # id: vLLM aborts every generation under an id, so a reused one would abort another client's
         # (the trace line logs the client's beside this one).
         self.headers["x-request-id"] = self.trace.id = f"relay_{uuid.uuid4().hex[:24]}"
-        self.headers[ROUTING_KEY] = routing_key(request.headers, None, request.state.key)
+        self.headers |= routing_headers(request.headers, None, request.state.key, serving.data_parallel)
 
     async def serve(self, out: Outbox) -> None:
         try:

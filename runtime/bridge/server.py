@@ -55,6 +55,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "recipe's thinks_unasked); else it gets none, as from Anthropic's API",
     )
     parser.add_argument(
+        "--data-parallel",
+        type=int,
+        default=1,
+        metavar="N",
+        help="the engine's data-parallel ranks (VL_DP): each conversation is pinned to one (X-data-parallel-rank)",
+    )
+    parser.add_argument(
         "--ledger",
         type=Path,
         metavar="FILE",
@@ -97,7 +104,14 @@ def run(args: argparse.Namespace) -> int:
         print(error, file=sys.stderr)
         return 2
     bridge = Bridge(
-        args.upstream, settings, args.max_connections, args.pool_timeout, args.engine, args.ledger, args.thinks_unasked
+        args.upstream,
+        settings,
+        args.max_connections,
+        args.pool_timeout,
+        args.engine,
+        args.ledger,
+        args.thinks_unasked,
+        max(1, args.data_parallel),
     )
     if bridge.keys.open:
         log.warning("=" * 72)

@@ -41,6 +41,7 @@ class Bridge:
         engines: Sequence[str] = (),
         ledger: Path | None = None,
         thinks_unasked: bool = False,
+        data_parallel: int = 1,
     ) -> None:
         gateway_key = (settings.worker_key or "") if settings.role == "gateway" else None  # "": open workers
         if gateway_key is not None:  # its pods, from VL_WORKERS in its environment: never on a command line
@@ -66,6 +67,7 @@ class Bridge:
             self.swaps,
             guard=settings.guard,
             count_blocked_write=self.metrics.count_blocked_write,
+            data_parallel=data_parallel,
         )
         self.max_body: int = settings.max_body_mb * 2**20
         self.key_concurrency: int | None = key_cap(max_connections, len(self.keys.labels), settings.key_concurrency)

@@ -48,7 +48,7 @@ class SettingsChanges:
             new = judged(self.engines.configured, self.environ, file, self.hub)
             if new is None:
                 return
-            bridge_runs = self.children.bridge_runs
+            bridge_runs, ranks = self.children.bridge_runs, self.engines.settings.dp
             stop_bridge = self.children.bridge_gives_way if bridge_runs and not new.bridge else None
             start_bridge = self.children.bridge_takes_over if new.bridge and not bridge_runs else None
             try:
@@ -56,6 +56,6 @@ class SettingsChanges:
             except ChangeRefused as error:
                 refuse(f"refused {file.where}: {error}", self.hub)
                 return
-            if Scope.BRIDGE in scopes and bridge_runs and new.bridge:
-                self.children.restart_bridge("its settings changed")
+            if bridge_runs and new.bridge and (Scope.BRIDGE in scopes or self.engines.settings.dp != ranks):
+                self.children.restart_bridge("its settings changed")  # VL_DP: the ranks it pins conversations to
             # A running bridge stays otherwise: it learns the new model from vLLM's /v1/models.

@@ -50,10 +50,12 @@ def without_desktop(environ: Mapping[str, str]) -> dict[str, str]:
     return {name: value for name, value in environ.items() if name not in DESKTOP_ONLY}
 
 
-def bridge_argv(upstream: str, host: str, port: int, thinks_unasked: bool = False) -> list[str]:
-    """The bridge's command line: `python -m runtime bridge` on `host:port`, in front of `upstream`."""
+def bridge_argv(upstream: str, host: str, port: int, thinks_unasked: bool = False, data_parallel: int = 1) -> list[str]:
+    """The bridge's command line: `python -m runtime bridge` on `host:port`, in front of `upstream`, with what it
+    must know of the engine (restarted when that changes)."""
     argv = [sys.executable, "-m", "runtime", "bridge", "--upstream", upstream, "--host", host, "--port", str(port)]
-    return [*argv, "--thinks-unasked"] if thinks_unasked else argv
+    argv += ["--thinks-unasked"] if thinks_unasked else []
+    return [*argv, "--data-parallel", str(data_parallel)] if data_parallel > 1 else argv
 
 
 def sshd_layout(settings: Settings) -> SshdLayout:
@@ -112,7 +114,7 @@ class Children:
         # A gateway knows no recipe: its workers' bridges relay what it asks, thinking off unless asked.
         unasked = command is not None and command.recipe.thinks_unasked
         if not self.engines.routed:
-            argv = bridge_argv(replicas[0].command.base_url, settings.listen, settings.port, unasked)
+            argv = bridge_argv(replicas[0].command.base_url, settings.listen, settings.port, unasked, settings.dp)
         else:  # generations through the router; the rest (and aborts) to the engines, or the pods, themselves
             # A gateway's bridge reads its pods from VL_WORKERS: a URL on its command line is in `ps` and its log.
             engines = [replica.command.base_url for replica in replicas]

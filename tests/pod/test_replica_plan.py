@@ -13,13 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from runtime.bridge.affinity import ROUTING_KEYS, conversation, routing_key
+from runtime.bridge.affinity import ROUTING_KEYS, conversation, routing_headers, routing_key
 from runtime.bridge.auth import ApiKeys
 from runtime.bridge.enginemetrics import engine_view, merged_metrics
 from runtime.bridge.state import Bridge
 from runtime.engine.command import engine_command
 from runtime.health import degradation
 from runtime.packages import read_versions
+from runtime.pod.engines import Plan
 from runtime.pod.gateway import check_roles
 from runtime.pod.hubside import PodHub
 from runtime.pod.replicas import plan_replicas, tensor_parallel
@@ -122,6 +123,17 @@ def test_a_subagent_has_its_own_key_and_nothing_sent_reaches_the_router_in_clear
     assert routing_key(session, None, "k") != routing_key(session, None, "other")  # two keys: two conversations
 
 
+def test_with_vllms_own_data_parallelism_each_conversation_keeps_one_rank() -> None:
+    """VL_DP: the rank is the routing key's digest modulo the engines, so an agent's turns keep their prefix on one
+    engine while conversations spread over all of them; one engine: no rank (vLLM's balancer has nothing to pick)."""
+    sessions = [{"x-claude-code-session-id": f"s-{n}"} for n in range(64)]
+    assert routing_headers(sessions[0], None, "k") == {"x-smg-routing-key": routing_key(sessions[0], None, "k")}
+    for engines in (2, 3):
+        ranks = [routing_headers(session, None, "k", engines)["x-data-parallel-rank"] for session in sessions]
+        assert ranks == [routing_headers(session, None, "k", engines)["x-data-parallel-rank"] for session in sessions]
+        assert sorted(set(ranks)) == [str(rank) for rank in range(engines)]
+
+
 def test_two_keys_sending_one_session_id_are_two_conversations() -> None:
     """The key is in the routing key wherever the session id comes from (headers, agent, `metadata.user_id`)."""
     legacy = "user_ab12_account_0000-1111_session_9f8e7d6c-0001"
@@ -221,6 +233,17 @@ def test_a_gateways_bridge_has_its_pods_from_its_environment_never_its_command_l
     spec = Pod(settings, env, PodHub()).children.bridge_spec()
     assert not [word for word in spec.argv if "pod1abc" in word or "pod2abc" in word]
     assert Bridge(router_url(settings), load_settings(spec.env or {})).upstream.engines == urls  # what it asks directly
+
+
+def test_the_bridge_is_told_the_engines_data_parallel_ranks_even_from_a_hub_file(tmp_path: Path) -> None:
+    """VL_DP is an engine setting a Hub file may set: the bridge's command line carries the one in force (the pod
+    restarts the bridge when it changes), and the bridge pins conversations to that many ranks."""
+    env = {"VL_STATE_DIR": str(tmp_path)}
+    pod = Pod(load_settings(env | {"VL_DP": "2"}), env, PodHub())  # the settings in force, the environment without
+    command = engine_command(pod.settings, environ=env)
+    pod.engines.plan = Plan(pod.settings, command, plan_replicas(pod.settings, command, "cpu", 0))  # as prepared
+    argv = list(pod.children.bridge_spec().argv)
+    assert argv[argv.index("--data-parallel") + 1] == "2"
 
 
 @pytest.mark.parametrize("workers", ["ftp://10.0.0.2", "http://user:secret@10.0.0.2", "http://10.0.0.2:99999",

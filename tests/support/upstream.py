@@ -99,6 +99,9 @@ class Upstream(asyncio.Protocol):
             if request is None:
                 return
             request_id = request.headers.get(b"x-request-id")
+            if (rank := request.headers.get(b"x-data-parallel-rank")) is not None:  # vLLM's own pin (VL_DP)
+                key = request.headers.get(b"x-smg-routing-key", b"-").decode()
+                print(f"data-parallel rank {rank.decode()} for {key}", flush=True)
             self.serve(request.method, request.path, request.body, request_id.decode() if request_id else None)
 
     def serve(self, method: bytes, path: bytes, body: bytes, request_id: str | None) -> None:
