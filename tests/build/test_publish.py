@@ -402,9 +402,9 @@ def tracked(repo: Path, path: str, content: str) -> None:
 @pytest.mark.parametrize(
     ("plant", "refusal"),
     [
-        (lambda repo: tracked(repo, "runtime/.netrc", "machine github.com login me password planted\n"),
+        (lambda repo: tracked(repo, "runtime/.netrc", "machine git.example.invalid login me password planted\n"),
          r"^runtime/\.netrc looks like a secret \(its name\)"),
-        (lambda repo: tracked(repo, "runtime/.git-credentials", "https://me:planted@github.com\n"),
+        (lambda repo: tracked(repo, "runtime/.git-credentials", "https://me:planted@git.example.invalid\n"),
          r"^runtime/\.git-credentials looks like a secret \(its name\)"),
         (lambda repo: tracked(repo, "runtime/Credentials", "[default]\nplanted\n"),
          r"^runtime/Credentials looks like a secret \(its name\)"),
@@ -436,11 +436,11 @@ CREDENTIAL_FILES = [
     ("id_rsa", "planted\n"),
     ("server.key", "planted\n"),
     ("secrets.yaml", "planted: 1\n"),
-    (".netrc", f"machine github.com login me password {SECRET_VALUE}\n"),
-    (".git-credentials", f"https://me:{SECRET_VALUE}@github.com\n"),
+    (".netrc", f"machine git.example.invalid login me password {SECRET_VALUE}\n"),
+    (".git-credentials", f"https://me:{SECRET_VALUE}@git.example.invalid\n"),
     ("Credentials", f"[default]\n{SECRET_VALUE}\n"),
     ("notes.py", f"HF = {FAKE_TOKEN!r}\n"),
-    (".npmrc", f"//registry.npmjs.org/:_authToken={SECRET_VALUE}\n"),
+    (".npmrc", f"//registry.example.invalid/:_authToken={SECRET_VALUE}\n"),
     (".pypirc", f"[pypi]\nusername = me\npassword = {SECRET_VALUE}\n"),
     ("token", f"{SECRET_VALUE}\n"),
     ("kubeconfig", f"users:\n- name: me\n  user:\n    token: {SECRET_VALUE}\n"),
@@ -452,7 +452,7 @@ CREDENTIAL_FILES = [
 ]
 # What a credential's place holds when it stands for one: uploaded (a reference, a placeholder, code).
 NOT_CREDENTIALS = [
-    (".npmrc.example", "//registry.npmjs.org/:_authToken=${NPM_TOKEN}\n"),
+    (".npmrc.example", "//registry.example.invalid/:_authToken=${NPM_TOKEN}\n"),
     ("settings.yaml", "password: <your password>\napi_key: ${API_KEY}\n"),
     ("auth.py", "password = settings.password\ntoken = secrets.token_urlsafe(32)\nsecret: bytes,\n"),
     ("run.sh", 'export DB_PASSWORD="$DB_PASSWORD"\ncurl https://example.test:443/x\n'),
