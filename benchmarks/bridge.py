@@ -40,7 +40,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the pod's own bridge command line, and (with vLLM) the tests' helpers
-from runtime.pod.start import bridge_argv  # noqa: E402
+from runtime.pod.children import bridge_argv  # noqa: E402
 
 UPSTREAM_ARGV = [sys.executable, "-m", "tests.support.upstream", "--port", "0", "--tokens", "100000"]  # a fast one
 BRIDGE_ENV = {"VL_API_KEYS": "", "VL_BRIDGE_PING_S": "15"}
