@@ -64,7 +64,7 @@ def rewrite_model(body: bytes, served: str | None, cache_salt: str | None = None
 
 def is_usage_chunk(payload: bytes) -> bool:
     """Whether a stream's event is its usage chunk (no choices, the usage), which vLLM sends last when asked."""
-    if b'"usage"' not in payload:
+    if b'"usage"' not in payload or b'"usage":null' in payload:  # a token's chunk: not decoded, on the hot path
         return False
     try:
         chunk = msgspec.json.decode(payload)
