@@ -114,7 +114,10 @@ async def pod_status(bridge: Bridge, caller: Caller) -> dict[str, Any]:
         "you": {"key": caller.label, "admin": caller.admin},
         "keys": keys(bridge, caller),
         "sessions": bridge.sessions.recent(
-            SESSIONS_SHOWN, bridge.cost_per_hour, None if caller.admin else caller.label
+            SESSIONS_SHOWN,
+            bridge.cost_per_hour,
+            key=None if caller.admin else caller.label,
+            viewer=caller.label,  # the admin's own first: another key's flood never hides them
         ),
         "gpus": gpus,
         "gpu_note": gpu_note,

@@ -4,7 +4,9 @@ Claude Code (2.1.139 and later) names the session and the agent of every request
 CLAUDE_CODE_GATEWAY_HINT_HEADERS=1 its request class. They are the client's own text: cleaned and cut
 to MAX_ID_CHARS, and only the MAX_SESSIONS sessions seen last are kept, at most MAX_KEY_SESSIONS of one key,
 MAX_AGENTS agents each (the rest counted as one), so no client can grow the bridge's memory or a metric's
-labels, nor one key push the others' sessions out of the console.
+labels, nor one key push the others' sessions out of the console. The admins' own sessions (MAX_KEY_SESSIONS
+each, on top) are never given up for another key's, and the console lists the viewer's own first: whatever the
+other keys send, the owner sees their own sessions.
 """
 
 from __future__ import annotations
@@ -158,15 +160,17 @@ def generated(spent: Spent) -> bool:
 
 class Sessions:
     """The last MAX_SESSIONS sessions, each agent's usage in them; a key past its share forgets its own least
-    recently seen, and when all are taken the key holding the most does."""
+    recently seen, and when all are taken the key holding the most does. The `kept` keys' (the admins') sessions
+    are counted apart: only their own share bounds them (MAX_SESSIONS + MAX_KEY_SESSIONS per admin in all)."""
 
     def __init__(
         self,
         max_sessions: int = MAX_SESSIONS,
         clock: Callable[[], float] = time.monotonic,
         per_key: int = MAX_KEY_SESSIONS,
+        kept: frozenset[str] = frozenset(),
     ) -> None:
-        self.max_sessions, self.per_key = max_sessions, per_key
+        self.max_sessions, self.per_key, self.kept = max_sessions, per_key, kept
         self.clock = clock
         self.sessions: OrderedDict[tuple[str, str], Session] = OrderedDict()
 
@@ -181,20 +185,29 @@ class Sessions:
         self.sessions[known] = session  # the most recent last
         if len(self.of_key(asker.key)) > self.per_key:
             del self.sessions[self.of_key(asker.key)[0]]
-        while len(self.sessions) > self.max_sessions:
-            held = Counter(key for key, _ in self.sessions)
-            del self.sessions[self.of_key(max(held, key=held.__getitem__))[0]]
+        held = Counter(key for key, _ in self.sessions if key not in self.kept)
+        while held.total() > self.max_sessions:
+            most = max(held, key=held.__getitem__)
+            del self.sessions[self.of_key(most)[0]]
+            held[most] -= 1
         session.agent(asker).add(asker, spent)
 
     def of_key(self, key: str) -> list[tuple[str, str]]:
         """A key's sessions, least recently seen first."""
         return [known for known in self.sessions if known[0] == key]
 
-    def recent(self, limit: int, cost_per_hour: float | None, key: str | None = None) -> list[dict[str, Any]]:
+    def recent(
+        self, limit: int, cost_per_hour: float | None, key: str | None = None, viewer: str | None = None
+    ) -> list[dict[str, Any]]:
         """The `limit` sessions seen last (of `key` alone, when given), most recent first, each with its
-        agents in the order they came."""
+        agents in the order they came. With `viewer` (an admin looking at every key's), the viewer's own come
+        first, leaving half the rows to the others' when they have some: a flood never hides the owner's."""
         now = self.clock()
-        shown = [session for session in self.sessions.values() if key is None or session.key == key][-limit:][::-1]
+        newest = [session for session in reversed(self.sessions.values()) if key is None or session.key == key]
+        own = [session for session in newest if viewer is not None and session.key == viewer]
+        others = [session for session in newest if viewer is None or session.key != viewer]
+        own = own[: limit - min(len(others), limit // 2)]
+        shown = own + others[: limit - len(own)]
         return [
             {
                 "id": session.id,

@@ -82,7 +82,7 @@ class Bridge:
         if self.budgets:
             recorders.append(self.budgets.record)
         self.usage = Usage(totals=totals_of(days), recorders=recorders)
-        self.sessions = Sessions()
+        self.sessions = Sessions(kept=frozenset(caller.label for caller, _ in self.keys.keys if caller.admin))
         self.capacity = CapacityWatch()  # sampled by create_app's lifespan and each status call
         self.telemetry = GpuTelemetry(on_sample=self.metrics.show_gpus)  # sampling: create_app's lifespan
         self.state_dir = Path(settings.state_dir)

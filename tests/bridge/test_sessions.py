@@ -15,10 +15,12 @@ import httpx
 import pytest
 
 from runtime.bridge.ledger import EARLIER, MAX_LEDGER_BYTES, Buckets, Ledger, add_to, line_of, today, totals_of, within
+from runtime.bridge.podstatus import SESSIONS_SHOWN
 from runtime.bridge.sessions import (
     MAX_AGENTS,
     MAX_ID_CHARS,
     MAX_KEY_SESSIONS,
+    MAX_SESSIONS,
     OTHERS,
     Asker,
     BusyTime,
@@ -134,6 +136,29 @@ def test_a_request_refused_before_generation_creates_no_session() -> None:
     sessions.count(Asker("admin", session="mine"), Spent())  # refused too: the session's usage is unchanged
     assert [s["id"] for s in sessions.recent(8, None)] == ["mine"]
     assert sessions.recent(8, None)[0]["agents"][0]["requests"] == 1
+
+
+@pytest.mark.parametrize("refused", [False, True], ids=["answered", "refused"])
+def test_another_key_s_flood_never_hides_the_admin_s_own_sessions(refused: bool) -> None:
+    """200 requests with new session ids from one key once hid every session of the admin's on the console (8 rows,
+    all the flood's); five keys flooding at once could evict the admin's altogether. Now the admin's own are kept
+    apart and listed first, half the rows left to the others'."""
+    shown = SESSIONS_SHOWN
+    sessions = Sessions(kept=frozenset({"admin"}))
+    for n in range(3):
+        sessions.count(Asker("admin", session=f"mine-{n}"), Spent(output_tokens=1))
+    flood = Spent() if refused else Spent(input_tokens=5, output_tokens=1, ttft_s=0.1)
+    for key in ("mallory", "eve", "trudy", "oscar", "chuck"):
+        for n in range(200):
+            sessions.count(Asker(key, session=f"{key}-{n}"), flood)
+    console = [s["id"] for s in sessions.recent(shown, None, viewer="admin")]
+    assert console[:3] == ["mine-2", "mine-1", "mine-0"] and len(console) == (3 if refused else shown)
+    assert len(sessions.sessions) <= MAX_SESSIONS + MAX_KEY_SESSIONS  # bounded: the admin's share on top
+    for n in range(3, 20):  # the admin's own many: still half the rows to the others'
+        sessions.count(Asker("admin", session=f"mine-{n}"), Spent(output_tokens=1))
+    console = [s["id"] for s in sessions.recent(shown, None, viewer="admin")]
+    assert console[: shown // 2] == [f"mine-{n}" for n in range(19, 19 - shown // 2, -1)]
+    assert len(console) == shown and (refused or all(not id.startswith("mine") for id in console[shown // 2 :]))
 
 
 def test_when_every_session_is_taken_the_key_holding_the_most_gives_one_up() -> None:
