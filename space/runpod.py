@@ -11,7 +11,8 @@ import json
 from collections.abc import Iterable, Mapping
 
 from runtime.runpod.api import API_URL, CUDA_VERSIONS, VOLUME_PATH, RunPodClient, RunPodError
-from runtime.runpod.payloads import ClusterBody, JsonObject, TemplateBody
+from runtime.runpod.clusters import cluster_body as spread_cluster
+from runtime.runpod.payloads import ClusterBody, ClusterCompute, JsonObject, TemplateBody
 from runtime.runpod.proxy import PUBLIC_PORT, SSH_PORT
 from space import BuildError
 from space.targets import ROOT
@@ -94,25 +95,13 @@ def template_body(
 
 
 def cluster_body(name: str, image: str, gpu_type: str, gpus_per_node: int, nodes: int) -> ClusterBody:
-    """A Ray Instant Cluster as a CreateClusterRequest (`POST /v2/clusters`), for a model larger than one
-    machine: the multi-node design of docs/guide/more-gpus.md, on paper (no cluster manager here). Every node runs the image;
-    vLLM runs on rank 0 with tensor parallelism inside each node and pipeline parallelism across them.
-    Clusters take public images only (no `registry` field)."""
-    engine = {
-        "VL_TP": str(gpus_per_node),
-        "VL_EXTRA_ARGS": f"--distributed-executor-backend ray --pipeline-parallel-size {nodes}",
-    }
-    return {
-        "name": name,
-        "type": "RAY",  # RunPod provisions the Ray head (rank 0, PRIMARY_ADDR) and its workers
-        "compute": {"gpuTypeId": gpu_type, "gpuCountPerPod": gpus_per_node, "podCount": nodes},
-        "image": image,
-        "disk": CONTAINER_DISK_GB,
-        "mounts": {"persistent": {"size": VOLUME_GB, "path": VOLUME_PATH}},
-        "ports": list(PORTS),
-        "env": template_env() | engine,
-        "startSsh": True,
-    }
+    """An Instant Cluster as a CreateClusterRequest (`POST /v2/clusters`, type APPLICATION), for a model larger than
+    one machine: the template's pod on every node (runtime/runpod/clusters.py spreads it), each node taking its role
+    from RunPod's variables (rank 0 serves; the others run vLLM's engine headless) and the split from the model's
+    sizing; no Ray. `python -m runtime pod up --nodes N` makes one from a saved template. Clusters take public images
+    only (no `registry` field)."""
+    compute = ClusterCompute(gpuTypeId=gpu_type, gpuCountPerPod=gpus_per_node, podCount=nodes)
+    return spread_cluster(name, template_body(name, image), compute)
 
 
 def repository(image: str) -> tuple[str, str]:

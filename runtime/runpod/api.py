@@ -18,6 +18,8 @@ import httpx
 
 from runtime.headers import USER_AGENT
 from runtime.runpod.payloads import (
+    Cluster,
+    ClusterBody,
     GpuType,
     JsonObject,
     NetworkVolume,
@@ -140,6 +142,29 @@ class RunPodClient:
 
     def delete_pod(self, pod_id: str) -> None:
         self.call("DELETE", f"/v2/pods/{pod_id}", f"delete the pod {pod_id}", expect=None)
+
+    def clusters(self) -> list[Cluster]:
+        return cast(
+            list[Cluster],
+            list_of(self.call("GET", "/v2/clusters", "list your clusters", expect="clusters")["clusters"]),
+        )
+
+    def cluster(self, cluster_id: str) -> Cluster:
+        return cast(Cluster, self.call("GET", f"/v2/clusters/{cluster_id}", f"read the cluster {cluster_id}"))
+
+    def cluster_pods(self, cluster_id: str) -> list[Pod]:
+        """A cluster's member pods, whole (the cluster itself only counts them)."""
+        action = f"list the cluster {cluster_id}'s pods"
+        return cast(
+            list[Pod], list_of(self.call("GET", f"/v2/clusters/{cluster_id}/pods", action, expect="pods")["pods"])
+        )
+
+    def create_cluster(self, body: ClusterBody, on: str) -> Cluster:
+        return cast(Cluster, self.call("POST", "/v2/clusters", f"create {on}", body))
+
+    def delete_cluster(self, cluster_id: str) -> None:
+        """The cluster deleted, every member pod with it (RunPod's API stops no cluster: it deletes one, whole)."""
+        self.call("DELETE", f"/v2/clusters/{cluster_id}", f"delete the cluster {cluster_id}", expect=None)
 
     def gpu_types(self) -> list[GpuType]:
         """RunPod's GPU catalogue (`GET /v2/catalog/gpus`, its schema GpuType): ids, memory, prices, and each

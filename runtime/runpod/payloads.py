@@ -1,5 +1,6 @@
 """What RunPod's REST API v2 answers and is sent, as typed shapes (the schemas of its OpenAPI description: Pod,
-Template, GpuType, NetworkVolume, Registry, CreatePodRequest…), the fields this project reads or writes only.
+Template, GpuType, NetworkVolume, Registry, Cluster, CreatePodRequest, CreateClusterRequest…), the fields this project
+reads or writes only.
 
 `RunPodClient` reads each answer into its shape once, where the JSON comes in; past it, no untyped dict travels.
 """
@@ -48,6 +49,15 @@ class PodRuntime(TypedDict, total=False):
     uptime: int  # seconds since the container started
 
 
+class PodCluster(TypedDict):
+    """A member pod's place in its cluster (PodCluster): its rank (NODE_RANK; None until assigned, 0 the primary)
+    and its address on the cluster's private network (NODE_ADDR), once assigned."""
+
+    id: str  # the cluster's
+    rank: int | None
+    ip: NotRequired[str]
+
+
 class Pod(TypedDict):
     """A pod as `GET /v2/pods/{id}` answers it."""
 
@@ -64,6 +74,7 @@ class Pod(TypedDict):
     cudaVersion: NotRequired[str | None]  # what the host reports
     template: NotRequired[str | None]  # the template's id it was made from
     runtime: NotRequired[PodRuntime | None]
+    cluster: NotRequired[PodCluster]  # a cluster's member only: managed through /v2/clusters/{id}
 
 
 class PodBody(TypedDict):
@@ -108,26 +119,62 @@ class Template(TypedDict):
     name: str
     env: NotRequired[dict[str, str]]
     allowedCudaVersions: NotRequired[list[str]]
+    image: NotRequired[str]
+    registry: NotRequired[str | None]  # a credential's id: a private image (which no cluster can pull)
+    disk: NotRequired[int]
+    ports: NotRequired[list[str]]
+    mounts: NotRequired[TemplateMounts]
+    startSsh: NotRequired[bool]
 
 
 class ClusterCompute(TypedDict):
+    """Every node alike: `podCount` pods (2 at least) of `gpuCountPerPod` GPUs of one type."""
+
     gpuTypeId: str
     gpuCountPerPod: int
     podCount: int
 
 
 class ClusterBody(TypedDict):
-    """A CreateClusterRequest (`POST /v2/clusters`): a Ray Instant Cluster of pods that each run the image."""
+    """A CreateClusterRequest (`POST /v2/clusters`): an Instant Cluster of type APPLICATION, whose nodes each run the
+    image with RunPod's cluster variables (NUM_NODES, NODE_RANK, PRIMARY_ADDR…) and take their role from them (vLLM's
+    own multi-node engine, no Ray: a RAY cluster would start a Ray head the images do not hold). No `registry`: a
+    cluster pulls public images only."""
 
     name: str
-    type: str  # RAY
+    type: str  # APPLICATION
     compute: ClusterCompute
     image: str
-    disk: int
-    mounts: TemplateMounts
-    ports: list[str]
+    disk: NotRequired[int]
+    mounts: NotRequired[Mounts]
+    ports: NotRequired[list[str]]
     env: dict[str, str]
-    startSsh: bool
+    startSsh: NotRequired[bool]
+    dataCenterIds: NotRequired[list[str]]
+
+
+class ClusterPrimary(TypedDict):
+    podId: str  # rank 0's pod
+    status: str
+
+
+class ClusterPods(TypedDict):
+    """A cluster's members counted (ClusterPodsSummary): the pods themselves are `GET /v2/clusters/{id}/pods`'."""
+
+    total: int
+    byStatus: dict[str, int]
+
+
+class Cluster(TypedDict):
+    """A cluster as `GET /v2/clusters/{id}` answers it."""
+
+    id: str
+    name: str
+    type: str
+    compute: ClusterCompute
+    pods: ClusterPods
+    dataCenterId: NotRequired[str]
+    primary: NotRequired[ClusterPrimary]
 
 
 class Price(TypedDict, total=False):

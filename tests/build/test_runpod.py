@@ -17,6 +17,8 @@ import httpx
 import pytest
 
 import runtime.runpod.api as runpod_client
+from runtime.runpod.api import RunPodError
+from runtime.runpod.clusters import cluster_body as spread_cluster
 from runtime.settings import SettingsError, load_settings, recipe_names
 from space import BuildError, runpod
 from tests.support.net import free_port
@@ -69,13 +71,25 @@ def test_the_body_is_a_valid_create_and_update_request(runpod_openapi: OpenAPISc
     assert runpod_openapi.server_url == runpod_client.API_URL
 
 
-def test_the_multi_node_design_is_a_valid_ray_cluster_request(runpod_openapi: OpenAPISchemas) -> None:
+def test_the_multi_node_design_is_a_valid_application_cluster_request(runpod_openapi: OpenAPISchemas) -> None:
+    """An APPLICATION cluster: RunPod sets each node's variables and the image picks its role (no Ray in it)."""
     body = runpod.cluster_body("big-model", PUBLIC_IMAGE, "NVIDIA H100 80GB HBM3", gpus_per_node=8, nodes=2)
     assert runpod_openapi.errors("CreateClusterRequest", body) == []
-    assert body["env"]["VL_TP"] == "8" and "--pipeline-parallel-size 2" in body["env"]["VL_EXTRA_ARGS"]
+    assert body["type"] == "APPLICATION" and "ray" not in json.dumps(body).lower()
+    assert body["compute"] == {"gpuTypeId": "NVIDIA H100 80GB HBM3", "gpuCountPerPod": 8, "podCount": 2}
+    assert (body["image"], body["ports"], body["env"]) == (
+        PUBLIC_IMAGE, ["8080/http", "22/tcp"], runpod.template_body("big-model", PUBLIC_IMAGE)["env"]
+    )  # fmt: skip
     assert runpod_openapi.errors("CreateClusterRequest", {**body, "registry": "6n2k8v4d"})  # public images only
     one_node = runpod.cluster_body("big-model", PUBLIC_IMAGE, "NVIDIA H100 80GB HBM3", gpus_per_node=8, nodes=1)
     assert runpod_openapi.errors("CreateClusterRequest", one_node)  # a cluster has two nodes at least
+
+
+def test_a_private_image_s_template_makes_no_cluster() -> None:
+    private = runpod.template_body(NAME, PRIVATE_IMAGE, registry_id="6n2k8v4d")
+    compute = {"gpuTypeId": "NVIDIA H100 80GB HBM3", "gpuCountPerPod": 8, "podCount": 2}
+    with pytest.raises(RunPodError, match="clusters take public images only"):
+        spread_cluster(NAME, private, compute)
 
 
 def test_the_template_offers_the_runtimes_recipes_and_default() -> None:
