@@ -1,5 +1,6 @@
-"""Every card's verdict for a model (`Row`: the fit, and whether an image of ours serves the card), the usable ones
-first, and the one line that says which card to rent, or why none will do."""
+"""Every card's verdict for a model (`Row`: the fit, whether an image of ours serves the card, and on a cluster's card
+that does not hold it alone, the fewest nodes of it that do), the usable ones first, and the one line that says which
+card to rent, how many nodes of which card when no single card holds it (`nodes`), or why none will do."""
 
 from __future__ import annotations
 
@@ -9,6 +10,15 @@ from typing import Any
 
 from runtime.sizing.cards import OURS
 from runtime.sizing.fit import Fit, Model, fit
+from runtime.sizing.nodes import (
+    CLUSTER_CARDS,
+    GPUS_PER_NODE,
+    MAX_NODES,
+    NodePlan,
+    best_plan,
+    cluster_offers,
+    fewest_nodes,
+)
 from runtime.sizing.offers import Offer
 
 
@@ -16,6 +26,7 @@ from runtime.sizing.offers import Offer
 class Row:
     offer: Offer
     fit: Fit
+    nodes: NodePlan | None = None  # a cluster's card that does not hold the model alone: the fewest nodes that do
 
     @property
     def usable(self) -> bool:
@@ -38,17 +49,24 @@ class Row:
             "stock": self.offer.stock,
             "image": card.image,
             "measured": dict(model.speeds).get(card.id),
+            "nodes": self.nodes.as_json() if self.nodes else None,
         }
 
     def why(self) -> str:
         if self.fit.fits and self.offer.card.image is None:
             return f"{self.fit.why}; no image of ours serves {self.offer.card.arch} (ours: {OURS})"
+        if self.nodes:
+            return f"{self.fit.why}; across GPUs: {self.nodes.line()}"
         return self.fit.why
 
 
 def rows_for(model: Model, found: Iterable[Offer], sessions: int) -> list[Row]:
     """Every card's verdict, the usable ones first (cheapest, or smallest when prices are unknown)."""
-    rows = [Row(offer, fit(model, offer.card, sessions)) for offer in found]
+    rows = []
+    for offer in found:
+        alone = fit(model, offer.card, sessions)
+        across = fewest_nodes(model, offer, sessions) if not alone.fits and offer.card.id in CLUSTER_CARDS else None
+        rows.append(Row(offer, alone, across))
     return sorted(rows, key=lambda r: (not r.usable, r.offer.price_per_hour or 0.0, r.offer.card.memory_mib))
 
 
@@ -68,4 +86,10 @@ def verdict(model: Model, rows: Sequence[Row], sessions: int) -> str:
     fitting = [row.offer.card.name for row in rows if row.fit.fits]
     if fitting:
         return f"{head}: fits {', '.join(fitting)}, but no image of ours serves them (ours: {OURS})"
-    return f"{head}: fits none of these cards"
+    across = best_plan(
+        [plan for offer in cluster_offers(row.offer for row in rows) if (plan := fewest_nodes(model, offer, sessions))]
+    )
+    if across is None:
+        return f"{head}: fits none of these cards, nor {MAX_NODES} nodes of {GPUS_PER_NODE} of a cluster's cards"
+    command = f"python -m runtime pod up --nodes {max(2, across.nodes)} --gpu '{across.offer.card.id}'"
+    return f"{head}: no single card holds it: {across.line()}{host} ({command})"
