@@ -130,6 +130,7 @@ class RunPodState:
     host_cuda: dict[str, str] = field(default_factory=dict)  # GPU type -> CUDA version; default DEFAULT_CUDA
     host_taken: set[str] = field(default_factory=set)
     next_pod_id: str | None = None  # the id the next created pod gets (a test's Hub log path), else a new one
+    hosts: list[str] = field(default_factory=list)  # where the next GPU pods land (a sick host), else each alone
     on_pod: Callable[[str, str], None] = lambda pod_id, status: None
     received: list[Received] = field(default_factory=list)
     faults: list[str] = field(default_factory=list)
@@ -193,8 +194,11 @@ def now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-def new_pod(pod_id: str, body: dict[str, Any], template: dict[str, Any] | None, cuda: str | None) -> dict[str, Any]:
-    """A Pod from a CreatePodRequest, its template resolved into it (body fields win, env merged per key)."""
+def new_pod(
+    pod_id: str, body: dict[str, Any], template: dict[str, Any] | None, cuda: str | None, host: str | None = None
+) -> dict[str, Any]:
+    """A Pod from a CreatePodRequest, its template resolved into it (body fields win, env merged per key); on `host`,
+    its machine's address in `ssh.direct` when it publishes 22/tcp (RunPod tells it once the pod runs: at once here)."""
     base: dict[str, Any] = {
         k: template[k] for k in ("image", "args", "disk", "ports", "env", "registry") if template and k in template
     }
@@ -215,6 +219,9 @@ def new_pod(pod_id: str, body: dict[str, Any], template: dict[str, Any] | None, 
         pod["gpu"] = {"id": body["gpu"]["id"], "count": body["gpu"].get("count", 1)}
     else:  # memory: the flavour's RAM per vCPU times the count, as the spec says the API derives it
         pod["cpu"] = {**body["cpu"], "memory": int(CPU_RAM_GB_PER_VCPU * body["cpu"]["vcpuCount"])}
+    if host and "22/tcp" in pod["ports"]:
+        port = 22000 + sum(map(ord, pod_id)) % 1000
+        pod["ssh"]["direct"] = {"host": host, "port": port, "username": "root", "command": f"ssh root@{host} -p {port}"}
     pod["cost"] = price(pod)
     return json.loads(json.dumps(pod))
 
@@ -393,7 +400,8 @@ class RunPodApp:
             if volume["volumeId"] not in self.state.volumes:
                 raise Problem(400, f"network volume {volume['volumeId']} not found")
         pod_id, self.state.next_pod_id = self.state.next_pod_id or self.state.new_id(), None
-        self.state.pods[pod_id] = pod = new_pod(pod_id, body, template, cuda)
+        host = (self.state.hosts.pop(0) if self.state.hosts else f"{pod_id}.machines.example.invalid") if cuda else None
+        self.state.pods[pod_id] = pod = new_pod(pod_id, body, template, cuda, host)
         self.state.on_pod(pod_id, "PROVISIONING")
         return 201, "Pod", pod
 

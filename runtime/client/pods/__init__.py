@@ -81,6 +81,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--gpu", action="append", default=[], help="a GPU type (default: the pod's, then its target's)"
     )
     replace_command.add_argument("--yes", action="store_true", help="do not ask when a volume on its host goes with it")
+    replace_command.add_argument(
+        "--max-price", type=float, metavar="DOLLARS", help="skip GPU types above DOLLARS an hour"
+    )
 
 
 def at_least_one(text: str) -> int:
@@ -134,7 +137,7 @@ def dispatch(pods: Pods, args: argparse.Namespace) -> int:
         case "start":
             return start(pods, args.pod, watching)
         case "replace":
-            return replace(pods, args.pod, args.gpu, args.yes, watching)
+            return replace(pods, args.pod, args.gpu, args.yes, watching, args.max_price)
         case "status":
             return status(pods, args.pod)
         case "gpus":

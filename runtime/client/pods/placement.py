@@ -4,11 +4,17 @@ each refusal said; for `up` (a pod, a team's workers) and `replace`."""
 from __future__ import annotations
 
 import sys
+import time
+from typing import Any
 
 from runtime.client.pods.facade import Pods
 from runtime.runpod.api import RunPodError
 from runtime.runpod.payloads import Pod, PodBody
 from runtime.sizing.choice import Choice
+
+HOST_WAIT_S = 600.0  # a pod tells its host's address once it runs: after its image's pull, minutes for ours
+HOST_POLL_S = 5.0
+PLACING = ("PROVISIONING", "STARTING", "RUNNING")
 
 
 def place(pods: Pods, body: PodBody, gpus: list[Choice], cuda: list[str]) -> Pod:
@@ -52,3 +58,25 @@ def place(pods: Pods, body: PodBody, gpus: list[Choice], cuda: list[str]) -> Pod
     raise RunPodError(
         f"no pod could be placed, tried: {'; '.join(tried)}: try other --gpu types, --cloud community, or later"
     )
+
+
+def host_of(pod: Pod) -> str | None:
+    """The machine a pod runs on, as RunPod's API v2 tells it: the public address of its direct SSH (`22/tcp`, in our
+    templates) or of another published TCP port. The v2 Pod has no machine id (v1's `machineId`); its address is known
+    only while it runs, and pods of one machine share it (each on its own ports)."""
+    found: Any = pod
+    direct = ((found.get("ssh") or {}).get("direct") or {}).get("host")
+    if direct:
+        return str(direct)
+    ports = (found.get("runtime") or {}).get("ports") or []
+    return next((str(port["ip"]) for port in ports if port.get("type") == "tcp" and port.get("ip")), None)
+
+
+def placed_host(pods: Pods, pod: Pod, wait_s: float = HOST_WAIT_S) -> str | None:
+    """The host a new pod landed on, once RunPod tells it (asked every HOST_POLL_S while the pod is being placed,
+    started or runs, `wait_s` at most); None when it does not say in time, or the pod stops first."""
+    deadline = time.monotonic() + wait_s
+    while (host := host_of(pod)) is None and pod["status"] in PLACING and time.monotonic() < deadline:
+        time.sleep(HOST_POLL_S)
+        pod = pods.get(pod["id"])
+    return host
