@@ -4,16 +4,18 @@ each in the data centres RunPod says have stock, best first."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from runtime.engine.command import VLLM_DEFAULT_UTIL, tuned_options
 from runtime.engine.recipes import RecipeError, load_recipe
 from runtime.runpod.api import RunPodError
 from runtime.runpod.payloads import GpuType
 from runtime.settings import SettingsError
 from runtime.sizing.cards import CARDS, OURS, Card, card_of
 from runtime.sizing.errors import PlanError
-from runtime.sizing.fit import SESSIONS, Model, fit
+from runtime.sizing.fit import SESSIONS, Fit, Model, fit
 from runtime.sizing.model import model_of_recipe, sizing_settings
 from runtime.sizing.offers import Offer, named_offer, offer_of
 
@@ -29,14 +31,35 @@ class Choice:
     price_per_hour: float | None = None
 
 
-def template_model(env: Mapping[str, str]) -> Model | None:
-    """The model a template's pod serves (its VL_MODEL at its VL_CTX), sized as `runtime plan` sizes it; None when
-    the template names something `plan` cannot size offline (a refusal would then be a guess)."""
+def template_model(env: Mapping[str, str], environ: Mapping[str, str] = os.environ) -> Model | None:
+    """The model a template's pod serves (its VL_MODEL at its VL_CTX), sized as `runtime plan` sizes it: offline from
+    its recipe's facts, else from its repository on the Hub (`pod up` has the network; the user's HF_ENDPOINT and
+    HF_TOKEN); what neither tells is unknown (`unsized`: no KV size, perhaps no weights). None for a template whose
+    settings are wrong (a verdict would then be a guess)."""
+    hub = {name: environ[name] for name in ("HF_ENDPOINT", "HF_TOKEN") if environ.get(name)}
     try:
         settings = sizing_settings(env)
-        return model_of_recipe(load_recipe(settings.model), environ={}, settings=settings)
-    except (RecipeError, PlanError, SettingsError):
+        recipe = load_recipe(settings.model)
+    except (RecipeError, SettingsError):
         return None
+    try:
+        return model_of_recipe(recipe, environ=hub, settings=settings)
+    except PlanError as error:
+        options, window = tuned_options(settings, recipe)
+        utilization = float(str(options.get("gpu-memory-utilization", VLLM_DEFAULT_UTIL)))
+        return Model(recipe.name, window, recipe.max_context, None, None, None, utilization, source=str(error))
+    except SettingsError:
+        return None
+
+
+def unsized(model: Model | None) -> bool:
+    """Whether `plan` could not tell the KV a token of the model takes (neither measured nor read from the Hub)."""
+    return model is not None and model.kv_bytes_per_token is None and model.kv_fixed_bytes is None
+
+
+def holds_weights(model: Model, card: Card) -> Fit:
+    """A card's verdict on what vLLM holds besides the KV (the weights, the overhead), the KV's size left aside."""
+    return fit(replace(model, kv_bytes_per_token=1, context=1, max_context=1), card)
 
 
 def choices(
@@ -61,9 +84,20 @@ def choices(
     else:
         candidates = [offer_for(gpu, entries, cloud) for gpu in entries if not target or card_of(gpu).arch == target]
         candidates.sort(key=lambda offer: (offer.price_per_hour is None, offer.price_per_hour or 0.0))
+    if max_price is not None and candidates and all(offer.price_per_hour is None for offer in candidates):
+        raise RunPodError(
+            f"--max-price {max_price:g} cannot be applied: RunPod gave no price for any card (its catalogue could not "
+            "be read): try again later, or go without --max-price"
+        )
+    if unsized(model) and model is not None:  # tried from the cards that hold its weights, said once
+        weights = f"its weights ({model.weights_gib:.1f} GiB)" if model.weights_gib else "its weights (size unknown)"
+        say(f"pod: cannot size {model.name}'s KV ({model.source}): trying the cards that hold {weights}, largest first")
+        if not asked:
+            candidates.sort(key=lambda offer: -offer.card.memory_mib)
     kept = []
     for offer in candidates:
-        if model is not None and not (verdict := fit(model, offer.card)).fits:
+        check = holds_weights if unsized(model) else fit
+        if model is not None and not (verdict := check(model, offer.card)).fits:
             say(f"pod: {offer.card.id}: skipped: {verdict.why}")
         elif max_price is not None and offer.price_per_hour is None:  # a cap passes no card it cannot check
             say(f"pod: {offer.card.id}: skipped: RunPod gave no price for it, so --max-price {max_price:g} cannot hold")
