@@ -10,6 +10,7 @@ from collections.abc import Iterator, Mapping
 
 import pytest
 
+from runtime.client.pods import placement
 from runtime.client.pods.boot import Watching
 from runtime.client.pods.facade import Pods
 from runtime.client.pods.placement import host_of
@@ -91,3 +92,22 @@ def test_the_new_card_is_checked_as_pod_up_checks_it_its_model_fits_within_the_p
     (new,) = runpod_server.pods
     assert new["gpu"]["id"] == L40S and watched == [new["id"]]
     assert f"pod: {RTX4090}: skipped: " in capsys.readouterr().err
+
+
+def test_a_new_pod_that_tells_no_host_in_time_is_kept_and_said(
+    runpod_server: RunPodServer, pods: Pods, watched: list[str], monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """RunPod tells a pod's address once it runs (after its image's pull): replace waits for it, a line saying so,
+    and when it does not come in time goes on with the pod, saying what to do if it is the old host."""
+    old = sick_pod(runpod_server, pods)
+    (template,) = runpod_server.templates
+    runpod_server.edit_template(template["id"], ports=["8080/http"])  # no 22/tcp: no address to tell
+    monkeypatch.setattr(placement, "HOST_WAIT_S", 0.3)
+    monkeypatch.setattr(placement, "HOST_POLL_S", 0.05)
+    assert replacing.replace(pods, old, [], True, Watching(None, 0)) == 0
+    (new,) = runpod_server.pods
+    said = capsys.readouterr().err
+    assert f"pod: {new['id']}: waiting for its host's address (told once it runs) to check it is not {SICK}" in said
+    assert f"pod: {new['id']} told no host address yet: if it is {old}'s ({SICK}), replace it again" in said
+    assert watched == [new["id"]] and len([r for r in runpod_server.received if r.path == f"/v2/pods/{new['id']}"]) > 1

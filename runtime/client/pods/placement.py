@@ -72,10 +72,10 @@ def host_of(pod: Pod) -> str | None:
     return next((str(port["ip"]) for port in ports if port.get("type") == "tcp" and port.get("ip")), None)
 
 
-def placed_host(pods: Pods, pod: Pod, wait_s: float = HOST_WAIT_S) -> str | None:
+def placed_host(pods: Pods, pod: Pod) -> str | None:
     """The host a new pod landed on, once RunPod tells it (asked every HOST_POLL_S while the pod is being placed,
-    started or runs, `wait_s` at most); None when it does not say in time, or the pod stops first."""
-    deadline = time.monotonic() + wait_s
+    started or runs, HOST_WAIT_S at most); None when it does not say in time, or the pod stops first."""
+    deadline = time.monotonic() + HOST_WAIT_S
     while (host := host_of(pod)) is None and pod["status"] in PLACING and time.monotonic() < deadline:
         time.sleep(HOST_POLL_S)
         pod = pods.get(pod["id"])

@@ -64,6 +64,8 @@ def place_elsewhere(pods: Pods, old: Pod, body: PodBody, gpus: list[Choice], cud
         new = place(pods, body, gpus, cuda)
         if avoid is None:
             return new
+        if host_of(new) is None:
+            warn(f"pod: {new['id']}: waiting for its host's address (told once it runs) to check it is not {avoid}")
         host = placed_host(pods, new)
         if host is None:
             warn(f"pod: {new['id']} told no host address yet: if it is {old['id']}'s ({avoid}), replace it again")
