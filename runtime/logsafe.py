@@ -43,6 +43,13 @@ def strip_controls(text: str) -> str:
     return CONTROLS.sub("", text)
 
 
+def terminal_line(text: str, limit: int | None = None) -> str:
+    """Words from elsewhere (a server's answer, a model's name) as one line of a terminal: each of their lines
+    stripped of controls (a control string ends at its line), then all joined by single spaces; cut at `limit`."""
+    line = " ".join(" ".join(strip_controls(part) for part in text.splitlines()).split())
+    return line if limit is None else line[:limit]
+
+
 def one_line(error: BaseException) -> str:
     """An error as one line of a log: its type, then its text with every line break folded, cut at ERROR_CHARS (a
     Hub or a download can fail with a multi-line message, and a log line must stay one line)."""

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 import httpx
 
 from runtime.checks.asking import REQUEST_S, CheckFailed, Outcome, Pod, Skipped, quoted, text_of
+from runtime.checks.bounded import deadline, limits, lines
 from runtime.checks.endpoint import check_endpoint
 from runtime.checks.images import pictures_to_show
 from runtime.engine.tinymodel.script import MARK_TOOL
@@ -131,10 +132,11 @@ async def pings(pod: Pod) -> str:
         "messages": [{"role": "user", "content": await pod.filler(pod.window // 2) + "\nSay hello."}],
     }
     began, seen, first = time.monotonic(), {"ping": 0}, None
-    async with pod.client.stream("POST", "/v1/messages", json=body) as response:
+    url, bounds = f"{str(pod.client.base_url).rstrip('/')}/v1/messages", pod.stream_bounds
+    async with deadline(bounds.deadline_s, url), pod.client.stream("POST", "/v1/messages", json=body) as response:
         if response.status_code != 200:
             raise CheckFailed(f"answered {response.status_code}")
-        async for line in response.aiter_lines():
+        async for line in lines(response, bounds.max_bytes, url):
             event = line.removeprefix("event: ") if line.startswith("event: ") else None
             if event is not None:
                 seen[event] = seen.get(event, 0) + 1
@@ -158,16 +160,27 @@ async def vision(pod: Pod) -> str:
                 ],
             }
         ]
-        response = await pod.client.post("/v1/messages", json={"model": pod.model, "max_tokens": 16, "messages": ask})
+        response = await pod.post("/v1/messages", {"model": pod.model, "max_tokens": 16, "messages": ask})
         if response.status_code == 400 and any(word in response.text.lower() for word in ("image", "multimodal")):
-            raise Skipped(f"the model takes no images ({quoted(response.json()['error']['message'], 80)})")
+            raise Skipped(f"the model takes no images ({quoted(refusal(response.text), 80)})")
         if response.status_code != 200:
             raise CheckFailed(f"answered {response.status_code}: {response.text[:200]}")
-        answer = text_of(response.json())
+        try:
+            answer = text_of(response.json())
+        except (ValueError, AttributeError, TypeError):
+            raise CheckFailed(f"answered 200 with no message: {response.text[:200]}") from None
         if picture.answer not in answer.lower():
             raise CheckFailed(f"{picture.shows}: answered {quoted(answer)} ({len(seen)} right before it)")
         seen.append(picture.shows)
     return f"{len(seen)} of {len(seen)} images named right: {', '.join(seen)}"
+
+
+def refusal(text: str) -> str:
+    """A refusal's own words: the Messages API's error message, else its body."""
+    try:
+        return str(json.loads(text)["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return text
 
 
 async def engine_alive(pod: Pod) -> str:
@@ -200,11 +213,12 @@ async def run_checks(
 ) -> list[Outcome]:
     """Each named check in order against the pod at `url` (on `model`, else the served model's bare name); each
     outcome said as soon as it is known; `before_each` awaited before each check (the pod's own: its users first)."""
+    bounds = limits(REQUEST_S)  # before the first request: a deadline not allowed stops here, in one line
     endpoint = await asyncio.to_thread(check_endpoint, url, key, model)
     headers = api_headers(key)
     outcomes = []
     async with httpx.AsyncClient(base_url=endpoint.base_url, headers=headers, timeout=REQUEST_S) as client:
-        pod = Pod(client, endpoint.model, endpoint.window)
+        pod = Pod(client, endpoint.model, endpoint.window, bounds)
         for name in names:
             if before_each is not None:
                 await before_each()
@@ -215,7 +229,11 @@ async def run_checks(
             except CheckFailed as failure:
                 outcome = Outcome(name, "failed", str(failure))
             except httpx.HTTPError as error:
-                outcome = Outcome(name, "failed", f"{type(error).__name__}: {error}"[:200])
+                outcome = Outcome(name, "failed", f"{type(error).__name__}: {error}"[:300])
+            except (ValueError, KeyError, TypeError, AttributeError, IndexError) as error:  # not the Messages API
+                outcome = Outcome(
+                    name, "failed", f"not the Messages API's answer ({type(error).__name__}: {error})"[:300]
+                )
             outcomes.append(outcome)
             say(outcome)
     return outcomes

@@ -27,16 +27,19 @@ from typing import Any
 import httpx
 
 from runtime.checks.asking import DEFAULT_URL, REQUEST_S, CheckFailed, Pod
+from runtime.checks.bounded import DeadlineSettingError, Limits, chunks, deadline, limits, lines, request
 from runtime.checks.endpoint import EndpointError, check_endpoint
 from runtime.client.identity import pod_key, pod_url
 from runtime.engine.tinymodel.script import MARK_LONG
 from runtime.headers import KEY_DEFAULT, api_headers
+from runtime.logsafe import strip_controls, terminal_line
 
 CONTEXTS = (3_000, 32_000, 114_000, 282_000, 1_000_000)  # the notes' solo columns (Ornith NVFP4 on an Ada)
 SESSIONS = (1, 2, 4, 8, 16)  # the notes' aggregate columns
 DECODE_TOKENS = 256  # per answer: enough steps that the first token's cost fades from the rate
 PREFILL_TOKENS = 32_000  # the cold and warm prompt (or half the window, if smaller)
 SESSION_PROMPT_TOKENS = 1_000  # each aggregate session's prompt: short, so that the round measures decoding
+NAME_CHARS = 120  # of a model's or a GPU's name from the pod's status, as printed
 ROOM = 512  # tokens kept free in the window for the chat template and the answer
 # Controlled output: the notes' "sortie contrôlée". The tiny model's own marker makes it talk until cut off too.
 COUNT = f"\n\nNow count upward from 1, one number per line, and never stop on your own. {MARK_LONG}"
@@ -113,10 +116,12 @@ async def stream(pod: Pod, content: str, max_tokens: int) -> Answer:
         "messages": [{"role": "user", "content": content}],
     }
     answer, began, event = Answer(), time.monotonic(), ""
-    async with pod.client.stream("POST", "/v1/messages", json=body) as response:
+    url, bounds = f"{str(pod.client.base_url).rstrip('/')}/v1/messages", pod.stream_bounds
+    async with deadline(bounds.deadline_s, url), pod.client.stream("POST", "/v1/messages", json=body) as response:
         if response.status_code != 200:
-            raise CheckFailed(f"answered {response.status_code}: {(await response.aread())[:200]!r}")
-        async for line in response.aiter_lines():
+            head = b"".join([chunk async for chunk in chunks(response, bounds.max_bytes, url)])
+            raise CheckFailed(f"answered {response.status_code}: {head[:200]!r}")
+        async for line in lines(response, bounds.max_bytes, url):
             if line.startswith("event: "):
                 event = line.removeprefix("event: ")
             elif line.startswith("data: "):
@@ -230,25 +235,34 @@ def compared(report: Report) -> dict[str, Any] | None:
     }
 
 
-async def pod_facts(client: httpx.AsyncClient) -> tuple[str | None, str | None]:
+async def pod_facts(client: httpx.AsyncClient, bounds: Limits) -> tuple[str | None, str | None]:
     """The recipe and the first GPU's name, from the pod's status (None where it does not say)."""
     try:
-        status = (await client.get("/v1/pod/status")).json()
+        status = (await request(client, "GET", "/v1/pod/status", bounds)).json()
     except (httpx.HTTPError, ValueError):
         return None, None
-    model = (status.get("model") or {}).get("name") if isinstance(status, dict) else None
+    facts = status.get("model") if isinstance(status, dict) else None
+    model = facts.get("name") if isinstance(facts, dict) else None
     gpus = status.get("gpus") if isinstance(status, dict) else None
     gpu = gpus[0].get("name") if isinstance(gpus, list) and gpus and isinstance(gpus[0], dict) else None
-    return model, gpu
+    return shown_name(model), shown_name(gpu)
+
+
+def shown_name(value: object) -> str | None:
+    """A name the pod's status gives, as a terminal may show it: text without controls, cut; None for anything else."""
+    if not isinstance(value, str):
+        return None
+    return terminal_line(value, NAME_CHARS) or None
 
 
 async def run_bench(url: str, key: str, quick: bool, say: Any) -> Report:
+    bounds = limits(REQUEST_S)  # before the first request: a deadline not allowed stops here, in one line
     endpoint = await asyncio.to_thread(check_endpoint, url, key)
     plan = QUICK if quick else Plan()
     headers = api_headers(key)
     async with httpx.AsyncClient(base_url=endpoint.base_url, headers=headers, timeout=REQUEST_S) as client:
-        pod = Pod(client, endpoint.model, endpoint.window)
-        recipe, gpu = await pod_facts(client)
+        pod = Pod(client, endpoint.model, endpoint.window, bounds)
+        recipe, gpu = await pod_facts(client, bounds)
         report = Report(recipe or endpoint.model, gpu)
         say(
             f"{endpoint.base_url}: {report.model} ({endpoint.window:,}-token window) on {gpu or 'a machine that reads no GPU'}"
@@ -262,15 +276,15 @@ async def run_bench(url: str, key: str, quick: bool, say: Any) -> Report:
         report.reference = compared(report)
         if report.reference is not None:
             say(reference_line(report.reference))
-        report.kept = await kept_on_the_pod(client, report)
+        report.kept = await kept_on_the_pod(client, report, bounds)
         say(f"\n{report.kept}")
     return report
 
 
-async def kept_on_the_pod(client: httpx.AsyncClient, report: Report) -> str:
+async def kept_on_the_pod(client: httpx.AsyncClient, report: Report, bounds: Limits) -> str:
     """The report sent to the pod, which keeps the last one on its volume for the console and `runtime status`."""
     try:
-        answer = await client.put("/v1/pod/bench", json=report.sent())
+        answer = await request(client, "PUT", "/v1/pod/bench", bounds, report.sent())
     except httpx.HTTPError as error:
         return f"not kept on the pod: {type(error).__name__}"
     if answer.status_code == 204:
@@ -279,7 +293,7 @@ async def kept_on_the_pod(client: httpx.AsyncClient, report: Report) -> str:
         return "not kept on the pod: it keeps a report sent with an admin key"
     if answer.status_code in (404, 405, 501):
         return "not kept on the pod: its bridge is older than this command"
-    return f"not kept on the pod: it answered {answer.status_code} {answer.text[:200]}"
+    return f"not kept on the pod: it answered {answer.status_code} {terminal_line(answer.text, 200)}"
 
 
 def solo_table(rows: list[dict[str, Any]]) -> str:
@@ -315,6 +329,11 @@ def reference_line(reference: dict[str, Any]) -> str:
     return line
 
 
+def one_line(text: str) -> str:
+    """A failure's one line on the terminal: no control, no line break, cut at 300 characters."""
+    return terminal_line(text, 300)
+
+
 def shown(value: float | None) -> str:
     return "—" if value is None else f"{value:g}"
 
@@ -329,19 +348,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    say = (lambda line: None) if args.json else (lambda line: print(line, flush=True))
+    say = (lambda line: None) if args.json else (lambda line: print(strip_controls(line), flush=True))
     try:
         url = pod_url(args.url) or DEFAULT_URL
         report = asyncio.run(run_bench(url, pod_key(args.key, url) or "", args.quick, say))
-    except EndpointError as error:
-        print(f"runtime bench: {error}", file=sys.stderr)
+    except (EndpointError, DeadlineSettingError) as error:
+        print(one_line(f"runtime bench: {error}"), file=sys.stderr)
         return 2
     except (CheckFailed, httpx.HTTPError) as error:
-        print(f"runtime bench: {type(error).__name__}: {error}"[:300], file=sys.stderr)
+        print(one_line(f"runtime bench: {type(error).__name__}: {error}"), file=sys.stderr)
         return 1
-    except (ValueError, KeyError, TypeError) as error:  # an event that is not Anthropic's: no traceback for it
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError) as error:  # not Anthropic's: no traceback
         print(
-            f"runtime bench: the pod's stream is not the Messages API's ({type(error).__name__}: {error})"[:300],
+            one_line(f"runtime bench: the pod's stream is not the Messages API's ({type(error).__name__}: {error})"),
             file=sys.stderr,
         )
         return 1

@@ -13,10 +13,12 @@ from collections.abc import Callable
 from dataclasses import asdict
 
 from runtime.checks.asking import DEFAULT_URL, Outcome
+from runtime.checks.bounded import DeadlineSettingError
 from runtime.checks.endpoint import EndpointError
 from runtime.checks.suite import CHECKS, run_checks
 from runtime.client.identity import pod_key, pod_url
 from runtime.headers import KEY_DEFAULT
+from runtime.logsafe import terminal_line
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -30,7 +32,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def line_of(outcome: Outcome) -> str:
-    return f"{outcome.name:<20} {outcome.status.upper():<8} {outcome.detail}"
+    """One check's line on the terminal: what the pod answered is shown without controls or line breaks."""
+    return f"{outcome.name:<20} {outcome.status.upper():<8} {one_line(outcome.detail)}"
+
+
+def one_line(text: str) -> str:
+    return terminal_line(text)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -39,8 +46,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         url = pod_url(args.url) or DEFAULT_URL
         outcomes = asyncio.run(run_checks(url, pod_key(args.key, url) or "", names, say, args.model))
-    except EndpointError as error:
-        print(f"runtime check: {error}", file=sys.stderr)
+    except (EndpointError, DeadlineSettingError) as error:
+        print(one_line(f"runtime check: {error}"), file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps({"checks": [asdict(o) | {"ok": o.ok} for o in outcomes]}, indent=2))

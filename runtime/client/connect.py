@@ -16,6 +16,7 @@ from runtime.checks.endpoint import EndpointError, check_endpoint
 from runtime.client.environment import print_environment
 from runtime.client.identity import pod_key
 from runtime.headers import KEY_DEFAULT
+from runtime.logsafe import terminal_line
 from runtime.runpod.proxy import proxy_url
 
 
@@ -30,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         endpoint = check_endpoint(args.url, pod_key(args.key, args.url) or "x", args.model)  # open: any text
     except EndpointError as error:
-        print(f"connect: {error}", file=sys.stderr)
+        print(terminal_line(f"connect: {error}"), file=sys.stderr)
         return 1
     print_environment(endpoint, args.shell)
     return 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 import shlex
 
 from runtime.checks.endpoint import Endpoint
+from runtime.logsafe import strip_controls
 
 
 def claude_environment(endpoint: Endpoint) -> dict[str, str]:
@@ -35,9 +36,14 @@ def bash_script(environment: dict[str, str]) -> str:
     return "\n".join([*lines, "claude"])
 
 
+# What ends a single-quoted PowerShell string: the ASCII quote and the four typographic ones PowerShell reads as
+# quotes too (U+2018 to U+201B); inside the string each is doubled to stand for itself.
+POWERSHELL_QUOTES = {ord(quote): quote * 2 for quote in "'\u2018\u2019\u201a\u201b"}
+
+
 def powershell_literal(value: str) -> str:
-    """A single-quoted PowerShell string: nothing in it is expanded; a quote is doubled."""
-    return "'" + value.replace("'", "''") + "'"
+    """A single-quoted PowerShell string: nothing in it is expanded; every quote PowerShell knows is doubled."""
+    return "'" + value.translate(POWERSHELL_QUOTES) + "'"
 
 
 def powershell_script(environment: dict[str, str]) -> str:
@@ -49,7 +55,7 @@ def powershell_script(environment: dict[str, str]) -> str:
 def print_environment(endpoint: Endpoint, shell: str = "both") -> None:
     """What `connect` prints once the endpoint answered: what it serves, then Claude Code's environment."""
     window = f"{endpoint.window} tokens" if endpoint.window else "an unknown window"
-    print(f"# {endpoint.base_url} serves {endpoint.model!r} with {window}; one token generated.")
+    print(strip_controls(f"# {endpoint.base_url} serves {endpoint.model!r} with {window}; one token generated."))
     environment = claude_environment(endpoint)
     if shell in ("bash", "both"):
         print(f"\n# bash / zsh\n{bash_script(environment)}")

@@ -15,6 +15,7 @@ from runtime.checks.endpoint import EndpointError, check_endpoint
 from runtime.client.environment import claude_environment, print_environment
 from runtime.client.identity import pod_key, pod_url
 from runtime.headers import KEY_DEFAULT
+from runtime.logsafe import terminal_line
 
 PASSES_ON = True  # runtime.cli hands what follows `--` over as `passed_on`: Claude Code's own arguments
 
@@ -36,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         endpoint = check_endpoint(url, key, args.model)
     except EndpointError as error:
-        print(f"launch: {error}", file=sys.stderr)
+        print(terminal_line(f"launch: {error}"), file=sys.stderr)
         return 1
     if args.print:
         print_environment(endpoint)

@@ -13,13 +13,15 @@ import signal
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
+from runtime.checks.bounded import DeadlineSettingError, Limits, OverLimit, limits, request_sync
 from runtime.client.identity import pod_key, pod_url
 from runtime.headers import KEY_DEFAULT, api_headers
-from runtime.logsafe import strip_controls
+from runtime.logsafe import strip_controls, terminal_line
 from runtime.runpod.proxy import proxy_url
 from runtime.state.benchreport import summary
 from runtime.state.selfcheck import checked
@@ -27,7 +29,7 @@ from runtime.state.selfcheck import checked
 STATUS_PATH = "/v1/pod/status"
 WATCH_EVERY_S = 2.0
 STOP_CHECK_S = 0.1  # how soon a Ctrl-C ends the watch's wait
-TIMEOUT_S = 10.0
+TIMEOUT_S = 10.0  # the whole request, its answer read to the end (VLLM_POD_DEADLINE_S replaces it)
 REDRAW = "\x1b[H\x1b[2J"  # cursor home, clear the screen: the table is redrawn where it was
 SPARK = "▁▂▃▄▅▆▇█"
 SHOWN_VERSIONS = ("vllm", "torch")  # of the image's pinned versions, the two people ask about
@@ -49,19 +51,33 @@ def run(args: argparse.Namespace) -> int:
         print("status: no URL, and no pod brought up by `pod up` yet: give the pod's URL", file=sys.stderr)
         return 2
     headers = api_headers(pod_key(args.key, url))
+    try:
+        bounds = limits(TIMEOUT_S)
+    except DeadlineSettingError as error:
+        print(f"status: {error}", file=sys.stderr)
+        return 2
+    asked = Asked(url.rstrip("/"), headers, bounds)
     # The environment's proxy and CA settings apply, as for `runtime connect`: the pod is usually remote.
-    with httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=TIMEOUT_S) as client:
-        if not args.watch:
-            state, problem = fetch(client)
-            if state is None:
-                print(problem, file=sys.stderr)
-                return 1
-            print(render(state))
-            return 0
-        return watch(client)
+    if not args.watch:
+        shown, problem = shown_status(asked)
+        if shown is None:
+            print(problem, file=sys.stderr)
+            return 1
+        print(shown)
+        return 0
+    return watch(asked)
 
 
-def watch(client: httpx.Client) -> int:
+@dataclass(frozen=True)
+class Asked:
+    """The pod's status page as a command asks it: where, with which headers, within which limits."""
+
+    base_url: str
+    headers: Mapping[str, str]
+    bounds: Limits
+
+
+def watch(asked: Asked) -> int:
     """Redraw every WATCH_EVERY_S until Ctrl-C, which ends the loop between two fetches: a KeyboardInterrupt raised
     inside httpx can leave its connection pool's lock held, and closing the client then waits for ever (a test
     hung so under load). A second Ctrl-C leaves at once."""
@@ -75,8 +91,8 @@ def watch(client: httpx.Client) -> int:
     previous = signal.signal(signal.SIGINT, on_interrupt)
     try:
         while not interrupted:
-            state, problem = fetch(client)
-            shown = render(state) if state is not None else f"{problem}\n(retrying every {WATCH_EVERY_S:g} s)"
+            shown, problem = shown_status(asked)
+            shown = shown if shown is not None else f"{problem}\n(retrying every {WATCH_EVERY_S:g} s)"
             sys.stdout.write(REDRAW + shown + "\n")
             sys.stdout.flush()
             until = time.monotonic() + WATCH_EVERY_S
@@ -87,20 +103,46 @@ def watch(client: httpx.Client) -> int:
     return 0
 
 
-def fetch(client: httpx.Client) -> tuple[dict[str, Any] | None, str]:
-    """The status object, or None and one line saying why not (never the key)."""
-    where = f"{client.base_url}{STATUS_PATH}"
+def fetch(asked: Asked) -> tuple[dict[str, Any] | None, str]:
+    """The status object, or None and one line saying why not (never the key): the whole answer within the deadline
+    and the size cap (runtime.checks.bounded), else that line says which it overran."""
+    where = f"{asked.base_url}{STATUS_PATH}"
     try:
-        response = client.get(STATUS_PATH)
+        response = request_sync(asked.base_url, asked.headers, "GET", STATUS_PATH, asked.bounds)
+    except OverLimit as error:
+        return None, strip_controls(str(error))
     except httpx.HTTPError as error:
-        return None, f"cannot reach {where}: {type(error).__name__}"
+        return None, strip_controls(f"cannot reach {where}: {type(error).__name__}")
     if response.status_code != 200:
         try:
             message = response.json()["error"]["message"]
         except (ValueError, KeyError, TypeError):
             message = response.text[:200]
-        return None, strip_controls(f"{where} answered {response.status_code}: {message}")
-    return response.json(), ""
+        return None, one_line(f"{where} answered {response.status_code}: {message}")
+    try:
+        state = response.json()
+    except ValueError:
+        return None, one_line(f"{where} answered 200 with no JSON: {response.text[:200]}")
+    if not isinstance(state, dict):
+        return None, one_line(f"{where} answered 200 with no status object: {response.text[:200]}")
+    return state, ""
+
+
+def shown_status(asked: Asked) -> tuple[str | None, str]:
+    """The status as the terminal shows it, or None and one line saying why not (a status this client cannot read
+    among them: a traceback is no answer)."""
+    state, problem = fetch(asked)
+    if state is None:
+        return None, problem
+    try:
+        return render(state), ""
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as error:
+        return None, one_line(f"status: {asked.base_url}{STATUS_PATH} is not a status this client reads ({error!r})")
+
+
+def one_line(text: str) -> str:
+    """A server's words as one line of the terminal: no control, no line break."""
+    return terminal_line(str(text))
 
 
 def render(state: Mapping[str, Any]) -> str:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import httpx
 
+from runtime.checks.bounded import Limits, request_sync
 from runtime.checks.endpoint import check_endpoint
 from runtime.client.environment import print_environment
 from runtime.client.identity import pod_key, remember_pod
@@ -24,7 +25,8 @@ from runtime.units import human_seconds
 
 POLL_S = 5.0
 LOG_LINE_CHARS = 300
-HEALTH_TIMEOUT_S = 10.0
+HEALTH_TIMEOUT_S = 10.0  # the whole request, its answer read to the end
+HEALTH_BYTES = 1 << 20  # a /health answer is a few hundred bytes; a proxy's error page a few kB
 GONE = ("EXITED", "ERROR", "TERMINATED")
 
 
@@ -151,8 +153,8 @@ def health(url: str, key: str | None = None) -> tuple[int, bytes] | None:
     """The pod's /health through RunPod's proxy (status, body), as a key's holder reads it when `key` is given; None
     while it cannot be reached."""
     headers = {"user-agent": USER_AGENT} | ({"x-api-key": key} if key else {})
-    try:
-        response = httpx.get(f"{url}/health", headers=headers, timeout=HEALTH_TIMEOUT_S)
+    try:  # the whole answer within HEALTH_TIMEOUT_S and HEALTH_BYTES: a proxy that drips or floods is "not yet"
+        response = request_sync(url, headers, "GET", "/health", Limits(HEALTH_TIMEOUT_S, HEALTH_BYTES))
     except httpx.HTTPError:
         return None
     return response.status_code, response.content
