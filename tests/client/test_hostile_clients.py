@@ -187,3 +187,18 @@ def test_every_quote_powershell_reads_is_doubled_in_a_literal(quote: str) -> Non
     """PowerShell ends a single-quoted string at any of the five; doubled, each stands for itself."""
     literal = powershell_literal(f"sk-{quote}; Remove-Item -Recurse ~ ;{quote}")
     assert literal == f"'sk-{quote * 2}; Remove-Item -Recurse ~ ;{quote * 2}'"
+
+
+@pytest.mark.slow
+def test_pod_up_s_health_reads_end_at_their_deadline_and_its_verdict_is_shown_without_controls() -> None:
+    """`pod up`'s /health through the proxy: a drip is "not yet" within its deadline; a verdict comes without its
+    controls, in one line."""
+    from runtime.client.pods import boot
+
+    with Hostile({"GET /health": drip}) as server:
+        began = time.monotonic()
+        assert boot.health(server.url, "k" * 20, deadline_s=DEADLINE_S) is None
+        assert time.monotonic() - began < DEADLINE_S + 10
+    verdict = {"status": "ok", "checked": f"failed: \x1b]0;pwned\x07needle\r\n{HOSTILE_NAME}"}
+    with Hostile({"GET /health": answer(verdict)}) as server:
+        assert boot.self_checked(server.url, "k" * 20) == "failed: needle tiny-evil"

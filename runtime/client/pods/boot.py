@@ -19,6 +19,7 @@ from runtime.client.pods.facade import Pods
 from runtime.headers import USER_AGENT
 from runtime.health import health_answer, serves_model
 from runtime.liveline import LiveLine
+from runtime.logsafe import terminal_line
 from runtime.runpod.api import RunPodError
 from runtime.runpod.proxy import proxy_url
 from runtime.units import human_seconds
@@ -27,6 +28,7 @@ POLL_S = 5.0
 LOG_LINE_CHARS = 300
 HEALTH_TIMEOUT_S = 10.0  # the whole request, its answer read to the end
 HEALTH_BYTES = 1 << 20  # a /health answer is a few hundred bytes; a proxy's error page a few kB
+VERDICT_CHARS = 300  # of the self-check's verdict, as printed
 GONE = ("EXITED", "ERROR", "TERMINATED")
 
 
@@ -73,9 +75,11 @@ def print_verdict(pod_id: str, key: str, deadline: float) -> None:
 
 
 def self_checked(url: str, key: str) -> str | None:
-    """`checked` of the pod's /health as a key's holder reads it; None when it cannot be read."""
+    """`checked` of the pod's /health as a key's holder reads it, as a terminal may show it (no control, one line);
+    None when it cannot be read."""
     answer = health(url, key)
-    return health_answer(answer[1]).get("checked") if answer is not None else None
+    verdict = health_answer(answer[1]).get("checked") if answer is not None else None
+    return terminal_line(verdict, VERDICT_CHARS) if isinstance(verdict, str) else None
 
 
 def boot(pods: Pods, pod_id: str, env: Mapping[str, str], deadline: float) -> int:
@@ -149,12 +153,12 @@ def boot_log(pod_id: str, env: Mapping[str, str]) -> Callable[[], list[str]]:
     return new_lines
 
 
-def health(url: str, key: str | None = None) -> tuple[int, bytes] | None:
+def health(url: str, key: str | None = None, deadline_s: float = HEALTH_TIMEOUT_S) -> tuple[int, bytes] | None:
     """The pod's /health through RunPod's proxy (status, body), as a key's holder reads it when `key` is given; None
     while it cannot be reached."""
     headers = {"user-agent": USER_AGENT} | ({"x-api-key": key} if key else {})
-    try:  # the whole answer within HEALTH_TIMEOUT_S and HEALTH_BYTES: a proxy that drips or floods is "not yet"
-        response = request_sync(url, headers, "GET", "/health", Limits(HEALTH_TIMEOUT_S, HEALTH_BYTES))
+    try:  # the whole answer within its deadline and HEALTH_BYTES: a proxy that drips or floods is "not yet"
+        response = request_sync(url, headers, "GET", "/health", Limits(deadline_s, HEALTH_BYTES))
     except httpx.HTTPError:
         return None
     return response.status_code, response.content
