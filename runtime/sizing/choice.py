@@ -17,6 +17,7 @@ from runtime.sizing.cards import CARDS, OURS, Card, card_of
 from runtime.sizing.errors import PlanError
 from runtime.sizing.fit import SESSIONS, Fit, Model, fit
 from runtime.sizing.model import model_of_recipe, sizing_settings
+from runtime.sizing.nodes import CLUSTER_CARDS, fewest_nodes, split_on
 from runtime.sizing.offers import Offer, named_offer, offer_of
 
 STOCK_ORDER = {"HIGH": 0, "MEDIUM": 1, "LOW": 2}  # NONE: not tried
@@ -29,6 +30,7 @@ class Choice:
     gpu: str
     centres: tuple[str, ...] = ()
     price_per_hour: float | None = None
+    split: str = ""  # a cluster's: how its nodes' GPUs divide the model (runtime/sizing/nodes.py)
 
 
 def template_model(env: Mapping[str, str], environ: Mapping[str, str] = os.environ) -> Model | None:
@@ -107,6 +109,67 @@ def choices(
             kept.append(Choice(offer.card.id, centres(entries.get(offer.card.id)), offer.price_per_hour))
     if not kept:
         raise RunPodError(nothing_fits(model, [offer.card for offer in candidates], max_price))
+    return kept
+
+
+def priced_out(offer: Offer, max_price: float | None) -> str | None:
+    """Why `--max-price` leaves the offer out (a cap passes no card it cannot check); None when it does not."""
+    if max_price is not None and offer.price_per_hour is None:
+        return f"RunPod gave no price for it, so --max-price {max_price:g} cannot hold"
+    if max_price is not None and offer.price_per_hour is not None and offer.price_per_hour > max_price:
+        return f"${offer.price_per_hour:.2f}/h is over --max-price {max_price:g}"
+    return None
+
+
+def cluster_choices(
+    catalogue: Sequence[GpuType],
+    target: str | None,
+    asked: Sequence[str],
+    model: Model | None,
+    nodes: int,
+    gpus_per_node: int,
+    max_price: float | None,
+    cloud: str = "secure",
+    say: Callable[[str], None] = print,
+) -> list[Choice]:
+    """The GPU types to try for a cluster of `nodes` nodes of `gpus_per_node` GPUs: `asked` in the user's order, else
+    the cards RunPod's clusters rent of the target's architecture, cheapest first; each one an image of ours serves
+    here, whose nodes hold the model (its split said), within `max_price` (a GPU's price an hour). RunPodError in one
+    line when none is left."""
+    entries = {str(entry["id"]): entry for entry in catalogue}
+    if asked:
+        candidates = [offer_for(gpu, entries, cloud) for gpu in asked]
+        wrong = [offer.card for offer in candidates if target and offer.card.arch != target]
+        if wrong:
+            raise RunPodError(mismatch(wrong[0], target or ""))
+    else:
+        candidates = [
+            offer_for(gpu, entries, cloud) for gpu in CLUSTER_CARDS if not target or card_of(gpu).arch == target
+        ]
+        candidates.sort(key=lambda offer: (offer.price_per_hour is None, offer.price_per_hour or 0.0))
+    if not candidates:
+        rented = ", ".join(card_of(gpu).name for gpu in CLUSTER_CARDS)
+        raise RunPodError(
+            f"RunPod's clusters rent {rented}, none of them an {target} card: use a template of the sm90, sm100 or "
+            "sm80 image, or pass --gpu TYPE"
+        )
+    kept = []
+    for offer in candidates:
+        plan = split_on(model, offer, nodes, gpus_per_node) if model is not None else None
+        if model is not None and plan is None:
+            fewest = fewest_nodes(model, offer, gpus_per_node=gpus_per_node)
+            more = f" ({fewest.nodes} do: --nodes {fewest.nodes})" if fewest else ""
+            say(
+                f"pod: {offer.card.id}: skipped: {nodes} nodes of {gpus_per_node} do not hold {model.name} at "
+                f"{model.context:,} tokens for {SESSIONS} sessions{more}"
+            )
+        elif over := priced_out(offer, max_price):
+            say(f"pod: {offer.card.id}: skipped: {over}")
+        else:
+            kept.append(Choice(offer.card.id, (), offer.price_per_hour, str(plan.split) if plan else ""))
+    if not kept:
+        names = ", ".join(offer.card.name for offer in candidates)
+        raise RunPodError(f"no cluster of {nodes} nodes of {gpus_per_node} x {names} will do (each said above)")
     return kept
 
 

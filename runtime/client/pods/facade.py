@@ -7,7 +7,7 @@ import sys
 
 from runtime.redact import Redactor
 from runtime.runpod.api import RunPodClient, RunPodError
-from runtime.runpod.payloads import GpuType, NetworkVolume, Pod, Template
+from runtime.runpod.payloads import Cluster, GpuType, NetworkVolume, Pod, Template
 from runtime.sizing.cards import DEFAULT_GPUS
 
 
@@ -27,6 +27,10 @@ class Pods:
 
     def all(self) -> list[Pod]:
         return self.api.pods()
+
+    def cluster(self, cluster_id: str) -> Cluster | None:
+        """The account's cluster of that id; None when the id is not a cluster's (a pod's, say)."""
+        return next((cluster for cluster in self.api.clusters() if cluster["id"] == cluster_id), None)
 
     def act(self, pod_id: str, action: str) -> None:
         self.api.act(pod_id, action)

@@ -1,11 +1,13 @@
 """`pod stop` and `pod start`: a pod's GPU released (its volume kept), or taken again and the boot watched; a host
-whose GPUs were rented meanwhile is said with what to do."""
+whose GPUs were rented meanwhile is said with what to do. A cluster is never stopped (RunPod's API has no such
+action: it deletes one whole), nor is one of its nodes: each is said in one line with `pod down`."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from runtime.client.pods.boot import Watching, watch_boot
+from runtime.client.pods.cluster import cannot_stop, not_one_by_one
 from runtime.client.pods.facade import Pods
 from runtime.runpod.api import VOLUME_PATH, RunPodError
 from runtime.runpod.payloads import Pod
@@ -15,6 +17,8 @@ HOST_TAKEN = "not enough free GPUs"  # RunPod's words when a stopped pod's host 
 
 def start(pods: Pods, pod_id: str, watching: Watching) -> int:
     pod = pods.get(pod_id)
+    if pod.get("cluster"):
+        raise not_one_by_one(pod, stopping=True)
     try:
         pods.act(pod_id, "start")
     except RunPodError as error:
@@ -38,6 +42,12 @@ def restart_advice(pod: Pod) -> str:
 
 
 def stop(pods: Pods, pod_ids: Sequence[str]) -> int:
+    clusters = {cluster["id"] for cluster in pods.api.clusters()}
+    for pod_id in pod_ids:
+        if pod_id in clusters:
+            raise cannot_stop(pod_id)
+        if (pod := pods.get(pod_id)).get("cluster"):
+            raise not_one_by_one(pod, stopping=True)
     for pod_id in pod_ids:
         pods.act(pod_id, "stop")
         print(

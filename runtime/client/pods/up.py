@@ -1,5 +1,6 @@
 """`pod up`: a pod made from a template on the GPU types its model fits, then watched until it serves; with
-`--workers N`, a team: N such pods and a gateway (a CPU pod) in front of them, a key of the team's own between them."""
+`--workers N`, a team: N such pods and a gateway (a CPU pod) in front of them, a key of the team's own between them;
+with `--nodes N`, a RunPod Instant Cluster of N nodes (pods/cluster.py)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ from runtime.checks.endpoint import check_endpoint
 from runtime.client.environment import print_environment
 from runtime.client.identity import pod_key, remember_pod
 from runtime.client.pods.boot import Watching, boot, watch_boot
+from runtime.client.pods.cluster import GPUS_PER_NODE, ClusterRequest, up_cluster
 from runtime.client.pods.facade import Pods, warn
 from runtime.client.pods.placement import place
 from runtime.runpod.api import CUDA_VERSIONS, VOLUME_PATH, RunPodError
-from runtime.runpod.payloads import Pod, PodBody
+from runtime.runpod.payloads import Mounts, Pod, PodBody
 from runtime.runpod.proxy import proxy_url
 from runtime.sizing.cards import DEFAULT_GPUS
 from runtime.sizing.choice import Choice, choices, template_model
@@ -35,6 +37,8 @@ class PodRequest:
     cloud: str = "secure"
     name: str | None = None
     workers: int | None = None
+    nodes: int | None = None  # a cluster of that many nodes, of `gpus_per_node` GPUs each
+    gpus_per_node: int = GPUS_PER_NODE
     gateway_cpu: str = GATEWAY_CPU
     max_price: float | None = None
 
@@ -44,6 +48,8 @@ def up(pods: Pods, request: PodRequest, watching: Watching) -> int:
     target = next((t for t in DEFAULT_GPUS if f" {t} " in f" {template['name']} "), None)
     if not request.gpus and not target:
         raise RunPodError(f"which GPU? pass --gpu TYPE (the template {template['name']!r} names no target)")
+    if request.nodes:
+        return up_cluster(pods, template, target, cluster_request(pods, request), watching)
     model = template_model(template.get("env") or {})
     gpus = choices(pods.catalogue(), target, request.gpus, model, request.max_price, request.cloud, say=warn)
     cuda = template.get("allowedCudaVersions") or CUDA_VERSIONS
@@ -61,6 +67,27 @@ def up(pods: Pods, request: PodRequest, watching: Watching) -> int:
         return up_team(pods, request, watching, body, gpus, cuda, env)
     pod = place(pods, body, gpus, cuda)
     return watch_boot(pods, pod["id"], watching, env)
+
+
+def cluster_request(pods: Pods, request: PodRequest) -> ClusterRequest:
+    """`pod up --nodes`'s request: its volume on every node (a network volume pins the cluster to its data centre)."""
+    mounts, centres = None, []
+    if request.volume:
+        volume = pods.volume(request.volume)
+        mounts = Mounts(network=[{"volumeId": volume["id"], "path": VOLUME_PATH}])
+        centres = [volume["dataCenter"]]
+    elif request.volume_gb:
+        mounts = Mounts(persistent={"size": request.volume_gb, "path": VOLUME_PATH})
+    return ClusterRequest(
+        nodes=request.nodes or 0,
+        gpus_per_node=request.gpus_per_node,
+        gpus=request.gpus,
+        max_price=request.max_price,
+        cloud=request.cloud,
+        name=request.name,
+        mounts=mounts,
+        data_centres=centres,
+    )
 
 
 def up_team(
