@@ -17,7 +17,8 @@ import httpx
 from runtime.checks.bounded import CONNECT_S, Answer, DeadlineSettingError, Limits, OverLimit, limits, request
 from runtime.headers import KEY_RULE, api_headers
 from runtime.health import serves_model
-from runtime.logsafe import ERROR_CHARS, loggable, terminal_line
+from runtime.logsafe import ERROR_CHARS, terminal_line
+from runtime.settings import quoted
 
 # A model id Claude Code is given and a shell prints: a plain token (the served names' own rule, runtime.settings'
 # MODEL_NAME). Anything else (an escape sequence, a quote, a space) is refused: it would reach a terminal or a script.
@@ -45,7 +46,7 @@ def bare_model(ids: list[str]) -> str:
     for model_id in ids:
         if not model_id.startswith("claude-") and not model_id.endswith("[1m]"):
             return model_id
-    raise EndpointError(f"no model id usable by Claude Code among [{said(', '.join(map(loggable, ids)))}]")
+    raise EndpointError(f"no model id usable by Claude Code among {said(repr(ids))}")
 
 
 def check_endpoint(base_url: str, key: str, model: str | None = None, timeout_s: float = 60.0) -> Endpoint:
@@ -71,10 +72,9 @@ async def _checked(base_url: str, headers: dict[str, str], key: str, model: str 
         windows = {str(e.get("id")): window_of(base_url, e) for e in entries}
         chosen = model or bare_model(list(windows))
         if chosen not in windows:
-            served = said(", ".join(sorted(map(loggable, windows))))
-            raise EndpointError(f"{base_url} does not serve {loggable(chosen)}; it serves [{served}]")
+            raise EndpointError(f"{base_url} does not serve {quoted(chosen)}; it serves {said(repr(sorted(windows)))}")
         if not MODEL_ID.fullmatch(chosen):
-            raise EndpointError(f"{base_url} serves a model id that is not a plain token: {loggable(chosen)}")
+            raise EndpointError(f"{base_url} serves a model id that is not a plain token: {quoted(chosen)}")
         reply = await asking.json(
             "POST",
             "/v1/messages",
