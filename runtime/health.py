@@ -54,13 +54,18 @@ def local_address(listen: str) -> str:
 # the engine it served). Only generating a token proves the engine core is alive.
 
 
-def probe_engine(base_url: str, model: str, timeout: float = 30.0, api_key: str | None = None) -> EngineHealth:
+def probe_engine(
+    base_url: str, model: str, timeout: float = 30.0, api_key: str | None = None, pinned: bool = False
+) -> EngineHealth:
     """Asks the engine at `base_url` for one token of `model`, within `timeout` seconds; with `api_key`
-    when the engine checks keys (VL_BRIDGE=off: vLLM itself serves the public port)."""
+    when the engine checks keys (VL_BRIDGE=off: vLLM itself serves the public port); `pinned`: from its first
+    data-parallel rank, the API server's own (a rank on a lost node holds a request for ever)."""
     import httpx
 
     body = {"model": model, "prompt": PROBE_PROMPT, "max_tokens": 1, "temperature": 0}
     headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+    if pinned:
+        headers["x-data-parallel-rank"] = "0"
     try:
         response = httpx.post(f"{base_url}/v1/completions", json=body, headers=headers, timeout=timeout)
     except httpx.TimeoutException:
@@ -83,7 +88,12 @@ def engine_generates(command: EngineCommand, timeout_s: float) -> Callable[[], A
 
     async def probe() -> bool:
         health = await asyncio.to_thread(
-            probe_engine, command.base_url, command.served_names[0], timeout_s, command.api_key
+            probe_engine,
+            command.base_url,
+            command.served_names[0],
+            timeout_s,
+            command.api_key,
+            command.data_parallel > 1,
         )
         if not health:
             raise ProbeFailed(health.reason)
@@ -164,6 +174,8 @@ def pod_serves(
     """The image's HEALTHCHECK: the pod's public port serves the model (urllib: no httpx to import). A
     degraded pod (some of its engines down, the others serving) still serves: it passes, and says so
     (Docker keeps what a check prints in the container's health log)."""
+    if environ.get("NUM_NODES", "").strip() and environ.get("NODE_RANK", "0").strip() != "0":
+        return worker_engine_runs(pod_state_dir(environ), say)  # a cluster's worker serves no HTTP
     direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never via HTTP_PROXY
     try:
         with direct.open(pod_health_url(environ), timeout=timeout_s) as response:
@@ -173,6 +185,17 @@ def pod_serves(
     if degraded := degradation(read_engine_health(pod_state_dir(environ))):  # /health names them only to keys
         say(degraded)
     return serves_model(status, body)
+
+
+def worker_engine_runs(state_dir: Path, say: Callable[[str], object]) -> bool:
+    """A cluster's worker passes while its headless engine runs (rank 0's /health says whether it joined)."""
+    try:
+        os.kill(int((state_dir / "engine.pid").read_text()), 0)
+    except (OSError, ValueError):
+        say("a cluster's worker: its engine does not run")
+        return False
+    say("a cluster's worker: its engine runs (rank 0's /health says whether it joined)")
+    return True
 
 
 def degradation(states: Mapping[str, str] | None) -> str:

@@ -560,6 +560,7 @@ E, B, P = Scope.ENGINE, Scope.BRIDGE, Scope.POD
 SPEC_MODES = ("auto", "off", "ngram", "mtp")
 ROUTINGS = ("affinity", "round-robin")
 ROLES = ("pod", "gateway")
+CLUSTER_SPREADS = ("auto", "dp", "pp")
 PREFIX_CACHES = ("per-key", "shared")
 RECIPES = recipe_names()
 MAX_SWAPS = 8  # models one pod swaps between: each is a download and minutes of compilation
@@ -632,6 +633,10 @@ VARIABLES: tuple[Variable, ...] = (
     _var("VL_DP", "1", integer(1, 8), E,
          "vLLM's own data parallelism (one API server, one replica per GPU): +15% at 32 sessions, loses solo "
          "speed and half the KV; the bridge pins each conversation to one rank (`X-data-parallel-rank`)."),
+    _var("VL_CLUSTER", "auto", choice(*CLUSTER_SPREADS), E,
+         "On a RunPod Instant Cluster (NUM_NODES set): dp = a replica per node behind rank 0's API server, each agent "
+         "pinned to one; pp = the layers split across the nodes, tensor parallel inside each; auto = dp when the "
+         "recipe's engine fits one node's GPUs. vLLM's own multi-node engine, no Ray."),
     _var("VL_MM_IMAGES", "4", integer(0, 64), E,
          "Images per prompt for vision models; 0 makes vLLM refuse every screenshot with a 400."),
     _var("VL_ASYNC", "", optional(switch), E,
@@ -795,6 +800,7 @@ class Settings:
     look_max: int | None
     tp: int | None
     dp: int
+    cluster: str
     mm_images: int
     async_: bool | None
     fastok: bool

@@ -56,13 +56,27 @@ def session_of(user_id: str) -> str | None:
 
 
 def routing_headers(
-    headers: Mapping[str, str], user_id: str | None, key_label: str, data_parallel: int = 1
+    headers: Mapping[str, str],
+    user_id: str | None,
+    key_label: str,
+    data_parallel: int = 1,
+    down: frozenset[int] = frozenset(),
 ) -> dict[str, str]:
-    """What pins the request's conversation: the router's key, and with VL_DP its data-parallel rank (the same
-    digest, so an agent's turns keep the engine that holds its prefix)."""
+    """What pins the request's conversation: the router's key, and with VL_DP (or a cluster's nodes) its
+    data-parallel rank (the same digest, so an agent's turns keep the engine that holds its prefix)."""
     key = routing_key(headers, user_id, key_label)
-    rank = {DP_RANK: str(int(key, 16) % data_parallel)} if data_parallel > 1 else {}
+    rank = {DP_RANK: str(data_parallel_rank(int(key, 16), data_parallel, down))} if data_parallel > 1 else {}
     return {ROUTING_KEY: key, **rank}
+
+
+def data_parallel_rank(key: int, ranks: int, down: frozenset[int]) -> int:
+    """The rank `key` is pinned to: its own, or while that one is `down` one of those up (only the agents of the
+    rank that is down move; with none up, its own: vLLM then says what it says)."""
+    home = key % ranks
+    if home not in down:
+        return home
+    up = [rank for rank in range(ranks) if rank not in down]
+    return up[key % len(up)] if up else home
 
 
 def routing_key(headers: Mapping[str, str], user_id: str | None, key_label: str) -> str:

@@ -46,6 +46,7 @@ class Serving:
     guard: bool = True
     count_blocked_write: Callable[[str], None] = lambda label: None
     data_parallel: int = 1  # VL_DP: each conversation pinned to one of vLLM's data-parallel engines
+    down_ranks: Callable[[], frozenset[int]] = frozenset  # those of a cluster's lost node (runtime.state.dpranks)
 
 
 class Outbox:

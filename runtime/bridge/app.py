@@ -62,7 +62,10 @@ class Api:
         body = await read_body(request, self.bridge.max_body)
         parsed = decode(body, MessagesRequest)
         user_id = parsed.metadata.user_id if parsed.metadata else None
-        routing = routing_headers(request.headers, user_id, request.state.key, self.bridge.serving.data_parallel)
+        serving = self.bridge.serving
+        routing = routing_headers(
+            request.headers, user_id, request.state.key, serving.data_parallel, serving.down_ranks()
+        )
         caller = request.state.caller
         asker = Asker.of(request.headers, request.state.key)
         return MessagesExchange(

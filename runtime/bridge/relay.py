@@ -85,7 +85,9 @@ class Relay(Answer):
         # id: vLLM aborts every generation under an id, so a reused one would abort another client's
         # (the trace line logs the client's beside this one).
         self.headers["x-request-id"] = self.trace.id = f"relay_{uuid.uuid4().hex[:24]}"
-        self.headers |= routing_headers(request.headers, None, request.state.key, serving.data_parallel)
+        self.headers |= routing_headers(
+            request.headers, None, request.state.key, serving.data_parallel, serving.down_ranks()
+        )
 
     async def serve(self, out: Outbox) -> None:
         try:

@@ -26,6 +26,7 @@ from runtime.logfiles import ENGINE, log_file
 from runtime.settings import Settings
 from runtime.state.activity import Activity
 from runtime.state.benchreport import kept_bench
+from runtime.state.dpranks import DownRanks
 from runtime.telemetry import GpuTelemetry
 
 
@@ -68,6 +69,7 @@ class Bridge:
             guard=settings.guard,
             count_blocked_write=self.metrics.count_blocked_write,
             data_parallel=data_parallel,
+            down_ranks=DownRanks(Path(settings.state_dir)) if data_parallel > 1 else frozenset,
         )
         self.max_body: int = settings.max_body_mb * 2**20
         self.key_concurrency: int | None = key_cap(max_connections, len(self.keys.labels), settings.key_concurrency)

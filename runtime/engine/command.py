@@ -19,6 +19,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeGuard
 
+from runtime.cluster import (
+    ClusterNode,
+    check_cluster,
+    cluster_node,
+    data_parallel_ranks,
+    engine_env,
+    engine_options,
+    interface_of,
+    spread,
+)
 from runtime.engine.volume import cache_env, cache_root
 from runtime.gpu import GpuError, inspect_gpu
 from runtime.settings import MODEL_REPO_ID, VARIABLES, Settings, SettingsError, as_text, is_secret, load_settings
@@ -54,6 +64,14 @@ class EngineCommand:
     cache: Path  # runtime.engine.volume's cache root: weights and compile caches
     # The key the runtime's own probe sends when vLLM checks keys (VL_BRIDGE=off with VL_API_KEYS).
     api_key: str | None = None
+    data_parallel: int = 1  # the data-parallel ranks its API server balances over (VL_DP, times the nodes with dp)
+    node: ClusterNode | None = None  # its place in a RunPod Instant Cluster, with how the model is spread (VL_CLUSTER)
+    spread: str | None = None
+
+    @property
+    def headless(self) -> bool:
+        """A cluster's worker: its engine joins the head's and serves no HTTP."""
+        return self.node is not None and not self.node.head
 
     @property
     def base_url(self) -> str:
@@ -95,6 +113,13 @@ def engine_command(
 
     recipe = load_recipe(settings.model)
     options, window = tuned_options(settings, recipe)
+    node, mode, cluster_env = cluster_node(environ), None, {}
+    if node is not None:  # a RunPod Instant Cluster: this node's share of vLLM's multi-node engine
+        mode = spread(settings, node, int(str(options.get("tensor-parallel-size", 1))))
+        check_cluster(settings, node, mode)
+        options.pop("data-parallel-size", None)
+        options |= engine_options(node, mode, settings.dp, settings.tp or node.gpus)
+        cluster_env = engine_env(node, interface_of(node.node_addr))
     names = recipe.names if settings.bridge else tuple(dict.fromkeys(recipe.names + settings.aliases))
     port = settings.engine_port if settings.bridge else settings.port
     if recipe.reasoning_parser:
@@ -120,14 +145,15 @@ def engine_command(
     argv += [word for name, value in options.items() for word in _option_words(name, value)]
     argv += shlex.split(settings.extra_args)  # checked by the settings: quoting, none of the runtime's flags
     cache = cache_root(settings)
-    env = _engine_env(settings, recipe, options, environ) | cache_env(cache) | dict(extra_env or {})
+    env = _engine_env(settings, recipe, options, environ) | cache_env(cache) | cluster_env | dict(extra_env or {})
     repos = tuple(dict.fromkeys(r for r in (source, options.get("tokenizer")) if is_hub_repo(r)))
     api_key = None
     if "middleware" in options:
         # The middleware reads the effective keys (the Hub file's too) from the engine's environment.
         env["VL_API_KEYS"] = as_text(settings.api_keys)
         api_key = settings.api_keys[0].key
-    return EngineCommand(tuple(argv), env, recipe, names, window, port, repos, cache, api_key)
+    ranks = data_parallel_ranks(settings, node, mode)
+    return EngineCommand(tuple(argv), env, recipe, names, window, port, repos, cache, api_key, ranks, node, mode)
 
 
 def is_hub_repo(value: object) -> TypeGuard[str]:

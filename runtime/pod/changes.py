@@ -48,7 +48,17 @@ class SettingsChanges:
             new = judged(self.engines.configured, self.environ, file, self.hub)
             if new is None:
                 return
-            bridge_runs, ranks = self.children.bridge_runs, self.engines.settings.dp
+            command = self.engines.command
+            if (
+                command is not None
+                and command.node is not None
+                and Scope.ENGINE in new.changed_scopes(self.engines.configured)
+            ):
+                # Each node reads its own environment: an engine setting changed on the head alone would split them.
+                refuse(f"refused {file.where}: a cluster's engine settings are its template's (every node's): "
+                       "change them there and restart the cluster", self.hub)  # fmt: skip
+                return
+            bridge_runs, ranks = self.children.bridge_runs, self.data_parallel
             stop_bridge = self.children.bridge_gives_way if bridge_runs and not new.bridge else None
             start_bridge = self.children.bridge_takes_over if new.bridge and not bridge_runs else None
             try:
@@ -56,6 +66,11 @@ class SettingsChanges:
             except ChangeRefused as error:
                 refuse(f"refused {file.where}: {error}", self.hub)
                 return
-            if bridge_runs and new.bridge and (Scope.BRIDGE in scopes or self.engines.settings.dp != ranks):
+            if bridge_runs and new.bridge and (Scope.BRIDGE in scopes or self.data_parallel != ranks):
                 self.children.restart_bridge("its settings changed")  # VL_DP: the ranks it pins conversations to
             # A running bridge stays otherwise: it learns the new model from vLLM's /v1/models.
+
+    @property
+    def data_parallel(self) -> int:
+        command = self.engines.command
+        return command.data_parallel if command is not None else 1

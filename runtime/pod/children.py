@@ -88,7 +88,12 @@ class Children:
             self.supervisor.start(self.engine_spec(replica))
 
     async def launch_the_rest(self) -> None:
-        """Every other child the settings call for, sshd last (its keys take a moment)."""
+        """Every other child the settings call for, sshd last (its keys take a moment); a cluster's worker serves
+        nothing but its engine and sshd."""
+        command = self.engines.command
+        if command is not None and command.headless:
+            await self.start_sshd()
+            return
         if self.engines.routed:
             self.supervisor.start(self.router_spec())
         if self.engines.settings.bridge:
@@ -98,6 +103,8 @@ class Children:
 
     def engine_spec(self, replica: Replica) -> ChildSpec:
         command = replica.command
+        if command.headless:  # no HTTP to probe: rank 0's node link watches it (runtime.pod.nodelink)
+            return ChildSpec(replica.name, command.argv, {**self.children_environ, **command.env})
         health = ENGINE_HEALTH(engine_generates(command, ENGINE_PROBE_S))
         limit = StartLimit(ENGINE_START_TRIES, explain)  # an engine that cannot start is not restarted for ever
         return ChildSpec(replica.name, command.argv, {**self.children_environ, **command.env}, health, limit)
@@ -114,7 +121,8 @@ class Children:
         # A gateway knows no recipe: its workers' bridges relay what it asks, thinking off unless asked.
         unasked = command is not None and command.recipe.thinks_unasked
         if not self.engines.routed:
-            argv = bridge_argv(replicas[0].command.base_url, settings.listen, settings.port, unasked, settings.dp)
+            first = replicas[0].command
+            argv = bridge_argv(first.base_url, settings.listen, settings.port, unasked, first.data_parallel)
         else:  # generations through the router; the rest (and aborts) to the engines, or the pods, themselves
             # A gateway's bridge reads its pods from VL_WORKERS: a URL on its command line is in `ps` and its log.
             engines = [replica.command.base_url for replica in replicas]

@@ -72,7 +72,8 @@ def plan_replicas(
 ) -> tuple[Replica, ...]:
     """The pod's engines for `command` (the first engine's), each on its own devices and port."""
     tp = tensor_parallel(command)
-    count = replica_count(settings, accelerator, gpus, tp)
+    # A cluster's node runs one engine, whose data-parallel ranks (VL_DP) take its GPUs (runtime.cluster).
+    count = 1 if command.node is not None else replica_count(settings, accelerator, gpus, tp)
     if count == 1:
         return (Replica(0, ENGINE, command),)
     cores = sorted(cores if cores is not None else os.sched_getaffinity(0))

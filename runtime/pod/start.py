@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
 
+from runtime.cluster import ClusterNode
 from runtime.engine.command import RUNTIME_ROOT
 from runtime.engine.install import InstallError, ensure_runtime, is_prebaked, runs_in_venv
 from runtime.engine.weights import WeightsError
@@ -32,6 +33,7 @@ from runtime.pod.engines import Engines
 from runtime.pod.gateway import check_roles
 from runtime.pod.healthnotes import HealthNotes
 from runtime.pod.hubside import LAST_WORDS_S, PodHub, starting_settings
+from runtime.pod.nodelink import NodeLink, NodeWatch, fingerprint
 from runtime.pod.preload import Preloading
 from runtime.pod.router import ROUTER, RouterError, check_router
 from runtime.pod.selfcheck import SelfCheck
@@ -170,6 +172,7 @@ class Pod:
         self.engines = Engines(settings, self.supervisor, lambda replica: self.children.engine_spec(replica))
         self.children = Children(self.engines, self.supervisor, environ)
         self.stopping = asyncio.Event()
+        self.refusal: str | None = None  # what stopped the pod when it must not start (a cluster's disagreement)
         self.self_stop = SelfStop.from_settings(settings, environ)  # VL_IDLE_STOP_MIN, VL_MAX_SPEND
 
     @property
@@ -196,6 +199,9 @@ class Pod:
         if not is_prebaked(settings):
             self.publish_progress()
         self.engines.prepare(self.environ, self.publish_progress)
+        node = self.node
+        if node is not None:
+            log.info("%s; VL_CLUSTER=%s", node.describe(), self.engines.command and self.engines.command.spread)
         if self.engines.routed:
             version = check_router(settings)
             replicas = self.engines.replicas
@@ -207,9 +213,29 @@ class Pod:
         if self.hub.log is not None:
             self.hub.log.start()
 
+    @property
+    def node(self) -> ClusterNode | None:
+        """Its place in a RunPod Instant Cluster, when it is a node of one."""
+        command = self.engines.command
+        return command.node if command is not None else None
+
+    def refuse(self, line: str) -> None:
+        """Stop, refused in one line (the exit status of a refused start)."""
+        log.error("%s", line)
+        self.hub.say(line)
+        self.refusal = line
+        self.stopping.set()
+
     def duties(self) -> list[Duty]:
         """What runs beside the children while the pod serves: each VL_* feature with a loop is one of these."""
-        engines, say = self.engines, self.hub.say
+        engines, say, node = self.engines, self.hub.say, self.node
+        if node is not None and engines.command is not None:
+            mine = fingerprint(self.settings, engines.command)
+            if not node.head:  # a worker: its engine, joined to rank 0's, and nothing else
+                replica = engines.replicas[0]
+                return [NodeLink(node, mine, self.supervisor, lambda: self.children.engine_spec(replica), self.refuse)]
+            ranks = engines.command.data_parallel // node.nodes if engines.command.spread == "dp" else 0
+            watch = NodeWatch(node, mine, self.supervisor, self.state_dir, say, ranks)
         duties: list[Duty] = [
             SettingsChanges(engines, self.children, self.hub, self.environ),
             HealthNotes(engines, self.supervisor),
@@ -220,6 +246,8 @@ class Pod:
             duties.append(Swapper(engines, say, self.publish_progress))
         if self.self_stop is not None:
             duties.append(SelfStopping(self.self_stop, engines, self.hub))
+        if node is not None:
+            duties.append(watch)
         return duties
 
     async def serve(self) -> int:
@@ -229,8 +257,8 @@ class Pod:
         self.catch_signals()  # before any launch: a SIGTERM must never leave a child behind
         running = [asyncio.create_task(duty.run()) for duty in self.duties()]
         try:
-            self.children.launch_engines()
-            if self.engines.replicas:
+            if self.engines.replicas and (self.node is None or self.node.head):  # a worker's waits for rank 0's
+                self.children.launch_engines()
                 log.info("vLLM launched %.2f s after the process started", seconds_since_process_start())
             await self.children.launch_the_rest()
             self.publish_progress()
@@ -244,7 +272,7 @@ class Pod:
             await self.supervisor.stop()
             await self.children.aclose()
         log.info("stopped")
-        return 0
+        return REFUSED if self.refusal else 0
 
     def catch_signals(self) -> None:
         loop = asyncio.get_running_loop()

@@ -13,6 +13,11 @@ from runtime.settings import load_settings, recipe_names
 pytestmark = pytest.mark.vllm  # vLLM's own serve parser (importing vLLM takes seconds)
 
 
+RUNPOD_CLUSTER = {"NUM_NODES": "2", "PRIMARY_PORT": "29500", "NUM_TRAINERS": "8", "NODE_ADDR": "127.0.0.1"}
+CLUSTER_HEAD = RUNPOD_CLUSTER | {"NODE_RANK": "0", "PRIMARY_ADDR": "127.0.0.1"}
+CLUSTER_WORKER = RUNPOD_CLUSTER | {"NODE_RANK": "1", "PRIMARY_ADDR": "10.65.0.2"}
+
+
 def combinations(name: str) -> list[dict[str, str]]:
     recipe = load_recipe(name)
     cases = [
@@ -26,8 +31,8 @@ def combinations(name: str) -> list[dict[str, str]]:
             "VL_EXTRA_ARGS": "--uvicorn-log-level warning",
         },
     ]
-    # The multi-node design (docs/guide/more-gpus.md; space/runpod.py's cluster_body): Ray across two nodes.
-    cases.append({"VL_TP": "8", "VL_EXTRA_ARGS": "--distributed-executor-backend ray --pipeline-parallel-size 2"})
+    # A RunPod Instant Cluster's nodes (runtime/cluster.py): each role of vLLM's own multi-node engine, no Ray.
+    cases += [{"VL_CLUSTER": spread, **node} for spread in ("dp", "pp") for node in (CLUSTER_HEAD, CLUSTER_WORKER)]
     cases += [{"VL_SPEC": method, "VL_SPEC_N": "2"} for method in recipe.speculation.methods]
     if recipe.yarn:
         cases.append({"VL_CTX": str(recipe.max_context)})
@@ -52,7 +57,9 @@ def test_vllm_accepts_the_command(serve_parser, name, env):
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.entrypoints.cli.serve import ServeSubcommand
 
-    command: EngineCommand = engine_command(load_settings({"VL_MODEL": name, **env}), environ={})
+    settings = {k: v for k, v in env.items() if k.startswith("VL_")}
+    runpod = {k: v for k, v in env.items() if not k.startswith("VL_")}  # a cluster node's variables
+    command: EngineCommand = engine_command(load_settings({"VL_MODEL": name, **settings}), environ=runpod)
     assert command.argv[1:4] == ("-m", "runtime.engine.vllm_cli", "serve")
     args = serve_parser.parse_args(list(command.argv[4:]))
     ServeSubcommand().validate(args)
@@ -76,6 +83,23 @@ def test_vllm_accepts_the_command(serve_parser, name, env):
         assert engine.kv_cache_memory_bytes == 8589934592 and engine.async_scheduling is False
     if "VL_KV_OFFLOAD" in env:
         assert (engine.kv_offloading_size, engine.kv_offloading_backend) == (64.0, "native")
+    if env.get("VL_CLUSTER") == "dp":
+        assert (engine.data_parallel_size, engine.data_parallel_size_local) == (2, 1)
+        assert (engine.data_parallel_address, engine.data_parallel_rpc_port) == (runpod["PRIMARY_ADDR"], 29500)
+        assert args.headless == (runpod["NODE_RANK"] == "1") and (engine.data_parallel_start_rank or 0) == int(
+            runpod["NODE_RANK"]
+        )
+    if env.get("VL_CLUSTER") == "pp":
+        assert (engine.pipeline_parallel_size, engine.tensor_parallel_size, engine.nnodes) == (2, 8, 2)
+        assert (engine.node_rank, engine.master_addr, engine.master_port) == (
+            int(runpod["NODE_RANK"]),
+            runpod["PRIMARY_ADDR"],
+            29500,
+        )
+        assert args.headless == (runpod["NODE_RANK"] == "1")
+    if "NUM_NODES" in env:
+        assert command.env["GLOO_SOCKET_IFNAME"] == command.env["NCCL_SOCKET_IFNAME"] == "lo"  # holds NODE_ADDR
+        assert "ray" not in " ".join(command.argv)
     if "uvicorn" in env.get("VL_EXTRA_ARGS", ""):
         assert args.uvicorn_log_level == "warning"
     if "ray" in env.get("VL_EXTRA_ARGS", ""):
