@@ -38,11 +38,14 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 KEY = f"sk-cluster-{secrets.token_hex(12)}"
 IMAGE = "registry.example.invalid/acme/vllm-pod-sm90:latest"  # a public image: a cluster has no registry credential
 TEMPLATE = f"vllm-pod sm90 {IMAGE.rsplit(':', 1)[0]}"
+BOOTED = "runtime.pod.start: this node's role from NODE_RANK ="
 H100, H200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
+LOG_REPO = f"{HubServer.owner}/vllm-pod-logs"  # the nodes' boot logs, one file each (etat/<pod id>.log)
 ENV = {
     "VL_MODEL": "nemotron",
     "VL_API_KEYS": "{{ RUNPOD_SECRET_VL_API_KEYS }}",
     "HF_TOKEN": "{{ RUNPOD_SECRET_HF_TOKEN }}",
+    "VL_LOG_REPO": f"datasets/{LOG_REPO}",
 }
 
 
@@ -83,7 +86,18 @@ def account(vllm_server: VllmServer, tmp_path_factory: pytest.TempPathFactory) -
         server.edit_template(server.templates[1]["id"], registry="6n2k8v4d")
         account_secrets = {"HF_TOKEN": hub.write_token, "VL_API_KEYS": KEY}
         root = tmp_path_factory.mktemp("cluster")
+        hub.create_repo(LOG_REPO, "dataset", private=True)
         with Machines(server, hub, root / "machines", account_secrets, engine=vllm_server.url) as machines:
+            played = server.state.on_pod
+
+            def booting(pod_id: str, status: str) -> None:
+                """Each node's boot log on the Hub, as its runtime publishes it (rank 0's bridge publishes none)."""
+                if status == "PROVISIONING" and pod_id in server.state.node_variables:
+                    rank = server.state.node_variables[pod_id]["NODE_RANK"]
+                    hub.put_file(LOG_REPO, f"etat/{pod_id}.log", f"{BOOTED} {rank}\n", "dataset")
+                played(pod_id, status)
+
+            server.state.on_pod = booting
             yield Account(server, hub, machines, root / "config")
         assert not server.faults, server.faults
 
@@ -103,6 +117,7 @@ def test_up_creates_an_application_cluster_watches_its_nodes_and_checks_rank_0(a
     assert (body["image"], body["env"], body["ports"]) == (IMAGE, ENV, ["8080/http", "22/tcp"])
     assert body["mounts"] == {"persistent": {"size": 200, "path": "/workspace"}}
     assert f"pod: a cluster on {H100}: refused ({NO_CAPACITY}); trying the next" in done.stderr
+    assert f"  | rank 0 | {BOOTED} 0" in done.stdout and f"  | rank 1 | {BOOTED} 1" in done.stdout  # each node's
 
     cluster = account.cluster()
     primary, _ = cluster["members"]
