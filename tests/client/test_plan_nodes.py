@@ -7,8 +7,13 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import pytest
+
 from runtime.cli import main
+from runtime.runpod.api import RunPodError
+from runtime.runpod.payloads import GpuType
 from runtime.sizing.cards import BY_ID, CARDS
+from runtime.sizing.choice import cluster_choices
 from runtime.sizing.fit import Model
 from runtime.sizing.nodes import GPUS_PER_NODE, Split, fewest_nodes, split_on
 from runtime.sizing.offers import Offer
@@ -90,3 +95,26 @@ def test_plan_says_it_for_a_recipe_and_its_json_gives_each_cluster_card_s_nodes(
     nodes = rows[H100]["nodes"]
     assert nodes["nodes"] == 1 and nodes["gpus_per_node"] == 8 and nodes["pipeline_parallel"] == 1
     assert nodes["tensor_parallel"] * nodes["data_parallel"] == 8 and nodes["price_per_hour"] is None
+
+
+def test_pod_up_nodes_tries_the_cluster_cards_of_the_template_s_architecture_whose_nodes_hold_its_model() -> None:
+    """sm90: the H100 and the H200, cheapest first; two nodes of H100s cannot hold 1,400 GiB (three do: said), two
+    of H200s can; an sm89 template has no card a cluster rents; a card of another architecture is refused as for a
+    pod."""
+    said: list[str] = []
+    catalogue = [GpuType(id=H100, price={"secure": 2.99}), GpuType(id=H200, price={"secure": 3.99})]
+    kept = cluster_choices(catalogue, "sm90", [], model(1400), 2, 8, None, say=said.append)
+    assert [(choice.gpu, choice.split) for choice in kept] == [
+        (H200, "TP 8 x PP 2 (tensor parallel in each node, the pipeline across 2 nodes)")
+    ]
+    assert said == [
+        f"pod: {H100}: skipped: 2 nodes of 8 do not hold big at 131,072 tokens for 2 sessions (3 do: --nodes 3)"
+    ]
+    assert [c.gpu for c in cluster_choices(catalogue, "sm90", [], model(20), 2, 8, None, say=said.append)] == [
+        H100,
+        H200,
+    ]  # cheapest first
+    with pytest.raises(RunPodError, match="RunPod's clusters rent H100 SXM, H200, B200, A100 SXM 80 GB, none of"):
+        cluster_choices(catalogue, "sm89", [], model(20), 2, 8, None)
+    with pytest.raises(RunPodError, match="is an sm100 card and this template's image is for sm90"):
+        cluster_choices(catalogue, "sm90", ["NVIDIA B200"], model(20), 2, 8, None)
