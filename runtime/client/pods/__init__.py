@@ -21,7 +21,6 @@ import sys
 
 from runtime.checks.endpoint import EndpointError
 from runtime.client.pods.boot import Watching
-from runtime.client.pods.cluster import GPUS_PER_NODE
 from runtime.client.pods.down import down
 from runtime.client.pods.facade import Pods
 from runtime.client.pods.gpus import gpus
@@ -34,6 +33,7 @@ from runtime.headers import KEY_DEFAULT
 from runtime.redact import Redactor, redacted_output
 from runtime.runpod.api import KEY_VARIABLE, RunPodClient, RunPodError
 from runtime.runpod.clusters import MIN_NODES
+from runtime.sizing.nodes import GPUS_PER_NODE
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

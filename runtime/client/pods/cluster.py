@@ -25,9 +25,8 @@ from runtime.runpod.payloads import Cluster, ClusterCompute, Mounts, Pod, Templa
 from runtime.runpod.proxy import proxy_url
 from runtime.sizing.cards import card_of
 from runtime.sizing.choice import cluster_choices, template_model
+from runtime.sizing.nodes import GPUS_PER_NODE
 from runtime.units import human_seconds
-
-GPUS_PER_NODE = 8  # a cluster node is a whole machine
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from runtime.checks.endpoint import check_endpoint
 from runtime.client.environment import print_environment
 from runtime.client.identity import pod_key, remember_pod
 from runtime.client.pods.boot import Watching, boot, watch_boot
-from runtime.client.pods.cluster import GPUS_PER_NODE, ClusterRequest, up_cluster
+from runtime.client.pods.cluster import ClusterRequest, up_cluster
 from runtime.client.pods.facade import Pods, warn
 from runtime.client.pods.placement import place
 from runtime.runpod.api import CUDA_VERSIONS, VOLUME_PATH, RunPodError
@@ -20,6 +20,7 @@ from runtime.runpod.payloads import Mounts, Pod, PodBody
 from runtime.runpod.proxy import proxy_url
 from runtime.sizing.cards import DEFAULT_GPUS
 from runtime.sizing.choice import Choice, choices, template_model
+from runtime.sizing.nodes import GPUS_PER_NODE
 
 GATEWAY_CPU = "cpu3c"  # compute-optimised: the gateway only relays (the bridge and the router, no engine)
 GATEWAY_VCPUS = 2  # RunPod's smallest CPU pod; its RAM is the flavour's share per vCPU
