@@ -173,6 +173,15 @@ def test_status_shows_the_cluster_as_one_block_with_its_nodes(account: Account) 
         assert node1.startswith(f"  {second} ") and "rank 1: NVIDIA H200" in node1
 
 
+def test_watch_takes_the_cluster_s_id_and_ends_with_rank_0_s_environment(account: Account) -> None:
+    cluster = account.cluster()
+    primary, _ = cluster["members"]
+    done = account.pod("watch", cluster["id"], "--timeout", "5")
+    assert done.returncode == 0, done.stderr
+    assert f"cluster {cluster['id']} serves after " in done.stdout
+    assert f"export ANTHROPIC_BASE_URL={account.url(primary)}" in done.stdout
+
+
 def test_a_cluster_cannot_be_stopped_nor_a_node_stopped_or_deleted_alone_each_said_in_one_line(
     account: Account,
 ) -> None:
