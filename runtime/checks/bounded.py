@@ -108,15 +108,23 @@ async def chunks(response: httpx.Response, max_bytes: int, url: str) -> AsyncIte
 
 
 async def lines(response: httpx.Response, max_bytes: int, url: str) -> AsyncIterator[str]:
-    """The answer's lines (without their ends), decoded as UTF-8, read within `max_bytes` in all."""
-    pending = b""
+    """The answer's lines (without their ends), decoded as UTF-8, read within `max_bytes` in all (a line without end
+    grows in place: no copy of what came before at each chunk)."""
+    line = bytearray()
     async for chunk in chunks(response, max_bytes, url):
-        pending += chunk
-        *whole, pending = pending.split(b"\n")
-        for line in whole:
-            yield line.removesuffix(b"\r").decode("utf-8", "replace")
-    if pending:
-        yield pending.removesuffix(b"\r").decode("utf-8", "replace")
+        start = 0
+        while (end := chunk.find(b"\n", start)) >= 0:
+            line += chunk[start:end]
+            yield decoded(line)
+            line.clear()
+            start = end + 1
+        line += chunk[start:]
+    if line:
+        yield decoded(line)
+
+
+def decoded(line: bytearray) -> str:
+    return line.removesuffix(b"\r").decode("utf-8", "replace")
 
 
 async def request(client: httpx.AsyncClient, method: str, path: str, bounds: Limits, body: Any = None) -> Answer:
