@@ -84,6 +84,8 @@ def model_of_repo(repo: str, context: int | None, environ: Mapping[str, str] = o
         offline = ", ".join(offline_recipes())
         raise PlanError(f"{error}; the built-in recipes are sized offline: --model {offline}") from None
     window = context or read.max_context
+    if not window:  # a window of 0 tokens sizes nothing (and divided by zero)
+        raise PlanError(f"{repo}'s config.json names no max_position_embeddings: give the window (--context N)")
     return Model(
         name=repo,
         context=window,

@@ -67,10 +67,17 @@ def test_a_negative_or_strange_file_size_from_the_hub_is_refused() -> None:
 
 @pytest.mark.slow
 def test_plan_of_a_hostile_hub_repository_ends_in_one_line(hub_server: HubServer) -> None:
-    """As a user runs it: a config.json of 10^15 layers (it hung), and one that is not a JSON object (a traceback)."""
+    """As a user runs it: a config.json of 10^15 layers (it hung), one that is not a JSON object and one that names
+    no window (each a traceback)."""
     environ = outer_environ("RUNPOD_") | hub_server.env()
     answers = {}
-    for name, config in [("layers", {"num_hidden_layers": 10**15, "attn_layer_period": 2}), ("list", [1, 2])]:
+    shape_without_window = SHAPE | {"full_attention_interval": 0}
+    cases = [
+        ("layers", {"num_hidden_layers": 10**15, "attn_layer_period": 2}),
+        ("list", [1, 2]),
+        ("nowindow", shape_without_window),
+    ]
+    for name, config in cases:
         repo = f"{hub_server.owner}/{name}"
         hub_server.create_repo(repo)
         hub_server.put_file(repo, "config.json", json.dumps(config))
@@ -89,3 +96,6 @@ def test_plan_of_a_hostile_hub_repository_ends_in_one_line(hub_server: HubServer
         + answers["layers"].stderr.split("--model ", 1)[1]
     )
     assert answers["list"].stderr.startswith(f"plan: {owner}/list's config.json is not a JSON object: [1, 2];")
+    assert answers["nowindow"].stderr == (
+        f"plan: {owner}/nowindow's config.json names no max_position_embeddings: give the window (--context N)\n"
+    )
