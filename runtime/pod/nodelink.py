@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import secrets
 import time
 from collections.abc import Callable
@@ -23,7 +24,7 @@ from typing import Any
 from runtime.cluster import ClusterNode
 from runtime.engine.command import EngineCommand
 from runtime.image import read_image_facts
-from runtime.logfiles import ENGINE
+from runtime.logfiles import ENGINE, log_file, tail
 from runtime.logsafe import one_line, terminal_line
 from runtime.pod.supervisor import ChildSpec, Supervisor
 from runtime.settings import Settings
@@ -65,6 +66,32 @@ def disagreement(mine: dict[str, str], theirs: Any) -> str | None:
         if theirs.get(name) != value:
             return f"{name}={terminal_line(str(theirs.get(name)), 80)!r} where rank 0 has {value!r}"
     return None
+
+
+# NCCL's INIT/NET lines (NCCL_DEBUG=INFO, runtime.cluster.engine_env): which transport joins the nodes.
+NCCL_NETWORK = re.compile(r"NCCL INFO (?:NET/(IB|Socket)\b|Using network (IB|Socket)\b)")
+TRANSPORTS = {
+    "IB": "NET/IB (RDMA over InfiniBand: what a pipeline across nodes needs)",
+    "Socket": "NET/Socket (plain TCP: fine for data parallel; a pipeline's every step waits on it)",
+}
+
+
+class TransportNote:
+    """Says once, from the engine's log, whether NCCL joined the nodes over InfiniBand or plain TCP."""
+
+    def __init__(self, state_dir: Path, say: Callable[[str], None]) -> None:
+        self.log, self.say, self.said = log_file(state_dir, ENGINE), say, False
+
+    def check(self, serving: bool) -> None:
+        """Looks while rank 0's engine starts; once it serves, a log without NCCL's line (the CPU's Gloo) ends it."""
+        if self.said:
+            return
+        for line in tail(self.log, lines=2000):
+            if found := NCCL_NETWORK.search(line):
+                self.say(f"cluster: NCCL joins the nodes over {TRANSPORTS[found[1] or found[2]]}")
+                self.said = True
+                return
+        self.said = serving
 
 
 def clock(at: float) -> str:
@@ -114,6 +141,7 @@ class NodeWatch:
         self.started = time.monotonic()
         self.last_epoch: str | None = None
         self.held: str | None = None  # the launch of rank 0's engine a node came back to: restarting, none joins it
+        self.transport = TransportNote(state_dir, self.tell)
         self.written: dict[str, str] | None = None
 
     @property
@@ -157,6 +185,7 @@ class NodeWatch:
         for peer in self.peers.values():
             self.review_peer(peer, head_serves)
         self.write()
+        self.transport.check(head_serves)
 
     def review_peer(self, peer: Peer, head_serves: bool) -> None:
         fresh, now = peer.fresh(), time.time()

@@ -15,7 +15,7 @@ from runtime.bridge.affinity import data_parallel_rank
 from runtime.cluster import ClusterNode, cluster_node, interface_of
 from runtime.engine.command import engine_command
 from runtime.logfiles import ENGINE
-from runtime.pod.nodelink import LOST_AFTER_S, NodeWatch
+from runtime.pod.nodelink import LOST_AFTER_S, NodeWatch, TransportNote
 from runtime.pod.supervisor import ChildSpec, Health, Supervisor
 from runtime.settings import SettingsError, load_settings
 from runtime.state.dpranks import DownRanks
@@ -187,3 +187,30 @@ async def test_a_node_that_runs_another_recipe_is_refused_in_one_line(tmp_path: 
         "image and recipe with the same NUM_NODES"
     ]
     assert watch.heard({"rank": 7, "fingerprint": FINGERPRINT})[0] == 400
+
+
+@pytest.mark.parametrize(
+    ("line", "said"),
+    [
+        ("node0:1:1 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB [RO]; OOB ens1:10.65.0.2<0>", "NET/IB (RDMA"),
+        ("node0:1:1 [0] NCCL INFO NET/Socket : Using [0]ens1:10.65.0.2<0>", "NET/Socket (plain TCP"),
+    ],
+)
+def test_the_boot_log_says_which_transport_nccl_took(tmp_path: Path, line: str, said: str) -> None:
+    told: list[str] = []
+    note = TransportNote(tmp_path, told.append)
+    note.check(serving=False)  # nothing yet: it looks again
+    (tmp_path / "engine.log").write_text(f"INFO starting\n{line}\nINFO more\n")
+    note.check(serving=False)
+    note.check(serving=True)
+    assert len(told) == 1 and told[0].startswith(f"cluster: NCCL joins the nodes over {said}")
+
+
+def test_a_log_without_nccl_stops_being_read_once_the_engine_serves(tmp_path: Path) -> None:
+    told: list[str] = []
+    note = TransportNote(tmp_path, told.append)
+    (tmp_path / "engine.log").write_text("INFO gloo: the CPU's backend\n")
+    note.check(serving=True)
+    (tmp_path / "engine.log").write_text("NCCL INFO NET/Socket : Using [0]eth0\n")
+    note.check(serving=True)
+    assert told == []
