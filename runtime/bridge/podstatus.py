@@ -21,7 +21,7 @@ from runtime.bridge.state import Bridge
 from runtime.bridge.usage import KeyUsage, key_row
 from runtime.logfiles import tail
 from runtime.redact import Redactor
-from runtime.state.enginehealth import read_engine_stopped
+from runtime.state.enginehealth import read_engine_health, read_engine_stopped
 from runtime.state.hublog import read_hub_log_refusal
 from runtime.state.preload import read_preload_state
 from runtime.state.selfcheck import read_selfcheck
@@ -81,6 +81,12 @@ def keys(bridge: Bridge, caller: Caller) -> list[dict[str, Any]]:
     return [row for name, row in sorted(rows.items()) if caller.admin or name == caller.label]
 
 
+def cluster_nodes(states: dict[str, str] | None) -> dict[str, str] | None:
+    """A cluster's workers and their states ("healthy", "lost since 18:13:45 UTC"…); None outside a cluster."""
+    nodes = {name: state for name, state in (states or {}).items() if name.startswith("node ")}
+    return nodes or None
+
+
 async def pod_status(bridge: Bridge, caller: Caller) -> dict[str, Any]:
     """The status object (its contract: docs/guide/watch.md and runtime/client/status.py): the pod's
     health for every key, and the keys' usage and sessions, all of them for an admin, else the caller's."""
@@ -88,6 +94,9 @@ async def pod_status(bridge: Bridge, caller: Caller) -> dict[str, Any]:
     engines = [engine_view(answer) for answer in await bridge.capacity.sample(bridge.upstream, QUEUE_TIMEOUT_S)]
     model = bridge.catalog.model
     state = engine_state(model is not None, engines)
+    nodes = cluster_nodes(read_engine_health(bridge.state_dir))  # a cluster's workers, as rank 0's node link saw them
+    if state == "healthy" and nodes and any(node != "healthy" for node in nodes.values()):
+        state = "degraded"  # a lost node's agents are served by the others meanwhile
     boot_log = [] if state == "healthy" else await asyncio.to_thread(engine_log_tail, bridge.engine_log)
     uptime_s = bridge.usage.uptime_s()
     traffic = bridge.usage.traffic()
@@ -96,6 +105,7 @@ async def pod_status(bridge: Bridge, caller: Caller) -> dict[str, Any]:
         "model": {"name": model.name, "context_window": model.context_window or None} if model else None,
         "engine": {"state": state, "boot_log": boot_log},
         "engines": [engine.as_json(index) for index, engine in enumerate(engines)],
+        "nodes": nodes,
         "selfcheck": read_selfcheck(bridge.state_dir),  # VL_SELFCHECK's verdict (runtime.client.check); None when off
         "bench": bridge.bench.read(),  # runtime bench's last report; None before the first
         "preload": read_preload_state(bridge.state_dir),  # VL_PRELOAD's repos (runtime.pod.preload); None without

@@ -182,6 +182,8 @@ def overview(state: Mapping[str, Any]) -> str:
         rows.append(("Bench", summary(bench)))
     if refused := state.get("hub_log_refused"):  # a token that cannot write: `runtime logs` shows nothing
         rows.append(("Hub log", refused))
+    for node, standing in (state.get("nodes") or {}).items():  # a cluster's workers (rank 0's node link)
+        rows.insert(2, (node.capitalize(), standing))
     for engine, why in (state.get("stopped") or {}).items():  # a sick host, a setting vLLM cannot take
         rows.insert(1, ("Stopped", f"{engine} {why}"))
     return "\n".join(f"{name:<8}{value}" for name, value in rows)

@@ -15,7 +15,9 @@ from runtime.client.status import render
 from runtime.engine import tinymodel as tiny
 from runtime.health import serves_model
 from runtime.settings import load_settings
+from runtime.state.enginehealth import FILE as ENGINE_HEALTH
 from runtime.state.enginehealth import write_engine_stopped
+from runtime.state.statefile import write_json
 from tests.support.bench_report import nemotron_on_an_ada
 from tests.support.bridge import Process, pod_status, start_bridge
 from tests.support.sdk import anthropic
@@ -98,6 +100,23 @@ def test_an_engine_left_stopped_makes_health_say_stopped_and_keys_learn_why(guar
     finally:
         write_engine_stopped(root / "state", "engine", None)  # launched again
     assert httpx.get(f"{guarded.url}/health").json() == {"status": "ok"}
+
+
+def test_a_lost_cluster_node_makes_the_pod_degraded_and_is_named_with_since_when(guarded: Process, root: Path) -> None:
+    """Rank 0's node link writes each worker's state (runtime.pod.nodelink): `/health`, the console's status and
+    `runtime status` say which node is lost and since when, the pod degraded (its other nodes serve)."""
+    state = root / "state"
+    write_json(state / ENGINE_HEALTH, {"engine": "healthy", "node 1": "lost since 18:13:45 UTC"})
+    try:
+        assert httpx.get(f"{guarded.url}/health").json() == {"status": "degraded"}
+        keyed = httpx.get(f"{guarded.url}/health", headers={"x-api-key": ALICE}).json()
+        assert keyed["engines"] == {"engine": "healthy", "node 1": "lost since 18:13:45 UTC"}
+        status = pod_status(guarded.url, ALICE)
+        assert status["nodes"] == {"node 1": "lost since 18:13:45 UTC"} and status["engine"]["state"] == "degraded"
+        assert "Node 1  lost since 18:13:45 UTC" in render(status).splitlines()
+    finally:
+        (state / ENGINE_HEALTH).unlink()
+    assert pod_status(guarded.url, ALICE)["nodes"] is None
 
 
 def test_usage_is_counted_per_key_name_never_per_key(guarded: Process) -> None:
