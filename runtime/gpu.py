@@ -4,7 +4,8 @@ RunPod places a pod on a 12.4, 12.8 or 13.0 host at random, and a CUDA 13 torch 
 ("The NVIDIA driver on your system is too old"). The compat library (/usr/local/cuda/compat) bridges
 that gap only on data-center GPUs (elsewhere CUDA answers error 804) and must never shadow a newer
 host driver (error 803): so it is enabled per start, for the engine's environment only, or the start
-stops with one line that says what the host has, what the image needs, and the fix.
+stops with one line that says what the host has, what the image needs, and the fix. A sick host stops it too: a GPU the driver or CUDA
+lost, one that fails a CUDA probe, one whose driver asks for a reset (runtime.gpuprobe, asked by the pod only).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from runtime.gpuprobe import examine
 from runtime.image import read_image_facts
 from runtime.settings import Settings
 
@@ -27,6 +29,7 @@ NVIDIA_SMI = ("nvidia-smi", "-q")
 # `-q` names an architecture ("Ampere": 8.0 and 8.6 alike); this asks each GPU's compute capability (driver >= 510).
 CAPABILITIES = ("nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader")
 COMPAT_DIR = Path("/usr/local/cuda/compat")
+SICK_HOST = "this host is sick: recreate the pod (python -m runtime pod replace POD: a new pod lands elsewhere)"
 
 # The first Linux driver of each CUDA release (NVIDIA's release notes): a driver runs every CUDA up to
 # the newest one whose minimum it meets. Used when nvidia-smi cannot say, and to name the fix.
@@ -218,11 +221,29 @@ def inspect_gpu(
     nvidia_smi: Sequence[str] = NVIDIA_SMI,
     capabilities: Sequence[str] = CAPABILITIES,
     compat_dir: Path = COMPAT_DIR,
+    probe: bool = False,
 ) -> GpuReport:
-    """Reads the host, decides, logs the verdict; raises GpuError when the host cannot run the image."""
+    """Reads the host, decides, logs the verdict; raises GpuError when the host cannot run the image. With `probe`
+    (the pod, before its engine starts), a host with a driver is probed too and a sick one refused."""
     host = read_host(proc_version, nvidia_smi, capabilities)
     facts = read_image_facts(Path(settings.prebaked_marker)) or {}
     check_architecture(host, facts.get("cuda_arch"))
     report = decide(host, image_cuda_version(facts, environ), compat_dir, settings.cuda_compat)
     log.info("gpu: %s", report.summary())
+    if probe and report.accelerator == "cuda":
+        check_health(settings, {**environ, **report.engine_env(environ)})
     return report
+
+
+def check_health(settings: Settings, engine_env: Mapping[str, str]) -> None:
+    """The probes in the engine's Python and environment: GpuError naming the evidence when the host is sick; what may
+    be wrong but lets it serve (an Xid, a page waiting for a reset) is logged, for a crash to be judged by."""
+    health = examine(engine_python(settings), engine_env)
+    if health.sick:
+        raise GpuError(f"{SICK_HOST}: {health.summary()}")
+    log.log(logging.WARNING if health.suspect else logging.INFO, "gpu probes: %s", health.summary())
+
+
+def engine_python(settings: Settings) -> Path:
+    """The engine venv's Python, whose torch probes CUDA as vLLM will use it."""
+    return Path(settings.venv) / "bin" / "python"

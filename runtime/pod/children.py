@@ -19,6 +19,8 @@ from pathlib import Path
 
 from runtime.engine.command import RUNTIME_ROOT
 from runtime.engine.volume import cache_root
+from runtime.gpu import engine_python
+from runtime.gpuprobe import examine
 from runtime.health import Answers200, engine_generates, health_url
 from runtime.logfiles import BRIDGE, SSHD
 from runtime.pod.diagnosis import explain
@@ -106,8 +108,10 @@ class Children:
         if command.headless:  # no HTTP to probe: rank 0's node link watches it (runtime.pod.nodelink)
             return ChildSpec(replica.name, command.argv, {**self.children_environ, **command.env})
         health = ENGINE_HEALTH(engine_generates(command, ENGINE_PROBE_S))
-        limit = StartLimit(ENGINE_START_TRIES, explain)  # an engine that cannot start is not restarted for ever
-        return ChildSpec(replica.name, command.argv, {**self.children_environ, **command.env}, health, limit)
+        env = {**self.children_environ, **command.env}
+        probes = functools.partial(examine, engine_python(self.engines.settings), env)  # after a CUDA fault
+        limit = StartLimit(ENGINE_START_TRIES, functools.partial(explain, examine_host=probes))  # not for ever
+        return ChildSpec(replica.name, command.argv, env, health, limit)
 
     def router_spec(self) -> ChildSpec:
         """The router in front of the engines (a gateway's: none yet); health-checked like the bridge."""

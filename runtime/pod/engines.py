@@ -110,7 +110,7 @@ class Engines:
         """The first plan, before vLLM's launch: the GPU checked, the engine installed (unless prebaked), the weights
         downloaded, the engines planned on the GPUs."""
         settings = self.settings
-        gpu = inspect_gpu(settings, environ)
+        gpu = inspect_gpu(settings, environ, probe=True)  # a sick host refused before its engine starts
         self.accelerator, self.engine_env = gpu.accelerator, gpu.engine_env(environ)
         command = prepare_engine(settings, self.accelerator, self.engine_env, slow_work_begins)
         self.gpus = len(gpu.host.gpus)

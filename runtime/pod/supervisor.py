@@ -48,8 +48,9 @@ class Health:
 @dataclass(frozen=True)
 class StartLimit:
     """A child that keeps dying before it ever turns healthy is left stopped after `tries` launches in a row, or at
-    the first when `explain` says no try can help: a restart loop only bills. `explain` reads its log: (the likely
-    cause in one line, whether retrying is hopeless)."""
+    the first when `explain` says no try can help: a restart loop only bills; one that served, only when `explain` says
+    so (a sick host after a crash). `explain` reads its log: (the likely cause in one line, whether retrying is
+    hopeless); it may probe the GPUs, so it runs in a thread."""
 
     tries: int
     explain: Callable[[Path], tuple[str, bool]]
@@ -208,7 +209,8 @@ class Supervisor:
             if await self._launch(child, keep_old_log):
                 request = await self._until_exit_or_request(child)
             if request is None:  # it died, or could not be launched: back off, unless asked otherwise
-                request = await child.next_request(self._after_death(child))
+                explained = await asyncio.to_thread(self._explain, child)  # it may probe the GPUs: off the loop
+                request = await child.next_request(self._after_death(child, explained))
             keep_old_log = False
             if request is None:
                 continue
@@ -271,7 +273,7 @@ class Supervisor:
         exited.cancel()
         return child.take_request()
 
-    def _after_death(self, child: Child) -> float | None:
+    def _after_death(self, child: Child, explained: tuple[str, bool] | None = None) -> float | None:
         """Count the death, say so (log and Hub), and return how long to wait before relaunching; None: it is left
         stopped (its start limit), until a restart or a stop is asked."""
         stable = child.healthy_since_launch or (
@@ -280,7 +282,8 @@ class Supervisor:
         child.deaths = 1 if stable else child.deaths + 1
         child.healthy = False
         how = exit_description(child.process.returncode if child.process else None)
-        if not stable and (why := self._hopeless(child)) is not None:
+        hopeless = explained is not None and explained[1]  # a sick host ends even a child that served
+        if (not stable or hopeless) and (why := self._hopeless(child, explained)) is not None:
             child.given_up = f"{how}; {why}"
             self._report(logging.ERROR, f"{child.spec.name} {child.given_up}")
             write_engine_stopped(self.state_dir, child.spec.name, child.given_up)  # /health: "stopped", and why
@@ -290,15 +293,21 @@ class Supervisor:
         self._report(logging.WARNING, f"{child.spec.name} {how}{in_a_row}; restarting in {delay:.0f} s")
         return delay
 
-    def _hopeless(self, child: Child) -> str | None:
+    def _explain(self, child: Child) -> tuple[str, bool] | None:
+        """Its start limit's reading of its log (the cause, whether no retry can help), or None without a limit."""
+        limit = child.spec.start_limit
+        return None if limit is None else limit.explain(log_file(self.state_dir, child.spec.name))
+
+    def _hopeless(self, child: Child, explained: tuple[str, bool] | None) -> str | None:
         """Why the child is not relaunched (its start limit reached, or a failure no retry can help), or None."""
         limit = child.spec.start_limit
-        if limit is None:
+        if limit is None or explained is None:
             return None
-        cause, hopeless = limit.explain(log_file(self.state_dir, child.spec.name))
+        cause, hopeless = explained
         if not hopeless and child.deaths < limit.tries:
             return None
         starts = f"{child.deaths} failed start{'s' if child.deaths > 1 else ''} in a row"
+        starts = "a crash" if child.healthy_since_launch else starts
         return f"not restarted after {starts}: {cause} (a Hub file that changes it, or a new pod, starts it again)"
 
     async def _terminate(self, child: Child) -> None:

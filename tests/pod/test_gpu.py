@@ -7,6 +7,7 @@ import pytest
 
 from runtime.gpu import GpuError, decide, inspect_gpu, read_host
 from runtime.settings import load_settings
+from tests.support.fakegpu import fake_engine_python, fake_nvidia_smi
 
 DATA = Path(__file__).parents[1] / "data" / "gpu"
 
@@ -166,3 +167,29 @@ def test_an_sm89_image_refuses_an_a100_before_its_kernels_are_compiled_for_the_w
         f"{refused} but this image compiles its kernels for 8.9 (sm89): start an image built for sm80 "
         "(python build.py --arch sm80)"
     )
+
+
+def test_the_pod_refuses_a_sick_host_before_its_engine_starts_in_one_line(tmp_path, compat, caplog):
+    """`probe=True` (the pod's start): nvidia-smi lists 8 H100s, the engine venv's torch sees 7; the probes are the
+    real ones, with an nvidia-smi printing recorded outputs and a torch standing in for CUDA (tests/support/fakegpu)."""
+    bin_dir = fake_nvidia_smi(tmp_path / "bin", "smi-L-570.133.20-8xh100.txt", "smi-q-570.133.20-8xh100.txt")
+    settings = load_settings({"VL_PREBAKED_MARKER": str(tmp_path / "absent"), "VL_VENV": str(tmp_path / "venv")})
+    environ = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+    inspect = lambda: inspect_gpu(  # noqa: E731
+        settings, environ, proc_version=DATA / "proc-570.133.20.txt", nvidia_smi=("/nonexistent",), probe=True
+    )
+    fake_engine_python(tmp_path / "venv", 7)
+    with pytest.raises(GpuError) as error:
+        inspect()
+    assert str(error.value) == (
+        "this host is sick: recreate the pod (python -m runtime pod replace POD: a new pod lands elsewhere): "
+        "nvidia-smi lists 8 GPUs but CUDA sees 7"
+    )
+    fake_engine_python(tmp_path / "venv", 8)
+    with caplog.at_level("INFO", logger="runtime.gpu"):
+        assert inspect().accelerator == "cuda"
+    assert caplog.messages[-1] == "gpu probes: no fault (nvidia-smi: 8 GPUs; a CUDA probe on 8 devices)"
+    # Without probe (`runtime engine`'s command line) or on a CPU machine, nothing is probed.
+    fake_engine_python(tmp_path / "venv", 7)
+    assert inspect_gpu(settings, environ, proc_version=DATA / "proc-570.133.20.txt", nvidia_smi=("/x",)).host.driver
+    assert inspect_gpu(settings, environ, proc_version=tmp_path / "absent", probe=True).accelerator == "cpu"

@@ -15,6 +15,7 @@ import pytest
 from runtime.pod.diagnosis import explain
 from runtime.pod.supervisor import Backoff, ChildSpec, Health, StartLimit, Supervisor
 from runtime.state.enginehealth import read_engine_stopped
+from tests.support.fakegpu import fake_nvidia_smi
 from tests.support.net import free_port
 from tests.support.polling import eventually
 from tests.support.signals import alive
@@ -258,5 +259,65 @@ async def test_a_sick_host_is_not_retried_at_all(tmp_path: Path, supervisor_for:
         "engine exited with code 1; not restarted after 1 failed start in a row: this host is sick: recreate the pod "
         "(python -m runtime pod replace POD: a new pod lands elsewhere): a GPU the machine lists is lost to "
         "CUDA (a Hub file that changes it, or a new pod, starts it again)"
+    ]
+    assert supervisor.children["engine"].launches == 1
+
+
+CUDA_FAULT = (
+    "import sys, time; time.sleep({delay}); "
+    "print('RuntimeError: CUDA error: an illegal memory access was encountered', flush=True); sys.exit(1)"
+)
+
+
+@pytest.fixture
+def gpu_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., None]:
+    """The host the engine's start limit probes (nvidia-smi on PATH, printing recorded outputs; no CUDA probe)."""
+
+    def make(kernel_log: str | None = None) -> None:
+        smi = fake_nvidia_smi(
+            tmp_path / "bin", "smi-L-570.133.20-8xh100.txt", "smi-q-570.133.20-8xh100.txt", kernel_log
+        )
+        monkeypatch.setenv("PATH", f"{smi}{os.pathsep}{os.environ['PATH']}")
+
+    return make
+
+
+async def test_a_cuda_fault_is_retried_once_and_the_host_called_sick_when_it_comes_again(
+    tmp_path: Path, supervisor_for: Make, gpu_host: Callable[..., None]
+) -> None:
+    gpu_host()
+    incidents: list[str] = []
+    supervisor = supervisor_for(on_incident=incidents.append, backoff=Backoff(first_s=0.1))
+    supervisor.start(ChildSpec("engine", python(CUDA_FAULT.format(delay=0)), start_limit=StartLimit(3, explain)))
+    await eventually(lambda: len(incidents) >= 2)
+    assert incidents[0] == "engine exited with code 1; restarting in 0 s"
+    assert incidents[1].startswith(
+        "engine exited with code 1; not restarted after 2 failed starts in a row: this host is sick: recreate the pod "
+        "(python -m runtime pod replace POD: a new pod lands elsewhere): CUDA error: an illegal memory access ended "
+        "two launches in a row, though the GPU probes found no fault (nvidia-smi: 8 GPUs)"
+    )
+    assert supervisor.children["engine"].launches == 2
+
+
+async def test_an_engine_that_served_and_crashes_on_a_gpu_with_an_xid_is_not_restarted(
+    tmp_path: Path, supervisor_for: Make, gpu_host: Callable[..., None]
+) -> None:
+    """After a crash too: the first CUDA fault, corroborated by the kernel's Xid 79 on the pod's GPU, ends it."""
+    gpu_host(kernel_log="dmesg-xid79.txt")
+    incidents: list[str] = []
+
+    async def answers() -> bool:
+        return True
+
+    health = Health(answers, interval_s=0.1, timeout_s=1, failures_before_restart=2, starting_interval_s=0.1)
+    supervisor = supervisor_for(on_incident=incidents.append, backoff=Backoff(first_s=0.1))
+    spec = ChildSpec("engine", python(CUDA_FAULT.format(delay=1.5)), health=health, start_limit=StartLimit(3, explain))
+    supervisor.start(spec)
+    await eventually(lambda: incidents)
+    assert incidents == [
+        "engine exited with code 1; not restarted after a crash: this host is sick: recreate the pod (python -m "
+        "runtime pod replace POD: a new pod lands elsewhere): CUDA error: an illegal memory access, and Xid 79 on "
+        "0000:5d:00 (GPU has fallen off the bus); Xid 154 on 0000:5d:00 (GPU recovery action changed) (a Hub file "
+        "that changes it, or a new pod, starts it again)"
     ]
     assert supervisor.children["engine"].launches == 1
