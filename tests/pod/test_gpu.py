@@ -169,6 +169,7 @@ def test_an_sm89_image_refuses_an_a100_before_its_kernels_are_compiled_for_the_w
     )
 
 
+@pytest.mark.slow  # the probes are subprocesses (nvidia-smi, the engine's Python)
 def test_the_pod_refuses_a_sick_host_before_its_engine_starts_in_one_line(tmp_path, compat, caplog):
     """`probe=True` (the pod's start): nvidia-smi lists 8 H100s, the engine venv's torch sees 7; the probes are the
     real ones, with an nvidia-smi printing recorded outputs and a torch standing in for CUDA (tests/support/fakegpu)."""
