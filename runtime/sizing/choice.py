@@ -5,7 +5,7 @@ each in the data centres RunPod says have stock, best first."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from runtime.engine.command import VLLM_DEFAULT_UTIL, tuned_options
@@ -78,14 +78,7 @@ def choices(
     without a price is not: RunPod's catalogue could not be read). RunPodError in one line when none is left, naming
     the smallest card that would do."""
     entries = {str(entry["id"]): entry for entry in catalogue}
-    if asked:
-        candidates = [offer_for(gpu, entries, cloud) for gpu in asked]
-        wrong = [offer.card for offer in candidates if target and offer.card.arch != target]
-        if wrong:
-            raise RunPodError(mismatch(wrong[0], target or ""))
-    else:
-        candidates = [offer_for(gpu, entries, cloud) for gpu in entries if not target or card_of(gpu).arch == target]
-        candidates.sort(key=lambda offer: (offer.price_per_hour is None, offer.price_per_hour or 0.0))
+    candidates = candidate_offers(entries, asked, target, cloud, entries)
     if max_price is not None and candidates and all(offer.price_per_hour is None for offer in candidates):
         raise RunPodError(
             f"--max-price {max_price:g} cannot be applied: RunPod gave no price for any card (its catalogue could not "
@@ -101,15 +94,28 @@ def choices(
         check = holds_weights if unsized(model) else fit
         if model is not None and not (verdict := check(model, offer.card)).fits:
             say(f"pod: {offer.card.id}: skipped: {verdict.why}")
-        elif max_price is not None and offer.price_per_hour is None:  # a cap passes no card it cannot check
-            say(f"pod: {offer.card.id}: skipped: RunPod gave no price for it, so --max-price {max_price:g} cannot hold")
-        elif max_price is not None and offer.price_per_hour is not None and offer.price_per_hour > max_price:
-            say(f"pod: {offer.card.id}: skipped: ${offer.price_per_hour:.2f}/h is over --max-price {max_price:g}")
+        elif over := priced_out(offer, max_price):
+            say(f"pod: {offer.card.id}: skipped: {over}")
         else:
             kept.append(Choice(offer.card.id, centres(entries.get(offer.card.id)), offer.price_per_hour))
     if not kept:
         raise RunPodError(nothing_fits(model, [offer.card for offer in candidates], max_price))
     return kept
+
+
+def candidate_offers(
+    entries: Mapping[str, GpuType], asked: Sequence[str], target: str | None, cloud: str, gpus: Iterable[str]
+) -> list[Offer]:
+    """`asked` in the user's order (each of the target's architecture, else RunPodError in one line), or those of
+    `gpus` of the target's architecture, cheapest first."""
+    if asked:
+        offers = [offer_for(gpu, entries, cloud) for gpu in asked]
+        wrong = [offer.card for offer in offers if target and offer.card.arch != target]
+        if wrong:
+            raise RunPodError(mismatch(wrong[0], target or ""))
+        return offers
+    offers = [offer_for(gpu, entries, cloud) for gpu in gpus if not target or card_of(gpu).arch == target]
+    return sorted(offers, key=lambda offer: (offer.price_per_hour is None, offer.price_per_hour or 0.0))
 
 
 def priced_out(offer: Offer, max_price: float | None) -> str | None:
@@ -137,16 +143,7 @@ def cluster_choices(
     here, whose nodes hold the model (its split said), within `max_price` (a GPU's price an hour). RunPodError in one
     line when none is left."""
     entries = {str(entry["id"]): entry for entry in catalogue}
-    if asked:
-        candidates = [offer_for(gpu, entries, cloud) for gpu in asked]
-        wrong = [offer.card for offer in candidates if target and offer.card.arch != target]
-        if wrong:
-            raise RunPodError(mismatch(wrong[0], target or ""))
-    else:
-        candidates = [
-            offer_for(gpu, entries, cloud) for gpu in CLUSTER_CARDS if not target or card_of(gpu).arch == target
-        ]
-        candidates.sort(key=lambda offer: (offer.price_per_hour is None, offer.price_per_hour or 0.0))
+    candidates = candidate_offers(entries, asked, target, cloud, CLUSTER_CARDS)
     if not candidates:
         rented = ", ".join(card_of(gpu).name for gpu in CLUSTER_CARDS)
         raise RunPodError(
