@@ -1,7 +1,7 @@
 """A node of a RunPod Instant Cluster: its place (RunPod's variables, each checked in one line like a VL_* setting),
 how the model is spread over the nodes (VL_CLUSTER), and the vLLM options and environment each node's engine gets.
 
-vLLM's own multi-node engine, no Ray: with data parallelism every node holds a replica, rank 0 runs the API server
+vLLM's own multi-node engine, no Ray: with data parallelism every node holds replicas, rank 0 runs the API server
 and the others `--headless` engines that join it (`--data-parallel-start-rank`); with pipeline parallelism the
 layers are split across the nodes (`--nnodes --node-rank --master-addr`), tensor parallel inside each.
 """
@@ -88,13 +88,15 @@ def ipv4(raw: str) -> str:
 
 def check_cluster(settings: Settings, node: ClusterNode, mode: str) -> None:
     """What a cluster cannot take, each refused in one line: a pipeline of data-parallel engines, several engines
-    behind a router on a node, vLLM without the bridge, ports that collide."""
+    behind a router on a node, vLLM without the bridge, a model swap, ports that collide."""
     if mode == "pp" and settings.dp > 1:
         raise SettingsError("VL_DP", str(settings.dp), "1 with VL_CLUSTER=pp (the nodes hold one pipeline)")
     if settings.replicas not in (None, 1):
         raise SettingsError("VL_REPLICAS", str(settings.replicas), "1 or auto on a cluster's node (one engine a node)")
     if not settings.bridge:
         raise SettingsError("VL_BRIDGE", "off", "on on a cluster (the bridge pins each agent to its replica)")
+    if settings.swap:
+        raise SettingsError("VL_SWAP", ",".join(settings.swap), "empty on a cluster (a swap would restart one node)")
     check_ports(node, settings)
 
 

@@ -15,6 +15,7 @@ import json
 import logging
 import re
 import secrets
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -140,6 +141,7 @@ class NodeWatch:
         self.peers = {rank: Peer(rank) for rank in range(1, node.nodes)}
         self.started = time.monotonic()
         self.last_epoch: str | None = None
+        self.serving_since: float | None = None  # when rank 0's engine in force first served
         self.held: str | None = None  # the launch of rank 0's engine a node came back to: restarting, none joins it
         self.transport = TransportNote(state_dir, self.tell)
         self.written: dict[str, str] | None = None
@@ -177,21 +179,31 @@ class NodeWatch:
         """Each worker's state from what rank 0's engine and the worker last said; what changed, said and written."""
         epoch, head_serves = self.epoch, self.supervisor.is_healthy(ENGINE)
         if epoch != self.last_epoch:  # rank 0's engine (re)started: every worker joins it anew
-            self.last_epoch = epoch
+            self.last_epoch, self.serving_since = epoch, None
             for peer in self.peers.values():
                 if peer.state != "refused":
                     peer.move("waiting")
                     peer.joined, peer.said_waiting = None, False
+        if head_serves and self.serving_since is None:
+            self.serving_since = time.monotonic()
         for peer in self.peers.values():
             self.review_peer(peer, head_serves)
         self.write()
         self.transport.check(head_serves)
 
+    def serving_for(self) -> float:
+        """How long rank 0's engine has served since its start (0 while it has not)."""
+        return 0.0 if self.serving_since is None else time.monotonic() - self.serving_since
+
     def review_peer(self, peer: Peer, head_serves: bool) -> None:
         fresh, now = peer.fresh(), time.time()
-        if peer.state == "waiting" and head_serves:  # rank 0's engine serves only once every node joined
+        if peer.state == "waiting" and head_serves and fresh:  # rank 0's engine serves once every node joined
             peer.joined = peer.engine
-            peer.move("healthy" if fresh else "lost")
+            peer.move("healthy")
+        elif peer.state == "waiting" and head_serves and self.serving_for() > LOST_AFTER_S:  # serving without it
+            peer.move("lost")
+            self.tell(f"cluster: node {peer.rank} lost at {clock(now)} (it did not join rank 0's engine): its agents "
+                      "go to the other nodes until it rejoins")  # fmt: skip
         elif peer.state == "waiting" and not peer.said_waiting and time.monotonic() - self.started > JOIN_WAIT_S:
             peer.said_waiting = True
             heard = "never heard of" if peer.heard is None else "its engine not joined"
@@ -200,7 +212,7 @@ class NodeWatch:
         elif peer.state == "healthy" and (not fresh or peer.engine != peer.joined):
             why = "its engine restarted" if fresh else f"no heartbeat for {LOST_AFTER_S:.0f} s"
             peer.move("lost")
-            self.tell(f"cluster: node {peer.rank} lost at {clock(now)} ({why}): its agents move to the other nodes "
+            self.tell(f"cluster: node {peer.rank} lost at {clock(now)} ({why}): its agents go to the other nodes "
                       "until it rejoins")  # fmt: skip
         elif peer.state == "lost" and fresh and peer.engine == peer.joined:  # heard again, its engine as it was
             self.tell(f"cluster: node {peer.rank} heard again after {lasted(now - peer.since)}, its engine as it was")
@@ -246,15 +258,20 @@ class NodeWatch:
                 status, answer = 400, {"error": "a heartbeat is JSON"}
             return JSONResponse(answer, status)
 
+        where = f"{self.node.node_addr}:{self.node.link_port}"
+        try:  # bound here: uvicorn exits the process when it cannot bind
+            listener = socket.create_server((self.node.node_addr, self.node.link_port))
+        except OSError as error:
+            self.tell(f"cluster: rank 0's node link cannot listen on {where} ({one_line(error)}): no worker can join")
+            return
         app = Starlette(routes=[Route(PATH, endpoint, methods=["POST"])])
         config = uvicorn.Config(
-            app, host=self.node.node_addr, port=self.node.link_port, log_level="warning", lifespan="off",
-            limit_concurrency=4 * self.node.nodes, timeout_keep_alive=int(LOST_AFTER_S),
+            app, log_level="warning", lifespan="off", limit_concurrency=4 * self.node.nodes,
+            timeout_keep_alive=int(LOST_AFTER_S),
         )  # fmt: skip
         server = uvicorn.Server(config)
-        serving = asyncio.create_task(server.serve())
-        log.info("cluster: rank 0's node link on %s:%d, %d workers to join", self.node.node_addr,
-                 self.node.link_port, len(self.peers))  # fmt: skip
+        serving = asyncio.create_task(server.serve(sockets=[listener]))
+        log.info("cluster: rank 0's node link on %s, %d workers to join", where, len(self.peers))
         try:
             while not serving.done():
                 self.review()

@@ -4,6 +4,8 @@ return, over a real supervisor and child process (the two-container test in test
 
 from __future__ import annotations
 
+import asyncio
+import socket
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -15,11 +17,12 @@ from runtime.bridge.affinity import data_parallel_rank
 from runtime.cluster import ClusterNode, cluster_node, interface_of
 from runtime.engine.command import engine_command
 from runtime.logfiles import ENGINE
-from runtime.pod.nodelink import LOST_AFTER_S, NodeWatch, TransportNote
+from runtime.pod.nodelink import LOST_AFTER_S, NodeLink, NodeWatch, TransportNote
 from runtime.pod.supervisor import ChildSpec, Health, Supervisor
 from runtime.settings import SettingsError, load_settings
 from runtime.state.dpranks import DownRanks
 from runtime.state.enginehealth import read_engine_health
+from tests.support.net import free_port
 from tests.support.polling import eventually
 
 HEAD = {"NUM_NODES": "2", "NODE_RANK": "0", "PRIMARY_ADDR": "127.0.0.1", "PRIMARY_PORT": "29500",
@@ -214,3 +217,53 @@ def test_a_log_without_nccl_stops_being_read_once_the_engine_serves(tmp_path: Pa
     (tmp_path / "engine.log").write_text("NCCL INFO NET/Socket : Using [0]eth0\n")
     note.check(serving=True)
     assert told == []
+
+
+@pytest.mark.anyio
+@pytest.mark.slow  # real child processes and the node link over HTTP
+async def test_a_worker_starts_its_engine_once_rank_0_answers_and_one_that_disagrees_stops(
+    tmp_path: Path, head_engine: HeadEngine
+) -> None:
+    port = free_port()
+    head = cluster_node(HEAD | {"PRIMARY_PORT": str(port - 1)})
+    worker = cluster_node(HEAD | {"PRIMARY_PORT": str(port - 1), "NODE_RANK": "1"})
+    assert head is not None and worker is not None
+    said: list[str] = []
+    watch = asyncio.create_task(NodeWatch(head, FINGERPRINT, head_engine, tmp_path, said.append, 1).run())
+    (tmp_path / "worker").mkdir()
+    (tmp_path / "other").mkdir()
+    engines = Supervisor(tmp_path / "worker")
+    argv = [sys.executable, "-c", "import time; time.sleep(600)"]
+    refusals: list[str] = []
+    link = asyncio.create_task(
+        NodeLink(worker, FINGERPRINT, engines, lambda: ChildSpec(ENGINE, argv), refusals.append).run()
+    )
+    other = NodeLink(
+        worker,
+        FINGERPRINT | {"NUM_NODES": "3"},
+        Supervisor(tmp_path / "other"),
+        lambda: ChildSpec(ENGINE, argv),
+        refusals.append,
+    )
+    try:
+        await eventually(lambda: engines.pid(ENGINE) is not None)  # started once rank 0 answered
+        await eventually(lambda: read_engine_health(tmp_path) == {"engine": "healthy", "node 1": "healthy"})
+        await asyncio.wait_for(other.run(), 30)  # refused: it returns, and says why
+        assert refusals == ["cluster: rank 0 refuses this node: it runs NUM_NODES='3' where rank 0 has '2'"]
+        assert said[-1].startswith("cluster: node 1 refused: it runs NUM_NODES='3'")
+    finally:
+        link.cancel()
+        watch.cancel()
+        await asyncio.gather(link, watch, return_exceptions=True)
+        await engines.stop()
+
+
+@pytest.mark.anyio
+async def test_a_node_link_that_cannot_listen_says_so_in_one_line(tmp_path: Path, head_engine: HeadEngine) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        head = cluster_node(HEAD | {"PRIMARY_PORT": str(port - 1)})
+        assert head is not None
+        said: list[str] = []
+        await NodeWatch(head, FINGERPRINT, head_engine, tmp_path, said.append, 1).run()
+    assert len(said) == 1 and said[0].startswith(f"cluster: rank 0's node link cannot listen on 127.0.0.1:{port} (")
