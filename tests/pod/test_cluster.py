@@ -74,6 +74,11 @@ def test_nccl_and_gloo_keep_to_the_interface_that_holds_the_node_s_address() -> 
         ({"VL_CLUSTER": "pp", "VL_DP": "2"}, {}, "VL_DP='2' is not allowed: expected 1 with VL_CLUSTER=pp"),
         ({"VL_REPLICAS": "2"}, {}, "VL_REPLICAS='2' is not allowed: expected 1 or auto on a cluster's node"),
         (
+            {"VL_SWAP": "big:qwen", "VL_API_KEYS": "sk-cluster-0123456789abcdef"},
+            {},
+            "VL_SWAP='big:qwen' is not allowed: expected empty on a cluster",
+        ),
+        (
             {"VL_PORT": "29501"},
             {},
             "PRIMARY_PORT='29500' is not allowed: expected a port whose next one is free of VL_PORT",
