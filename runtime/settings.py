@@ -18,7 +18,7 @@ import urllib.parse
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import Any, Literal, TypeGuard
 
 from runtime.budget import Budget, budget
 
@@ -491,6 +491,19 @@ TCP_PORT = Parser(integer(1, 65535).parse, "a TCP port")
 REPLICA_COUNT = integer(1, MAX_REPLICAS)
 
 
+KV_OFFLOAD_GIB = decimal(1, 4096, unit="GiB")  # 4 TiB: beyond any machine RunPod rents
+
+
+@allows(f"{KV_OFFLOAD_GIB.allowed}, auto, or empty")
+def kv_offload_size(raw: str) -> float | Literal["auto"] | None:
+    """VL_KV_OFFLOAD: GiB of host RAM, `auto` (sized from the pod's RAM once the start knows its accelerator:
+    runtime.engine.offload), or None (off) for an empty value."""
+    text = raw.strip()
+    if not text:
+        return None
+    return "auto" if text.lower() == "auto" else KV_OFFLOAD_GIB.parse(text)
+
+
 @allows(f"{REPLICA_COUNT.allowed}, or auto")
 def replica_count(raw: str) -> int | None:
     """VL_REPLICAS: a count, or None for `auto` (as many as the GPUs allow, decided once they are known)."""
@@ -608,10 +621,12 @@ VARIABLES: tuple[Variable, ...] = (
     _var("VL_KVBYTES", "", optional(integer(1, unit="bytes")), E,
          "`--kv-cache-memory-bytes`: fixes the KV cache and skips profiling (+22% KV on Flash-Next); "
          "too high kills the engine under load, not at start."),
-    _var("VL_KV_OFFLOAD", "", optional(decimal(1, 4096, unit="GiB")), E,
+    _var("VL_KV_OFFLOAD", "", kv_offload_size, E,
          "GiB of host RAM that keeps prefixes evicted from the GPU (`--kv-offloading-size`, vLLM's native backend): "
          "a team whose prefixes outgrow the GPU's KV re-prefills them (21 s a turn, not 1.14); `runtime plan` sizes "
-         "it. A GPU only (vLLM's CPU build refuses it); not on hybrid models (Mamba's alignment closed it on Flash-Next)."),
+         "it. auto = the pod's RAM less max(32 GiB, 25%) and the recipe's own host RAM, each engine's share as its GPUs'. "
+         "A GPU only (vLLM's CPU build refuses it: auto is off there); not on hybrid models (Mamba's alignment closed "
+         "it on Flash-Next: auto is off)."),
     _var("VL_KV", "", optional(matching(IDENTIFIER, "a vLLM KV cache dtype (auto, fp8, ...)")), E,
          "KV cache dtype; empty = the recipe's (fp8 buys capacity, not speed)."),
     _var("VL_BATCHED", "", optional(integer(64)), E,
@@ -791,7 +806,7 @@ class Settings:
     ctx: int | None
     util: float | None
     kvbytes: int | None
-    kv_offload: float | None
+    kv_offload: float | Literal["auto"] | None
     kv: str | None
     batched: int | None
     seqs: int | None

@@ -20,7 +20,7 @@ from runtime.sizing.errors import NotAllowed, PlanError
 from runtime.sizing.fit import SESSIONS, Model
 from runtime.sizing.model import sized_model, sizing_settings
 from runtime.sizing.offers import offers
-from runtime.sizing.verdicts import Row, rows_for, verdict
+from runtime.sizing.verdicts import Row, offload_line, rows_for, verdict
 
 SESSIONS_ALLOWED = integer(1, unit="sessions")
 CONTEXT_ALLOWED = integer(256, unit="tokens")  # VL_CTX's bound: the window a pod would accept
@@ -74,6 +74,8 @@ def run(args: argparse.Namespace) -> int:
     print(verdict(model, rows, args.sessions))
     print(f"(cards: {said}; figures: {model.source})")
     print_table(rows, model)
+    if line := offload_line(model, rows):
+        print(line)
     return 0
 
 

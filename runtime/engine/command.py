@@ -29,6 +29,7 @@ from runtime.cluster import (
     replicas_per_node,
     spread,
 )
+from runtime.engine.offload import for_this_host
 from runtime.engine.volume import cache_env, cache_root
 from runtime.gpu import GpuError, inspect_gpu
 from runtime.settings import MODEL_REPO_ID, VARIABLES, Settings, SettingsError, as_text, is_secret, load_settings
@@ -245,7 +246,9 @@ def _speculation(settings: Settings, recipe: Recipe) -> dict[str, Any] | None:
 
 def _memory(settings: Settings, options: dict[str, object], speculating: bool) -> None:
     """GPU memory: a fixed KV size (VL_KVBYTES) or a fraction (VL_UTIL), capped under speculation."""
-    if settings.kv_offload is not None:  # host RAM for evicted prefixes: vLLM's native CPU offloading
+    # Host RAM for evicted prefixes: vLLM's native CPU offloading. `auto` is sized by runtime.engine.offload once the
+    # start knows the host (prepare_engine); unresolved (`engine-args`, `plan`), it adds nothing.
+    if isinstance(settings.kv_offload, float):
         options["kv-offloading-size"] = settings.kv_offload
         options["kv-offloading-backend"] = "native"
     if settings.kvbytes is not None:
@@ -315,11 +318,19 @@ def run(args: argparse.Namespace) -> int:
         settings = load_settings(os.environ)
         gpu = inspect_gpu(settings)
         command = engine_command(settings, gpu.engine_env(os.environ))
+        offloading = ""
+        if settings.kv_offload == "auto":  # sized from this machine's RAM, as the start would
+            options, _ = tuned_options(settings, command.recipe)
+            gpus = len(gpu.host.gpus)
+            settings, offloading = for_this_host(settings, command.recipe, options, gpu.accelerator, gpus)
+            command = engine_command(settings, gpu.engine_env(os.environ))
     except (SettingsError, GpuError) as error:
         print(error, file=sys.stderr)
         return 2
     recipe = command.recipe
     print(f"# {recipe.name}: {recipe.description}")
+    if offloading:
+        print(f"# {offloading}")
     print(f"# window {command.window}; served as {', '.join(command.served_names)}; {gpu.summary()}")
     for note in recipe.quirks:
         print(f"# note: {note}")

@@ -12,7 +12,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from runtime.engine.command import EngineCommand, engine_command, model_source
+from runtime.engine import offload
+from runtime.engine.command import EngineCommand, engine_command, model_source, tuned_options
 from runtime.engine.install import ensure_engine
 from runtime.engine.tinymodel import write_tiny_model
 from runtime.engine.volume import hub_cache, make_cache_dirs
@@ -30,15 +31,21 @@ def prepare_engine(
     accelerator: str,
     extra_env: Mapping[str, str] | None = None,
     slow_work_begins: Callable[[], None] = lambda: None,
+    gpus: int = 0,
 ) -> EngineCommand:
     """Everything between validated settings and exec: the engine installed (unless the image is
     prebaked), a generated model written if the recipe needs one, the weights downloaded into the
     cache unless complete there (vLLM then starts offline), then the command.
 
-    `accelerator` is runtime.gpu's verdict ("cuda" or "cpu"); `slow_work_begins` is called before a
-    download; raises SettingsError, InstallError or WeightsError.
+    `accelerator` is runtime.gpu's verdict ("cuda" or "cpu"), `gpus` the host's count; `slow_work_begins` is called
+    before a download; raises SettingsError, InstallError or WeightsError.
     """
     command = engine_command(settings, extra_env)  # bad settings fail before minutes of installing
+    if settings.kv_offload == offload.AUTO:  # sized from this host's RAM, now that its accelerator is known
+        options, _ = tuned_options(settings, command.recipe)
+        sized, line = offload.for_this_host(settings, command.recipe, options, accelerator, gpus)
+        log.info("%s", line)
+        command = engine_command(sized, extra_env)
     ensure_engine(settings, accelerator)
     refuse_missing_requirements(command.recipe, Path(settings.venv))
     if command.recipe.generate and not settings.repo:

@@ -112,8 +112,8 @@ class Engines:
         settings = self.settings
         gpu = inspect_gpu(settings, environ, probe=True)  # a sick host refused before its engine starts
         self.accelerator, self.engine_env = gpu.accelerator, gpu.engine_env(environ)
-        command = prepare_engine(settings, self.accelerator, self.engine_env, slow_work_begins)
         self.gpus = len(gpu.host.gpus)
+        command = prepare_engine(settings, self.accelerator, self.engine_env, slow_work_begins, self.gpus)
         self.plan = Plan(settings, command, plan_replicas(settings, command, self.accelerator, self.gpus))
         check_swap(settings, len(self.replicas))
 
@@ -133,7 +133,7 @@ class Engines:
         assert self.changing.locked(), "one change at a time: hold Engines.changing"
         try:
             command = await asyncio.to_thread(
-                prepare_engine, settings, self.accelerator, self.engine_env, downloading or (lambda: None)
+                prepare_engine, settings, self.accelerator, self.engine_env, downloading or (lambda: None), self.gpus
             )
         except (SettingsError, InstallError, WeightsError) as error:
             raise ChangeRefused(str(error)) from None

@@ -3,6 +3,7 @@ nvidia-smi counts it, its architecture, and the image of ours that serves that a
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 MIB = 2**20
@@ -52,6 +53,17 @@ CARDS = (
     Card("NVIDIA B200", "B200", 183_359, "sm100"),
 )
 BY_ID = {card.id: card for card in CARDS}
+# RunPod's catalogue gives no RAM per GPU; it gives a pod 125-283 GB per H100/H200/B200 (issue 46's survey). `plan`
+# sizes VL_KV_OFFLOAD=auto for those cards at the low end, 125 GB (10^9 bytes) a GPU; others it does not guess.
+RUNPOD_RAM_GB_PER_GPU = 125
+RAM_KNOWN = re.compile(r"\b(?:H100|H200|B200)\b")  # the names the tables show ("H100 SXM"), not GH200
+
+
+def runpod_ram_gib(card: Card, gpus: int = 1) -> float | None:
+    """The RAM, in GiB, RunPod gives a pod of `gpus` of `card` at least, when the survey knows the card."""
+    return RUNPOD_RAM_GB_PER_GPU * 10**9 * gpus / GIB if RAM_KNOWN.search(card.name) else None
+
+
 # A target's GPUs, the best buy first (the field notes: the RTX 6000 Ada's 48 GB hold the 30B recipes).
 DEFAULT_GPUS = {
     "sm80": ["NVIDIA A100 80GB PCIe", "NVIDIA A100-SXM4-80GB"],

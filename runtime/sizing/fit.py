@@ -37,6 +37,7 @@ class Model:
     kv_fixed_bytes: int | None = None  # --kv-cache-memory-bytes (per GPU), which replaces the utilization
     gpus: int = 1  # --tensor-parallel-size
     host_ram_gib: float = 0.0
+    hybrid: bool = False  # Mamba layers (vLLM's mamba-cache-mode): VL_KV_OFFLOAD=auto is off
     source: str = ""
     speeds: tuple[tuple[str, str], ...] = ()
 

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from runtime.engine.command import VLLM_DEFAULT_UTIL, tuned_options
+from runtime.engine.offload import is_hybrid
 from runtime.engine.recipes import Recipe, load_recipe
 from runtime.settings import Settings, load_settings, quoted, recipe_names
 from runtime.sizing.errors import NotAllowed, PlanError
@@ -43,6 +44,7 @@ def model_of_recipe(
         "utilization": float(str(options.get("gpu-memory-utilization", VLLM_DEFAULT_UTIL))),
         "kv_fixed_bytes": int(fixed) if isinstance(fixed, int) else None,
         "gpus": int(str(options.get("tensor-parallel-size", 1))),
+        "hybrid": is_hybrid(options),
     }
     facts = recipe.facts
     kv_dtype = str(options.get("kv-cache-dtype", "auto"))

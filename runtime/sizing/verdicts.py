@@ -8,7 +8,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.sizing.cards import OURS
+from runtime.engine.offload import auto_offload_gib
+from runtime.sizing.cards import GIB, OURS, RUNPOD_RAM_GB_PER_GPU, Card, runpod_ram_gib
 from runtime.sizing.fit import Fit, Model, fit
 from runtime.sizing.nodes import (
     CLUSTER_CARDS,
@@ -45,6 +46,7 @@ class Row:
             "kv_tokens": self.fit.kv_tokens,
             "concurrency": self.fit.concurrency,
             "kv_offload_gib": self.fit.offload_gib,
+            "kv_offload_auto": auto_offload(model, card),
             "price_per_hour": self.offer.price_per_hour,
             "stock": self.offer.stock,
             "image": card.image,
@@ -58,6 +60,37 @@ class Row:
         if self.nodes:
             return f"{self.fit.why}; across GPUs: {self.nodes.line()}"
         return self.fit.why
+
+
+def auto_offload(model: Model, card: Card) -> dict[str, int] | None:
+    """What VL_KV_OFFLOAD=auto gives one engine of `model` on a RunPod pod of `card` (its RAM as cards.py assumes):
+    the GiB, and the prefix tokens they keep beyond the GPU's KV; None when the card's RAM is not known, the model
+    does not fit, is hybrid (auto is off) or its KV per token is unknown."""
+    ram = runpod_ram_gib(card, model.gpus)
+    if ram is None or model.hybrid or not model.kv_bytes_per_token:
+        return None
+    gib = auto_offload_gib(ram, model.host_ram_gib)
+    return {"gib": gib, "tokens": gib * GIB // model.kv_bytes_per_token} if gib else None
+
+
+def offload_line(model: Model, rows: Sequence[Row]) -> str | None:
+    """One line: the prefix tokens VL_KV_OFFLOAD=auto keeps beyond each card's KV, for the cards whose RunPod RAM
+    is known (or why auto is off for this model); None when no such card is among the rows."""
+    known = [row for row in rows if runpod_ram_gib(row.offer.card) is not None]
+    if not known:
+        return None
+    head = f"VL_KV_OFFLOAD=auto (RunPod's RAM taken as {RUNPOD_RAM_GB_PER_GPU} GB a GPU)"
+    if model.hybrid:
+        return f"{head}: off for {model.name}, a hybrid (Mamba) model"
+    said = []
+    for row in known:
+        auto = auto_offload(model, row.offer.card)
+        if auto is not None and row.fit.kv_tokens:
+            said.append(
+                f"{row.offer.card.name}: {auto['gib']} GiB, {auto['tokens']:,} prefix tokens beyond "
+                f"the GPU's {row.fit.kv_tokens:,}"
+            )
+    return f"{head}: {'; '.join(said)}" if said else None
 
 
 def rows_for(model: Model, found: Iterable[Offer], sessions: int) -> list[Row]:

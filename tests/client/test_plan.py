@@ -216,3 +216,21 @@ def test_the_client_knows_every_image_docker_targets_toml_builds_and_a_card_for_
     assert sorted(IMAGES) == sorted(built) == sorted(DEFAULT_GPUS)
     assert all(BY_ID[gpu].arch == arch for arch, gpus in DEFAULT_GPUS.items() for gpu in gpus)
     assert {card.image for card in CARDS} == set(IMAGES)
+
+
+def test_plan_shows_the_prefix_tokens_kv_offload_auto_keeps_beyond_the_gpus_kv(capsys) -> None:
+    """VL_KV_OFFLOAD=auto on RunPod's H100/H200/B200 (RAM taken at the low end of what RunPod gives, 125 GB a GPU):
+    RAM less max(32 GiB, 25%), in tokens of the model's KV (qwen: bf16, 98,304 bytes a token)."""
+    h100, h200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
+    assert main(["plan", "--model", "qwen", "--gpu", h100, "--gpu", h200, "--gpu", ADA]) == 0
+    *_, line = capsys.readouterr().out.splitlines()
+    gib = math.floor(125e9 / GIB - 32)  # 84
+    tokens = gib * GIB // 98_304
+    assert line.startswith("VL_KV_OFFLOAD=auto (RunPod's RAM taken as 125 GB a GPU): H100 SXM: ")
+    assert f"H100 SXM: {gib} GiB, {tokens:,} prefix tokens beyond the GPU's " in line
+    assert f"H200: {gib} GiB, {tokens:,} prefix tokens beyond" in line and "RTX 6000 Ada" not in line  # RAM unknown
+    assert main(["plan", "--model", "qwen", "--json", "--gpu", h200, "--gpu", ADA]) == 0
+    rows = {row["gpu"]: row for row in json.loads(capsys.readouterr().out)}
+    assert rows[h200]["kv_offload_auto"] == {"gib": gib, "tokens": tokens} and rows[ADA]["kv_offload_auto"] is None
+    assert main(["plan", "--gpu", h100]) == 0  # nemotron: a hybrid, where auto is off
+    assert capsys.readouterr().out.splitlines()[-1].endswith(": off for nemotron, a hybrid (Mamba) model")
