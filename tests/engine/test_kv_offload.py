@@ -4,6 +4,7 @@ line; the RAM read from /proc/meminfo under the container's cgroup limit; refuse
 
 from __future__ import annotations
 
+import argparse
 import logging
 from pathlib import Path
 
@@ -117,3 +118,17 @@ def test_vl_kv_offload_refuses_anything_else_in_one_line(raw: str) -> None:
         load_settings({"VL_KV_OFFLOAD": raw})
     assert str(refused.value).endswith("a number of GiB in 1..4096, auto, or empty")
     assert "\n" not in str(refused.value)
+
+
+def test_engine_args_says_what_auto_resolves_to_on_this_machine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """`engine-args` sizes auto as the start would: on this CPU machine, off, in the same line, and no flag."""
+    from runtime.engine.command import run
+
+    for name, value in {"VL_MODEL": "tiny", "VL_KV_OFFLOAD": "auto", "VL_STATE_DIR": str(tmp_path)}.items():
+        monkeypatch.setenv(name, value)
+    assert run(argparse.Namespace()) == 0
+    shown = capsys.readouterr().out
+    assert "# VL_KV_OFFLOAD=auto: off: no GPU here, and vLLM's CPU build refuses KV offloading\n" in shown
+    assert "--kv-offloading-size" not in shown
