@@ -19,7 +19,6 @@ import ipaddress
 import json
 import secrets
 import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,9 +27,8 @@ import httpx
 import pytest
 
 from runtime.client.identity import LastPod, last_pod
-from tests.support.environ import outer_environ
 from tests.support.hub_server import HubServer
-from tests.support.runpod_machines import Machines
+from tests.support.runpod_machines import Machines, pod_command
 from tests.support.runpod_server import NO_CAPACITY, RunPodServer
 from tests.support.vllm_server import VllmServer
 
@@ -57,15 +55,7 @@ class Account:
     config: Path
 
     def pod(self, *args: str, timeout_s: float = 900) -> subprocess.CompletedProcess[str]:
-        env = outer_environ("RUNPOD_", "ANTHROPIC_") | {
-            "RUNPOD_API_KEY": self.runpod.api_key, "RUNPOD_API_URL": self.runpod.url,
-            "RUNPOD_PROXY_URL": self.machines.proxy_url, "HF_ENDPOINT": self.hub.endpoint,
-            "HF_TOKEN": self.hub.read_token, "ANTHROPIC_API_KEY": KEY, "XDG_CONFIG_HOME": str(self.config),
-        }  # fmt: skip
-        return subprocess.run(
-            [sys.executable, "-m", "runtime", "pod", *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-            timeout=timeout_s, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
+        return pod_command(args, self.runpod, self.hub, self.machines.proxy_url, self.config, KEY, timeout_s)
 
     def url(self, pod_id: str) -> str:
         return self.machines.proxy_url.format(pod_id=pod_id, port=8080)

@@ -31,7 +31,7 @@ from runtime.headers import USER_AGENT
 from tests.support.claude_code import stand_in_claude
 from tests.support.environ import outer_environ
 from tests.support.hub_server import HubServer
-from tests.support.runpod_machines import Machines
+from tests.support.runpod_machines import Machines, pod_command
 from tests.support.runpod_server import NO_CAPACITY, RunPodServer
 from tests.support.scripted_builder import ScriptedBuilder
 from tests.support.transcript import Shell, Step, journey
@@ -60,16 +60,7 @@ class Account:
     next_step: int = 0
 
     def pod(self, *args: str, timeout_s: float = 1200) -> subprocess.CompletedProcess[str]:
-        env = outer_environ("RUNPOD_", "ANTHROPIC_") | {
-            "RUNPOD_API_KEY": self.runpod.api_key, "RUNPOD_API_URL": self.runpod.url,
-            "RUNPOD_PROXY_URL": self.machines.proxy_url,  # RunPod's proxy in front of the machines
-            "HF_ENDPOINT": self.hub.endpoint, "HF_TOKEN": self.hub.read_token, "ANTHROPIC_API_KEY": KEY,
-            "XDG_CONFIG_HOME": str(self.config),
-        }  # fmt: skip
-        return subprocess.run(
-            [sys.executable, "-m", "runtime", "pod", *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-            timeout=timeout_s, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
+        return pod_command(args, self.runpod, self.hub, self.machines.proxy_url, self.config, KEY, timeout_s)
 
     def url(self, pod_id: str) -> str:
         return self.machines.proxy_url.format(pod_id=pod_id, port=8080)

@@ -49,6 +49,29 @@ HOP_BY_HOP = {"host", "connection", "keep-alive", "transfer-encoding", "content-
 PYTHON_DEFAULT_AGENT = re.compile(r"(?i)(python-httpx|python-urllib|python-requests)/")
 
 
+def pod_command(
+    args: tuple[str, ...],
+    runpod: RunPodServer,
+    hub: HubServer,
+    proxy_url: str,
+    config: Path,
+    key: str,
+    timeout_s: float,
+) -> subprocess.CompletedProcess[str]:
+    """`python -m runtime pod ARGS` as the user runs it against the stand-in: RunPod's API and proxy, the test Hub,
+    the user's key and config folder (where `pod up` remembers its pod)."""
+    env = outer_environ("RUNPOD_", "ANTHROPIC_") | {
+        "RUNPOD_API_KEY": runpod.api_key, "RUNPOD_API_URL": runpod.url,
+        "RUNPOD_PROXY_URL": proxy_url,  # RunPod's proxy in front of the machines
+        "HF_ENDPOINT": hub.endpoint, "HF_TOKEN": hub.read_token, "ANTHROPIC_API_KEY": key,
+        "XDG_CONFIG_HOME": str(config),
+    }  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "runtime", "pod", *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+        timeout=timeout_s, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
 @dataclass
 class Played:
     """One pod as its machine runs it: the runtime's process, its state folder, its environment."""
